@@ -1,0 +1,1 @@
+"""Labelled trace corpus, baseline detectors and scoring."""

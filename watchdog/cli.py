@@ -1,0 +1,61 @@
+"""`hbm-watchdog` and its subcommands.
+
+Each subcommand lives in its own module exposing `configure(parser)` and `run(args) -> int`;
+this file only routes. Modules import heavy dependencies (torch) inside `run`, so `--help`
+and `analyze` start fast. Any `InputError` becomes one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from watchdog import __version__
+from watchdog.errors import EXIT_BAD_INPUT, InputError
+
+COMMANDS = {
+    "train": ("watchdog.trainer.cli", "run the instrumented trainer with the watchdog attached"),
+    "analyze": ("watchdog.analyze", "replay trace CSVs through the online detector and policy"),
+    "supervise": ("watchdog.supervisor", "run a command, restarting it on exit 42 or an OOM crash"),
+    "bench": ("watchdog.bench.cli", "detector quality and speed against the baselines"),
+    "report": ("watchdog.report", "draw a trace: usage, floor, trend, projection, limit, actions"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad usage already; this keeps its message to one line plus usage."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hbm-watchdog", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"hbm-watchdog {__version__}")
+    parser.add_argument("--log-format", choices=("auto", "json", "console"), default="auto",
+                        help="log rendering (default: console on a TTY, JSON lines otherwise)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from watchdog.logs import configure_logging
+
+    configure_logging(args.log_format)
+    try:
+        return int(args._run(args) or 0)
+    except InputError as exc:
+        print(f"hbm-watchdog {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"hbm-watchdog {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

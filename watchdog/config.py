@@ -1,0 +1,71 @@
+"""One validated configuration for the watchdog.
+
+Every field is checked when the object is built, so a bad value fails at start-up with a
+message naming the field (`ConfigError`), never hours into a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watchdog.detector import DetectorConfig
+from watchdog.errors import ConfigError
+from watchdog.policy import PolicyConfig
+
+SOURCES = ("auto", "xla", "tpu", "cuda", "rss", "replay")
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    sample_every: int = 10
+    """Wake the sidecar every this many training steps."""
+    source: str = "auto"
+    """Where memory numbers come from; `auto` takes the first that works for the device."""
+    device: str | None = None
+    """Device to watch (`xla:0`, `cuda:1`, `cpu`); None: captured on the thread that calls start()."""
+    memory_limit_bytes: int | None = None
+    """A budget when the device reports none, or one lower than the device's."""
+    trace_file: Path | None = None
+    """Append every sample to this trace CSV (design.md format)."""
+    replay_trace: Path | None = None
+    """For `source="replay"`: the trace whose samples are served in order."""
+    history_size: int = 4096
+    """Samples kept in memory for forensics and reports; older ones are dropped."""
+    stall_after_seconds: float = 600.0
+    """A loop that has not stepped for this long is reported as stalled."""
+    stall_check_seconds: float = 5.0
+    rank: int = 0
+    restart_count: int = 0
+    """Restarts this job has already had (from the checkpoint); the policy's budget counts it."""
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def __post_init__(self) -> None:
+        _positive_int("sample_every", self.sample_every)
+        _positive_int("history_size", self.history_size)
+        if self.source not in SOURCES:
+            raise ConfigError("source", f"must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        if self.memory_limit_bytes is not None and (
+            not isinstance(self.memory_limit_bytes, int) or self.memory_limit_bytes <= 0
+        ):
+            raise ConfigError("memory_limit_bytes", f"must be a positive number of bytes, got {self.memory_limit_bytes!r}")
+        for name in ("stall_after_seconds", "stall_check_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(name, f"must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.rank, int) or self.rank < 0:
+            raise ConfigError("rank", f"must be a non-negative integer, got {self.rank!r}")
+        if not isinstance(self.restart_count, int) or self.restart_count < 0:
+            raise ConfigError("restart_count", f"must be a non-negative integer, got {self.restart_count!r}")
+        if self.source == "replay" and self.replay_trace is None:
+            raise ConfigError("replay_trace", "is required when source is 'replay'")
+        if self.trace_file is not None:
+            object.__setattr__(self, "trace_file", Path(self.trace_file))
+        if self.replay_trace is not None:
+            object.__setattr__(self, "replay_trace", Path(self.replay_trace))
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(name, f"must be a positive integer, got {value!r}")

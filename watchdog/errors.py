@@ -1,0 +1,32 @@
+"""Errors that mean "the user gave us something wrong".
+
+Entry points turn any `InputError` into one line on stderr and exit status 2 (design.md);
+everything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_RESTART_REQUESTED = 42  # checkpoint saved, restart me (the XPK/JobSet convention)
+
+
+class InputError(ValueError):
+    """Bad input or configuration; the message is one line a user can act on."""
+
+
+class ConfigError(InputError):
+    """A configuration field has a bad value; the message names the field."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class TraceFormatError(InputError):
+    """A trace file is not in the trace CSV format; the message names the file and line."""
+
+    def __init__(self, path: str, line: int, problem: str):
+        super().__init__(f"{path}:{line}: {problem}")
+        self.path = path
+        self.line = line

@@ -1,0 +1,1 @@
+"""The instrumented trainer: a small transformer LM with activation checkpointing."""

@@ -1,0 +1,38 @@
+"""Byte sizes as people write them (`512MiB`, `3GiB`, `1048576`) and as logs print them."""
+
+from __future__ import annotations
+
+import re
+
+_BINARY = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a size in bytes; raises ValueError with a message naming the bad text."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must not be negative, got {text}")
+        return text
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use bytes or a suffix such as 512MiB, 3GiB)")
+    number, unit = match.groups()
+    factor = _BINARY.get(unit.lower()) or _DECIMAL.get(unit.lower())
+    if factor is None:
+        raise ValueError(f"unknown size unit {unit!r} in {text!r} (use KiB, MiB, GiB, TiB)")
+    return int(float(number) * factor)
+
+
+def format_bytes(n: float | None) -> str:
+    """`1536` -> `1.5 KiB`; signed, so it also prints slopes."""
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    value = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,58 @@
+"""The vocabulary passed down the pipeline: source -> Sample -> detector -> Verdict -> policy -> Action.
+
+These types are shared by the pure parts (detector, policy, replay) and the threaded ones
+(sidecar, exporter), so they live alone and import nothing heavy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Status(str, Enum):
+    WARMING_UP = "warming_up"  # not enough history to say anything
+    HEALTHY = "healthy"  # floor flat, or no projected OOM
+    SUSPECT = "suspect"  # floor rising, not yet confidently
+    LEAKING = "leaking"  # floor rising confidently; the alarm is up
+
+
+class Action(str, Enum):
+    NONE = "none"
+    WARN = "warn"
+    CHECKPOINT_REINIT = "checkpoint_reinit"  # save, rebuild in process, carry on
+    CHECKPOINT_RESTART = "checkpoint_restart"  # save, exit 42, let the supervisor restart
+
+    @property
+    def needs_checkpoint(self) -> bool:
+        return self in (Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the detector believes after one sample.
+
+    Slopes are floor growth. `*_high` is the pessimistic edge of the slope interval, which is
+    what actions use; `projected_oom_step` uses floor + typical excursion against the limit
+    (OOM happens at the peak, not at the floor).
+    """
+
+    step: int
+    timestamp: float
+    status: Status
+    floor_bytes: float | None = None
+    excursion_bytes: float = 0.0
+    limit_bytes: float | None = None
+    slope_bytes_per_step: float = 0.0
+    slope_low_bytes_per_step: float = 0.0
+    slope_high_bytes_per_step: float = 0.0
+    slope_bytes_per_second: float = 0.0
+    projected_oom_step: int | None = None
+    steps_to_oom: float = math.inf
+    seconds_to_oom: float = math.inf
+    explanation: str = ""
+
+    @property
+    def leak(self) -> bool:
+        return self.status is Status.LEAKING
