@@ -46,9 +46,8 @@ def configure_logging(fmt: str = "auto", level: int | str = logging.INFO) -> Non
         )
     )
     root = logging.getLogger()
-    for old in list(root.handlers):
-        if getattr(old, "_hbm_watchdog", False):
-            root.removeHandler(old)
-    handler._hbm_watchdog = True  # type: ignore[attr-defined]
+    for old in list(root.handlers):  # an entry point owns the process's logging (torch_xla's import adds one)
+        root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # it logs every run of every job at INFO

@@ -1,0 +1,75 @@
+"""The trace CSV contract of design.md: round trip, append, and clear errors naming file and line."""
+
+import pytest
+from hypothesis import given, strategies as st
+
+from watchdog.errors import TraceFormatError
+from watchdog.sample import TRACE_HEADER, Sample, TraceWriter, load_trace, write_trace
+
+sizes = st.integers(min_value=0, max_value=1 << 50)
+samples = st.builds(
+    Sample,
+    step=st.integers(min_value=0, max_value=10**7),
+    timestamp=st.floats(min_value=0, max_value=4e9, allow_nan=False).map(lambda t: round(t, 6)),
+    bytes_used=sizes,
+    bytes_limit=st.none() | sizes,
+    peak_bytes_used=st.none() | sizes,
+)
+
+
+@given(st.lists(samples, max_size=50))
+def test_round_trip_preserves_every_field(tmp_path_factory, trace):
+    path = tmp_path_factory.mktemp("t") / "trace.csv"
+    write_trace(path, trace)
+    assert load_trace(path) == trace
+
+
+def test_writer_appends_to_an_existing_trace_without_a_second_header(tmp_path):
+    path = tmp_path / "trace.csv"
+    write_trace(path, [Sample(0, 1.0, 10, 100, 12)])
+    with TraceWriter(path) as writer:
+        writer.write(Sample(1, 2.0, 11))
+    lines = path.read_text().splitlines()
+    assert lines[0] == ",".join(TRACE_HEADER)
+    assert lines.count(",".join(TRACE_HEADER)) == 1
+    assert [s.step for s in load_trace(path)] == [0, 1]
+    assert load_trace(path)[1].bytes_limit is None
+
+
+@pytest.mark.parametrize(
+    "content, line, fragment",
+    [
+        ("", 1, "empty file"),
+        ("a,b,c\n", 1, "expected header"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,abc,,\n", 2, "bytes_used is not a number"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5,,\n2,x,5,,\n", 3, "timestamp"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5\n", 2, "expected 5 fields"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,-5,,\n", 2, "negative"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5.5,,\n", 2, "whole number"),
+    ],
+)
+def test_bad_traces_name_the_file_and_line(tmp_path, content, line, fragment):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    with pytest.raises(TraceFormatError) as err:
+        load_trace(path)
+    assert err.value.line == line
+    assert str(err.value).startswith(f"{path}:{line}:")
+    assert fragment in str(err.value)
+
+
+def test_missing_and_binary_files_are_input_errors(tmp_path):
+    with pytest.raises(TraceFormatError, match="cannot read"):
+        load_trace(tmp_path / "nope.csv")
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(TraceFormatError):
+        load_trace(binary)
+
+
+def test_writer_refuses_to_append_to_a_file_that_is_not_a_trace(tmp_path):
+    path = tmp_path / "notes.csv"
+    path.write_text("hello,world\n")
+    with pytest.raises(TraceFormatError, match="refusing to append"):
+        TraceWriter(path)
+    assert path.read_text() == "hello,world\n"

@@ -1,0 +1,119 @@
+"""The Watchdog's threads for real: a failing source never reaches training, stalls are reported,
+samples go to the trace, and the history stays bounded."""
+
+import logging
+import time
+
+import pytest
+
+from watchdog import Watchdog, WatchdogConfig
+from watchdog.sample import load_trace
+from watchdog.sources import MemoryReading, RssSource
+
+
+class BrokenSource:
+    """A device whose memory query fails every time (as get_memory_info does under SPMD)."""
+
+    name = "broken"
+
+    def __init__(self):
+        self.calls = 0
+
+    def read(self) -> MemoryReading:
+        self.calls += 1
+        raise RuntimeError("RESOURCE_EXHAUSTED: allocator stats unavailable")
+
+
+class Captured(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def emit(self, record):
+        self.events.append(record.msg)
+
+
+@pytest.fixture
+def captured():
+    handler = Captured()
+    logger = logging.getLogger("watchdog.sidecar")
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+def test_a_source_that_always_raises_leaves_training_running_and_counts_errors(captured):
+    source = BrokenSource()
+    with Watchdog(WatchdogConfig(sample_every=1), source=source) as wd:
+        for step in range(50):
+            assert wd.step(step) is None
+            if step % 10 == 9:
+                wd.drain()
+        assert wd.drain()
+        errors = wd.telemetry.sample_errors_total
+    assert source.calls >= 5
+    assert errors == source.calls
+    assert wd.telemetry.samples_total == 0
+    logged = [e for e in captured.events if e.get("event") == "watchdog_error"]
+    assert len(logged) == 1, "one log line per kind of failure, not one per step"
+    assert "RESOURCE_EXHAUSTED" in logged[0]["error"]
+
+
+def test_a_stalled_loop_is_reported_within_the_configured_time(captured):
+    config = WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40,
+                            stall_after_seconds=1.0, stall_check_seconds=0.1)
+    with Watchdog(config) as wd:
+        for step in range(5):
+            wd.step(step)
+        stopped_at = time.monotonic()
+        while not wd.telemetry.stalled and time.monotonic() - stopped_at < 10:
+            time.sleep(0.02)
+        reported_after = time.monotonic() - stopped_at
+        assert wd.telemetry.stalled
+        assert 0.9 <= reported_after <= 1.0 + 0.5, reported_after
+        wd.step(5)
+        deadline = time.monotonic() + 5
+        while wd.telemetry.stalled and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not wd.telemetry.stalled
+    events = [e["event"] for e in captured.events]
+    assert events.count("training_stalled") == 1
+    assert "training_resumed" in events
+    stalled = next(e for e in captured.events if e["event"] == "training_stalled")
+    assert stalled["step"] == 4
+
+
+def test_samples_go_to_the_trace_and_a_second_run_appends(tmp_path):
+    trace = tmp_path / "run" / "trace.csv"
+    for run in range(2):
+        config = WatchdogConfig(sample_every=2, trace_file=trace, memory_limit_bytes=3 << 30)
+        with Watchdog(config, source=RssSource(3 << 30)) as wd:
+            for step in range(run * 10, run * 10 + 10):
+                wd.step(step)
+                wd.drain()
+    samples = load_trace(trace)
+    assert [s.step for s in samples] == [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]
+    assert all(s.bytes_limit == 3 << 30 and s.bytes_used > 0 for s in samples)
+    assert all(a.timestamp <= b.timestamp for a, b in zip(samples, samples[1:]))
+
+
+def test_history_is_bounded():
+    config = WatchdogConfig(sample_every=1, history_size=8, memory_limit_bytes=1 << 40)
+    with Watchdog(config, source=RssSource(1 << 40)) as wd:
+        for step in range(30):
+            wd.step(step)
+            wd.drain()
+    assert len(wd.history) == 8
+    assert wd.history[-1].step == 29
+    assert wd.telemetry.samples_total == 30
+
+
+def test_stop_is_idempotent_and_start_returns_self():
+    wd = Watchdog(WatchdogConfig(memory_limit_bytes=1 << 40), source=RssSource(1 << 40))
+    assert wd.start() is wd
+    assert wd.start() is wd
+    wd.stop()
+    wd.stop()

@@ -1,0 +1,83 @@
+"""Memory sources, for real: RSS on this machine, XLA on PJRT CPU (which must fall back), replay.
+
+There is no TPU here, so the TPU runtime source is tested for its fallback, not faked.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from watchdog.errors import InputError
+from watchdog.sample import Sample, write_trace
+from watchdog.sources import (ReplaySource, RssSource, SourceUnavailable, TpuRuntimeSource, candidates,
+                              select_source)
+
+
+def test_rss_source_sees_an_allocation():
+    source = RssSource(memory_limit_bytes=1 << 40)
+    before = source.read()
+    block = bytearray(64 << 20)  # touched pages: resident
+    after = source.read()
+    assert after.bytes_used - before.bytes_used > 48 << 20
+    assert after.bytes_limit == 1 << 40
+    assert after.peak_bytes_used >= after.bytes_used
+    del block
+
+
+def test_replay_source_serves_the_trace_in_order_then_holds_the_last(tmp_path):
+    path = tmp_path / "t.csv"
+    write_trace(path, [Sample(i, float(i), 100 + i, 1000, None) for i in range(3)])
+    source = ReplaySource(path)
+    assert [source.read().bytes_used for _ in range(5)] == [100, 101, 102, 102, 102]
+
+
+def test_replay_of_a_bad_trace_is_an_input_error_not_a_fallback(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("nope\n")
+    with pytest.raises(InputError):
+        select_source("replay", "cpu", replay_trace=path)
+
+
+def test_auto_order_depends_on_the_device():
+    names = lambda device: [name for name, _ in candidates("auto", device, None)]
+    assert names("xla:0") == ["xla", "tpu", "rss"]
+    assert names("cuda:1") == ["cuda", "rss"]
+    assert names("cpu") == ["rss"]
+
+
+def test_tpu_runtime_source_is_unavailable_without_a_tpu():
+    with pytest.raises(SourceUnavailable):
+        TpuRuntimeSource().read()
+
+
+def test_cpu_device_selects_rss():
+    source, reading = select_source("auto", "cpu", memory_limit_bytes=8 << 30)
+    assert source.name == "rss" and reading.bytes_limit == 8 << 30
+
+
+XLA_FALLBACK = r"""
+import logging, torch_xla
+from watchdog.sources import select_source, SourceUnavailable
+records = []
+class Keep(logging.Handler):
+    def emit(self, record): records.append(record.msg)
+logging.getLogger("watchdog.sources").addHandler(Keep()); logging.getLogger("watchdog.sources").setLevel(logging.INFO)
+device = str(torch_xla.device())
+source, reading = select_source("auto", device, memory_limit_bytes=4 << 30)
+print("SELECTED", source.name, reading.bytes_used > 0)
+print("REJECTED", sorted(r["source"] for r in records if r["event"] == "memory_source_unavailable"))
+try:
+    select_source("xla", device)
+except SourceUnavailable as exc:
+    print("XLA_ONLY", "UNIMPLEMENTED" in str(exc))
+"""
+
+
+def test_xla_on_pjrt_cpu_falls_back_to_rss_and_says_why():
+    out = subprocess.run([sys.executable, "-c", XLA_FALLBACK], capture_output=True, text=True,
+                         timeout=180, env={**__import__("os").environ, "PJRT_DEVICE": "CPU"})
+    assert out.returncode == 0, out.stderr
+    assert "SELECTED rss True" in out.stdout
+    assert "REJECTED ['tpu', 'xla']" in out.stdout
+    assert "XLA_ONLY True" in out.stdout

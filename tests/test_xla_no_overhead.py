@@ -1,0 +1,67 @@
+"""The hard rule: the watchdog adds no XLA compilation and no device-to-host transfer.
+
+The same small training loop runs twice on real torch_xla (PJRT CPU), each in a fresh process
+so the compile cache starts empty: once bare, once with a Watchdog sampling every step. The
+compile and transfer counters of `torch_xla.debug.metrics` must be identical.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+LOOP = r"""
+import json, sys
+import torch, torch_xla
+import torch_xla.debug.metrics as met
+from watchdog import Watchdog, WatchdogConfig
+
+with_watchdog = sys.argv[1] == "on"
+device = torch_xla.device()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(16, 32).to(device), torch.randn(16, 1).to(device)
+torch_xla.sync()
+met.clear_all()
+
+wd = Watchdog(WatchdogConfig(sample_every=1, memory_limit_bytes=8 << 30)).start() if with_watchdog else None
+for step in range(30):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    torch_xla.sync()
+    if wd is not None:
+        assert wd.step(step) is None
+        if step % 5 == 4:
+            wd.drain()  # make sure samples really were taken while training ran
+samples = 0
+if wd is not None:
+    wd.drain(); samples = wd.telemetry.samples_total; source = wd.source_name; wd.stop()
+final_loss = loss.item()  # the one deliberate transfer, in both runs
+
+counters = {name: met.counter_value(name) for name in met.counter_names()
+            if "Compile" in name or "Transfer" in name or "ToCpu" in name or "_to_cpu" in name}
+metrics = {name: met.metric_data(name)[0] for name in met.metric_names()
+           if "Compile" in name or "Transfer" in name}
+print(json.dumps({"counters": counters, "metrics": metrics, "samples": samples, "loss": final_loss}))
+"""
+
+
+def run(mode: str) -> dict:
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    out = subprocess.run([sys.executable, "-c", LOOP, mode], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_watchdog_adds_no_compilation_and_no_transfer():
+    bare, watched = run("off"), run("on")
+    assert watched["samples"] >= 6, "the watchdog must actually have sampled during the loop"
+    assert bare["counters"].get("UncachedCompile", 0) > 0, "the probe must see compilations at all"
+    assert "TransferFromDeviceTime" in bare["metrics"], "the probe must see the deliberate transfer"
+    assert watched["counters"] == bare["counters"]
+    assert watched["metrics"] == bare["metrics"]
+    assert watched["loss"] == bare["loss"]

@@ -1,0 +1,253 @@
+"""The `Watchdog`: a step hook on the training thread and a sidecar thread that does the work.
+
+Training thread                          Sidecar thread
+---------------                          --------------
+step(n):  remember n                     block on the mailbox
+          every N steps: post n          read memory -> Sample -> trace, history
+          hand over a pending action     detector -> Verdict -> policy -> Action
+                                         WARN: log it; CHECKPOINT_*: queue it for step()
+
+`step()` is O(1): an attribute write, a modulo, a deque check, and every N steps one put on
+a `queue.SimpleQueue` (C code: post and wake-up in one call). It takes no lock the sidecar can
+hold, reads no tensor and does no I/O, so it adds no XLA compilation and no device-to-host
+transfer.
+Actions are carried out by the training thread between steps; the sidecar only asks.
+
+An APScheduler background job watches the step counter: a loop that stops stepping for longer
+than `stall_after_seconds` is reported as stalled (a hung collective, a dead input pipeline).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from watchdog import xla_stats
+from watchdog.config import WatchdogConfig
+from watchdog.detector import LeakDetector
+from watchdog.logs import get_logger
+from watchdog.policy import ActionPolicy
+from watchdog.sample import Sample, TraceWriter
+from watchdog.sources import MemoryReading, MemorySource, current_device, device_kind, select_source
+from watchdog.telemetry import Telemetry
+from watchdog.verdict import Action, Verdict
+
+log = get_logger(__name__)
+
+_SAMPLE, _REINIT, _BARRIER, _STOP = "sample", "reinit", "barrier", "stop"
+
+
+class Watchdog:
+    """Watches device memory from a sidecar thread; see the module docstring for the flow."""
+
+    def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None,
+                 telemetry: Telemetry | None = None):
+        self.config = config or WatchdogConfig()
+        self.telemetry = telemetry or Telemetry(rank=self.config.rank)
+        self.telemetry.restarts_total = self.config.restart_count
+        self.detector = LeakDetector(self.config.detector, self.config.memory_limit_bytes)
+        self.policy = ActionPolicy(self.config.policy, restarts_so_far=self.config.restart_count)
+        self.history: deque[Sample] = deque(maxlen=self.config.history_size)
+        self.latest_verdict: Verdict | None = None
+        self._source = source
+        self._every = self.config.sample_every
+        self._last_step = -1
+        self._mailbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._post = self._mailbox.put  # bound once: the hot path skips an attribute lookup
+        self._actions: deque[Action] = deque()
+        self._thread: threading.Thread | None = None
+        self._scheduler: BackgroundScheduler | None = None
+        self._trace: TraceWriter | None = None
+        self._failed_kinds: set[str] = set()
+        self._stall_seen_step = -1
+        self._stall_seen_at = time.monotonic()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> "Watchdog":
+        """Call on the training thread: the current XLA device is thread-local, so it is captured here."""
+        if self._thread is not None:
+            return self
+        device = self.config.device or current_device()
+        if self._source is None:
+            self._source, _ = select_source(self.config.source, device, self.config.memory_limit_bytes,
+                                            self.config.replay_trace)
+        self.telemetry.device = device
+        self.telemetry.source = self._source.name
+        self._track_compilations = device_kind(device) == "xla"
+        if self.config.trace_file is not None:
+            self._trace = TraceWriter(self.config.trace_file)
+        self._thread = threading.Thread(target=self._run, name="hbm-watchdog", daemon=True)
+        self._thread.start()
+        self._start_stall_watch()
+        log.info("watchdog_started", device=device, source=self._source.name, sample_every=self._every,
+                 memory_limit_bytes=self.config.memory_limit_bytes, rank=self.config.rank,
+                 trace_file=str(self.config.trace_file) if self.config.trace_file else None)
+        return self
+
+    def stop(self) -> None:
+        """Idempotent. Processes what was already posted, then flushes the trace."""
+        if self._thread is None:
+            return
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+        self._post((_STOP, None))
+        self._thread.join(timeout=30)
+        self._thread = None
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
+        log.info("watchdog_stopped", samples=self.telemetry.samples_total,
+                 sample_errors=self.telemetry.sample_errors_total)
+
+    def __enter__(self) -> "Watchdog":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def source_name(self) -> str:
+        return self._source.name if self._source is not None else "none"
+
+    # ---- the training thread's side ------------------------------------------------------------
+
+    def step(self, step: int) -> Action | None:
+        """Call once per training step, after the step is dispatched. Returns an action to carry out."""
+        self._last_step = step
+        if step % self._every == 0:
+            self._post((_SAMPLE, step))
+        if self._actions:
+            return self._actions.popleft()
+        return None
+
+    def reinit_finished(self) -> None:
+        """After checkpoint-and-reinit: one reading now (between steps, so no activations are live)
+        tells the policy whether the rebuild brought memory back down or the leak survived it."""
+        try:
+            reading = self._source.read() if self._source is not None else None
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            self._count_error("reinit_read", exc)
+            reading = None
+        self._post((_REINIT, reading))
+
+    def observe_checkpoint(self, seconds: float) -> None:
+        self.telemetry.observe_checkpoint(seconds)
+
+    def drain(self, timeout: float = 5.0) -> bool:
+        """Block until the sidecar has handled everything posted so far; False on timeout."""
+        if self._thread is None:
+            return True
+        done = threading.Event()
+        self._post((_BARRIER, done))
+        return done.wait(timeout)
+
+    # ---- the sidecar thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            messages = [self._mailbox.get()]
+            while not self._mailbox.empty():
+                messages.append(self._mailbox.get_nowait())
+            self._handle(messages)
+            if any(kind == _STOP for kind, _ in messages):
+                return
+
+    def _handle(self, messages: list[tuple[str, Any]]) -> None:
+        # Reading memory now for a step long gone would mislabel it: only the newest request counts.
+        newest_sample = max((i for i, (kind, _) in enumerate(messages) if kind == _SAMPLE), default=-1)
+        for index, (kind, payload) in enumerate(messages):
+            try:
+                if kind == _SAMPLE and index == newest_sample:
+                    self._sample_and_evaluate(payload)
+                elif kind == _REINIT:
+                    self._after_reinit(payload)
+                elif kind == _BARRIER:
+                    payload.set()
+            except Exception as exc:  # noqa: BLE001 - the sidecar must outlive any single failure
+                self._count_error(kind, exc)
+
+    def _sample_and_evaluate(self, step: int) -> None:
+        try:
+            reading = self._source.read()  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - a failing source is counted, never raised
+            self._count_error("source_read", exc)
+            return
+        sample = Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used)
+        self.history.append(sample)
+        if self._trace is not None:
+            self._trace.write(sample)
+        telemetry = self.telemetry
+        telemetry.sample = sample
+        telemetry.samples_total += 1
+        if self._track_compilations:
+            telemetry.xla_compilations_total = xla_stats.compilations()
+        verdict = self.detector.update(sample)
+        self.latest_verdict = telemetry.verdict = verdict
+        self._act_on(self.policy.decide(verdict), verdict)
+
+    def _act_on(self, action: Action, verdict: Verdict) -> None:
+        if action is Action.NONE:
+            return
+        self.telemetry.count_action(action)
+        level = logging.WARNING if action is Action.WARN else logging.ERROR
+        log.log(level, "watchdog_action", action=action.value, step=verdict.step,
+                status=verdict.status.value, explanation=verdict.explanation,
+                projected_oom_step=verdict.projected_oom_step, steps_to_oom=verdict.steps_to_oom)
+        if action.needs_checkpoint and not self._actions:
+            self._actions.append(action)
+
+    def _after_reinit(self, reading: MemoryReading | None) -> None:
+        verdict = self.latest_verdict
+        if reading is None or verdict is None or verdict.floor_bytes is None:
+            return
+        before, after = verdict.floor_bytes, float(reading.bytes_used)
+        self.policy.reinit_finished(before, after)
+        log.info("reinit_measured", floor_before_bytes=before, bytes_after=after,
+                 recovered_bytes=before - after)
+        if after < before:
+            self.detector.reset()  # a new baseline: the old trend described the old process state
+
+    def _count_error(self, kind: str, exc: BaseException) -> None:
+        self.telemetry.sample_errors_total += 1
+        key = f"{kind}:{type(exc).__name__}"
+        if key not in self._failed_kinds:  # log each kind of failure once, count all of them
+            self._failed_kinds.add(key)
+            log.warning("watchdog_error", kind=kind, error=f"{type(exc).__name__}: {exc}",
+                        note="further errors of this kind are counted, not logged")
+
+    # ---- stall watch ---------------------------------------------------------------------------
+
+    def _start_stall_watch(self) -> None:
+        interval = min(self.config.stall_check_seconds, self.config.stall_after_seconds / 4)
+        self._stall_seen_step, self._stall_seen_at = self._last_step, time.monotonic()
+        self._scheduler = BackgroundScheduler(daemon=True)
+        self._scheduler.add_job(self._check_stall, "interval", seconds=interval, max_instances=1,
+                                coalesce=True, misfire_grace_time=None, id="stall-watch")
+        self._scheduler.start()
+
+    def _check_stall(self) -> None:
+        now, step = time.monotonic(), self._last_step
+        telemetry = self.telemetry
+        telemetry.training_step = max(step, 0)
+        if step != self._stall_seen_step:
+            self._stall_seen_step, self._stall_seen_at = step, now
+            telemetry.last_step_monotonic = now
+            if telemetry.stalled:
+                telemetry.stalled = False
+                log.info("training_resumed", step=step)
+            return
+        idle = now - self._stall_seen_at
+        if idle >= self.config.stall_after_seconds and not telemetry.stalled:
+            telemetry.stalled = True
+            log.error("training_stalled", step=step, seconds_without_step=round(idle, 1),
+                      stall_after_seconds=self.config.stall_after_seconds)
+
+

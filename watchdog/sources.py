@@ -1,0 +1,252 @@
+"""Where memory numbers come from, behind one small protocol.
+
+Sources, most precise first:
+
+- `xla`:  `xm.get_memory_info(device)`; per device, with limit and peak. Raises on PJRT CPU
+          (UNIMPLEMENTED) and under SPMD, so it is probed, not assumed.
+- `tpu`:  libtpu's runtime metrics (the in-process `libtpu.sdk.tpumonitoring`, else the gRPC
+          endpoint tpu-info reads on localhost:8431). The fullest chip is reported: OOM happens there.
+- `cuda`: the caching allocator's stats, limit from `mem_get_info`.
+- `rss`:  resident set size of this process: PJRT CPU keeps device buffers in host memory.
+          The limit comes from `--memory-limit`.
+- `replay`: serves a recorded trace in order (demos, tests, dashboards without hardware).
+
+`select_source` probes candidates in that order for the device and keeps the first that reads;
+the choice is logged and exported (`hbmwatch_build_info{source}`). Every source is called from
+the sidecar thread only, never from the training step.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Protocol
+
+from watchdog.errors import InputError
+from watchdog.logs import get_logger
+from watchdog.sample import read_trace
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReading:
+    bytes_used: int
+    bytes_limit: int | None = None
+    peak_bytes_used: int | None = None
+
+
+class SourceUnavailable(RuntimeError):
+    """This source cannot read memory here (no such device, unsupported backend...)."""
+
+
+class MemorySource(Protocol):
+    name: str
+
+    def read(self) -> MemoryReading: ...
+
+
+def _first_int(info: dict, *keys: str) -> int | None:
+    for key in keys:
+        value = info.get(key)
+        if value is not None:
+            return int(value)
+    return None
+
+
+class XlaSource:
+    """`xm.get_memory_info` for one device, whose name is captured on the training thread
+    (the current XLA device is thread-local, so the sidecar must not ask for it)."""
+
+    name = "xla"
+
+    def __init__(self, device: str):
+        self.device = device
+        import torch_xla.core.xla_model as xm
+
+        self._get_memory_info = xm.get_memory_info
+
+    def read(self) -> MemoryReading:
+        info = self._get_memory_info(self.device)
+        used = _first_int(info, "bytes_used", "kb_total")  # "kb_*" were the keys before 2.5
+        if used is None:
+            raise SourceUnavailable(f"get_memory_info returned no usage: {sorted(info)}")
+        return MemoryReading(
+            bytes_used=used,
+            bytes_limit=_first_int(info, "bytes_limit"),
+            peak_bytes_used=_first_int(info, "peak_bytes_used"),
+        )
+
+
+class TpuRuntimeSource:
+    """libtpu runtime metrics: works under SPMD, where `get_memory_info` raises."""
+
+    name = "tpu"
+
+    def __init__(self, grpc_addr: str = "localhost:8431"):
+        self._read = self._sdk_reader() or self._grpc_reader(grpc_addr)
+        if self._read is None:
+            raise SourceUnavailable("neither libtpu.sdk nor tpu_info is installed")
+
+    @staticmethod
+    def _sdk_reader() -> Callable[[], MemoryReading] | None:
+        try:
+            from libtpu.sdk import tpumonitoring  # type: ignore[import-not-found]
+        except ImportError:
+            return None
+
+        def read() -> MemoryReading:
+            usage = [int(float(v)) for v in tpumonitoring.get_metric("hbm_capacity_usage").data()]
+            total = [int(float(v)) for v in tpumonitoring.get_metric("hbm_capacity_total").data()]
+            if not usage:
+                raise SourceUnavailable("libtpu reports no chips")
+            fullest = max(range(len(usage)), key=usage.__getitem__)
+            return MemoryReading(usage[fullest], total[fullest] if fullest < len(total) else None)
+
+        return read
+
+    @staticmethod
+    def _grpc_reader(addr: str) -> Callable[[], MemoryReading] | None:
+        try:
+            from tpu_info import device as tpu_device  # type: ignore[import-not-found]
+            from tpu_info import metrics as tpu_metrics  # type: ignore[import-not-found]
+        except ImportError:
+            return None
+
+        def read() -> MemoryReading:
+            chips = tpu_device.get_local_chips()
+            if not chips or chips[0] is None:
+                raise SourceUnavailable("no local TPU chips")
+            usages = tpu_metrics.get_chip_usage(chips[0], addr=addr)
+            if not usages:
+                raise SourceUnavailable(f"libtpu metrics server at {addr} reported no chips")
+            fullest = max(usages, key=lambda u: u.memory_usage)
+            return MemoryReading(int(fullest.memory_usage), int(fullest.total_memory))
+
+        return read
+
+    def read(self) -> MemoryReading:
+        return self._read()
+
+
+class CudaSource:
+    """The CUDA caching allocator: allocated bytes track live tensors, which is where leaks show."""
+
+    name = "cuda"
+
+    def __init__(self, device: str):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SourceUnavailable("CUDA is not available")
+        self._torch = torch
+        self.device = torch.device(device if device.startswith("cuda") else "cuda")
+
+    def read(self) -> MemoryReading:
+        cuda = self._torch.cuda
+        _free, total = cuda.mem_get_info(self.device)
+        return MemoryReading(
+            bytes_used=int(cuda.memory_allocated(self.device)),
+            bytes_limit=int(total),
+            peak_bytes_used=int(cuda.max_memory_allocated(self.device)),
+        )
+
+
+class RssSource:
+    """Resident memory of this process; the only honest number on PJRT CPU and plain CPU."""
+
+    name = "rss"
+
+    def __init__(self, memory_limit_bytes: int | None = None):
+        import psutil
+
+        self._process = psutil.Process(os.getpid())
+        self.memory_limit_bytes = memory_limit_bytes
+
+    def read(self) -> MemoryReading:
+        rss = self._process.memory_info().rss
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        return MemoryReading(rss, self.memory_limit_bytes, max(rss, peak_kib * 1024))
+
+
+class ReplaySource:
+    """Serves a recorded trace, one sample per read; repeats the last one once exhausted."""
+
+    name = "replay"
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self._samples: Iterator = read_trace(self.path)
+        self._last: MemoryReading | None = None
+        self.read()  # fail now, on the caller's thread, if the trace is unreadable
+        self._samples = read_trace(self.path)
+
+    def read(self) -> MemoryReading:
+        sample = next(self._samples, None)
+        if sample is not None:
+            self._last = MemoryReading(sample.bytes_used, sample.bytes_limit, sample.peak_bytes_used)
+        if self._last is None:
+            raise SourceUnavailable(f"{self.path} holds no samples")
+        return self._last
+
+
+def device_kind(device: str) -> str:
+    return device.split(":", 1)[0].lower()
+
+
+def current_device() -> str:
+    """The device the training thread is using, judged from what the program already imported.
+
+    Never imports torch itself: a CPU-only program must not pay for it.
+    """
+    if "torch_xla" in sys.modules:
+        import torch_xla
+
+        return str(torch_xla.device())
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"
+
+
+def candidates(kind: str, device: str, memory_limit_bytes: int | None,
+               replay_trace: str | os.PathLike[str] | None = None) -> list[tuple[str, Callable[[], MemorySource]]]:
+    """Constructors to try, in order, for a source kind (`auto` expands by device)."""
+    build: dict[str, Callable[[], MemorySource]] = {
+        "xla": lambda: XlaSource(device),
+        "tpu": lambda: TpuRuntimeSource(),
+        "cuda": lambda: CudaSource(device),
+        "rss": lambda: RssSource(memory_limit_bytes),
+        "replay": lambda: ReplaySource(replay_trace),  # type: ignore[arg-type]
+    }
+    if kind != "auto":
+        return [(kind, build[kind])]
+    order = {"xla": ["xla", "tpu", "rss"], "cuda": ["cuda", "rss"]}.get(device_kind(device), ["rss"])
+    return [(name, build[name]) for name in order]
+
+
+def select_source(kind: str, device: str, memory_limit_bytes: int | None = None,
+                  replay_trace: str | os.PathLike[str] | None = None) -> tuple[MemorySource, MemoryReading]:
+    """Build and probe sources in order; return the first that reads, with its first reading.
+
+    Each rejection is logged with its reason so a user sees why, say, `xla` fell back to `rss`.
+    """
+    reasons = []
+    for name, make in candidates(kind, device, memory_limit_bytes, replay_trace):
+        try:
+            source = make()
+            reading = source.read()
+        except InputError:
+            raise  # a bad trace path is the user's to fix, not a reason to fall back
+        except Exception as exc:  # noqa: BLE001 - any failure means "try the next one"
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.info("memory_source_unavailable", source=name, device=device, reason=reason)
+            reasons.append(f"{name} ({reason})")
+            continue
+        log.info("memory_source_selected", source=name, device=device,
+                 bytes_used=reading.bytes_used, bytes_limit=reading.bytes_limit)
+        return source, reading
+    raise SourceUnavailable(f"no memory source works for device {device!r}: " + "; ".join(reasons))
