@@ -1,4 +1,4 @@
-"""`hbm-watchdog` and its subcommands.
+"""`hbm-watchdog`: predict device-memory exhaustion in training jobs and act before it.
 
 Each subcommand lives in its own module exposing `configure(parser)` and `run(args) -> int`;
 this file only routes. Modules import heavy dependencies (torch) inside `run`, so `--help`

@@ -1,0 +1,89 @@
+"""hbm-watchdog as a PyTorch Lightning callback.
+
+    callback = HbmWatchdogCallback(WatchdogConfig(sample_every=10), checkpoint_dir="ckpt")
+    trainer = L.Trainer(callbacks=[callback])
+    trainer.fit(model, ckpt_path=callback.resume_path())
+    sys.exit(callback.exit_code)        # 42 when the watchdog asked for a restart
+
+Lightning owns the training loop, so a rebuild in process is not ours to do: both checkpoint
+actions save an atomic checkpoint, stop `fit` at the step boundary, and set `exit_code` to 42
+for the supervisor (or JobSet) to restart the job, which resumes from `resume_path()`.
+
+The watchdog only ever sees `trainer.global_step`: unlike `self.log(tensor)`, it reads no tensor,
+so on TPU it adds no compilation and no device-to-host transfer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from lightning.pytorch import Callback
+
+from watchdog.config import WatchdogConfig
+from watchdog.errors import EXIT_OK, EXIT_RESTART_REQUESTED
+from watchdog.logs import get_logger
+from watchdog.sidecar import Watchdog
+from watchdog.sources import MemorySource
+
+log = get_logger(__name__)
+
+CHECKPOINT_NAME = "hbm-watchdog-last.ckpt"
+
+
+class HbmWatchdogCallback(Callback):
+    def __init__(self, config: WatchdogConfig | None = None, *, checkpoint_dir: str | os.PathLike[str],
+                 source: MemorySource | None = None):
+        self.config = config or WatchdogConfig()
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.source = source
+        self.watchdog: Watchdog | None = None
+        self.exit_code = EXIT_OK
+        self.action_step: int | None = None
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.checkpoint_dir / CHECKPOINT_NAME
+
+    def resume_path(self) -> str | None:
+        """The checkpoint a restarted job should resume from, if one was saved."""
+        return str(self.checkpoint_path) if self.checkpoint_path.is_file() else None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Called on the training thread, after the strategy has put the model on its device.
+        self.watchdog = Watchdog(self.config, source=self.source).start()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.watchdog is None:
+            return
+        action = self.watchdog.step(trainer.global_step)
+        if action is None:
+            return
+        started = time.perf_counter()
+        self._save_atomically(trainer)
+        self.watchdog.observe_checkpoint(time.perf_counter() - started)
+        self.action_step = trainer.global_step
+        self.exit_code = EXIT_RESTART_REQUESTED
+        trainer.should_stop = True
+        log.error("lightning_checkpoint_and_stop", action=action.value, step=trainer.global_step,
+                  checkpoint=str(self.checkpoint_path), exit_code=self.exit_code)
+
+    def _save_atomically(self, trainer) -> None:
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        temporary = self.checkpoint_path.with_suffix(".ckpt.tmp")
+        trainer.save_checkpoint(temporary)
+        if trainer.is_global_zero:
+            with open(temporary, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.checkpoint_path)  # a torn write never has the real name
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._stop()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
