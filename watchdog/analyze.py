@@ -1,17 +1,72 @@
-"""Placeholder: this subcommand lands with its issue."""
+"""`hbm-watchdog analyze TRACE... [--memory-limit BYTES] [--json]`: what the watchdog would have done.
+
+Each trace is replayed through the online detector and the action policy sample by sample, the
+same path the sidecar takes (`watchdog.replay`), so the answer is what a live run would have seen
+at each step, not a hindsight fit. Pure Python: no torch, so it starts in a fraction of a second.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import json
+import math
 
-from watchdog.errors import EXIT_BAD_INPUT
+from watchdog.errors import InputError
+from watchdog.replay import ReplayResult, replay
+from watchdog.sample import read_trace
+from watchdog.units import format_bytes, parse_size
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace CSV files (step,timestamp,bytes_used,...)")
+    parser.add_argument("--memory-limit", metavar="BYTES", default=None,
+                        help="a budget (e.g. 16GiB) when the trace has no limit, or one lower than the device's")
+    parser.add_argument("--json", action="store_true", help="one JSON object per trace per line")
+
+
+def _limit(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        limit = parse_size(text)
+    except ValueError as exc:
+        raise InputError(f"--memory-limit: {exc}") from None
+    if limit <= 0:
+        raise InputError("--memory-limit: must be a positive number of bytes")
+    return limit
 
 
 def run(args: argparse.Namespace) -> int:
-    print(f"hbm-watchdog {args.command}: not available yet in this version", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    limit = _limit(args.memory_limit)
+    for path in args.traces:
+        result = replay(read_trace(path), memory_limit_bytes=limit)
+        if result.samples == 0:
+            raise InputError(f"{path}:2: the trace has a header but no samples")
+        print(json.dumps({"trace": path, **result.to_json()}) if args.json else summary(path, result))
+    return 0
+
+
+def summary(path: str, result: ReplayResult) -> str:
+    """A few lines a person reads: the verdict, the slope, when the alarm and the action came."""
+    final = result.final_verdict
+    assert final is not None
+    lines = [f"{path}: {'LEAK' if result.leak else 'no leak'} ({result.samples:,} samples, "
+             f"last step {final.step:,}, final status {final.status.value})"]
+    if final.floor_bytes is not None:
+        limit = format_bytes(final.limit_bytes) if final.limit_bytes else "unknown"
+        lines.append(f"  floor {format_bytes(final.floor_bytes)}, transient {format_bytes(final.excursion_bytes)}, "
+                     f"limit {limit}")
+    lines.append(f"  slope {format_bytes(final.slope_bytes_per_step)}/step "
+                 f"({format_bytes(final.slope_low_bytes_per_step)} to {format_bytes(final.slope_high_bytes_per_step)})")
+    if result.first_alarm_step is not None:
+        lines.append(f"  leak alarm first raised at step {result.first_alarm_step:,}")
+    if result.first_action_step is not None:
+        assert result.first_action is not None
+        lines.append(f"  {result.first_action.value} asked for at step {result.first_action_step:,}"
+                     + (f" (projected OOM then: step {result.projected_oom_step_at_first_action:,})"
+                        if result.projected_oom_step_at_first_action is not None else ""))
+    if result.projected_oom_step is not None and math.isfinite(final.steps_to_oom):
+        lines.append(f"  projected OOM at step {result.projected_oom_step:,}")
+    if final.explanation:
+        lines.append(f"  {final.explanation}")
+    return "\n".join(lines)

@@ -1,41 +1,466 @@
-"""Online leak detector (placeholder interface; the real algorithm lands with issue 3).
+"""Online leak detector: one `Sample` in, one `Verdict` out. Pure: no threads, no I/O, no torch.
 
-Pure: no threads, no I/O, no torch. Fed one `Sample` at a time, returns a `Verdict`.
+How it reads memory (and why):
+
+1. Buckets of training steps. A reading lands at a random point inside a step, so any single
+   reading is floor + some fraction of the step's activations. The minimum over a bucket of steps
+   is the resident floor; the maximum minus the minimum is the transient excursion (activations,
+   eval buffers, checkpoint spikes). Per sample the work is one comparison each way.
+2. Bounded history that covers the whole run. Closed buckets go into a list of at most
+   `max_buckets`; when it is full, neighbours merge pairwise (floor = min, peak = max) and the
+   bucket width doubles. Memory is constant and the number of bucket closes grows only with the
+   logarithm of the run length, so the heavier statistics run rarely: O(1) amortised per sample.
+3. Robust trend. On each close the newest suffixes of the history (all of it, the newest half,
+   quarter, ... down to `min_window_buckets`) are fitted with a median of pairwise slopes (pairs
+   half a window apart: a Theil-Sen estimator that is linear in the window). Spikes and outliers
+   do not move a median; the interval is the distribution-free confidence interval of that median.
+4. What counts as a leak. A window is a leak candidate when the low edge of the slope interval
+   is above zero, the rise across the window stands out of the residual noise, the rise is spread
+   over the window (every quarter contributes: a one-off level shift puts it all in one quarter),
+   and it is not levelling off (the newest quarters, extrapolated as a geometric slowdown, would
+   not stop short of the limit: a cache that fills and stops). A suffix window that begins after
+   a level shift is its new baseline. The alarm (`leaking`) also needs the projected OOM within
+   `max_extrapolation` times the span the growth was seen over (a line is not extrapolated far
+   beyond its evidence), and the candidate must hold for `confirm_closes` closes and
+   `confirm_fraction` of its span without its slope falling by `max_slope_drop`.
+5. Projection. OOM happens at the peak, so the fitted floor plus the largest excursion seen
+   (the runtime's high-water mark included, plus `excursion_margin`: samples rarely catch the very
+   top of a transient) is projected against the limit minus `headroom_bytes`, with the central
+   slope and, for actions, the pessimistic (high) edge of the interval.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from watchdog.errors import ConfigError
 from watchdog.sample import Sample
+from watchdog.units import format_bytes
 from watchdog.verdict import Status, Verdict
+
+INF = math.inf
+SEGMENTS = 4  # a window is split in quarters to tell spread-out growth from a one-off shift
+IQR_TO_SIGMA = 1.349
+SQRT2 = math.sqrt(2.0)
 
 
 @dataclass(frozen=True)
 class DetectorConfig:
     headroom_bytes: int = 0
+    """Keep this much below the limit: the projection aims at limit - headroom."""
     warmup_samples: int = 16
+    """The first samples are ignored (compilation, weights and optimizer state being allocated)."""
+    bucket_steps: int = 8
+    """Initial bucket width in training steps; doubles each time the history fills."""
+    max_buckets: int = 128
+    """Bucket floors kept (even); memory and the cost of one analysis are bounded by it."""
+    min_window_buckets: int = 16
+    """Buckets needed before a verdict other than warming_up, and the smallest window fitted."""
+    rise_sigmas: float = 6.0
+    """The rise across a window must exceed this many residual standard deviations."""
+    consistency: float = 0.15
+    """Each quarter of a window must rise by at least this share of the mean quarter's rise."""
+    decay_ratio: float = 0.4
+    """The newest quarter must rise by at least this share of the fastest quarter (else: plateau)."""
+    max_extrapolation: float = 2.0
+    """Alarm only when the projected OOM is within this many times the span the growth was seen over."""
+    excursion_margin: float = 0.1
+    """Samples rarely catch a transient at its very top: the excursion is taken this much larger."""
+    confirm_closes: int = 3
+    """Consecutive bucket closes a leak candidate must survive before the alarm goes up ..."""
+    confirm_fraction: float = 0.25
+    """... and for at least this share of its window's span in steps, ..."""
+    max_slope_drop: float = 0.25
+    """... without its slope falling by more than this share of the highest seen meanwhile."""
+    interval_z: float = 1.96
+    """Width of the slope interval in standard normal units (1.96: a 95% interval)."""
 
     def __post_init__(self) -> None:
-        if self.headroom_bytes < 0:
-            raise ConfigError("detector.headroom_bytes", "must not be negative")
-        if self.warmup_samples < 1:
-            raise ConfigError("detector.warmup_samples", "must be at least 1")
+        _check(self.headroom_bytes >= 0, "headroom_bytes", "must not be negative")
+        _check(self.warmup_samples >= 0, "warmup_samples", "must not be negative")
+        _check(self.bucket_steps >= 1, "bucket_steps", "must be at least 1")
+        _check(self.min_window_buckets >= 2 * SEGMENTS, "min_window_buckets", f"must be at least {2 * SEGMENTS}")
+        _check(self.max_buckets >= 2 * self.min_window_buckets and self.max_buckets % 2 == 0, "max_buckets",
+               "must be even and at least twice min_window_buckets")
+        for name in ("rise_sigmas", "max_extrapolation", "interval_z"):
+            _check(getattr(self, name) > 0, name, "must be positive")
+        _check(self.confirm_fraction >= 0, "confirm_fraction", "must not be negative")
+        _check(self.excursion_margin >= 0, "excursion_margin", "must not be negative")
+        for name in ("consistency", "decay_ratio", "max_slope_drop"):
+            _check(0 <= getattr(self, name) <= 1, name, "must be between 0 and 1")
+        _check(self.confirm_closes >= 1, "confirm_closes", "must be at least 1")
+
+
+def _check(ok: bool, name: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(f"detector.{name}", problem)
+
+
+# ------------------------------------------------------------------------------ pure statistics
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+@dataclass(frozen=True, slots=True)
+class Trend:
+    """A robust line through bucket floors, and how leak-like the window looks."""
+
+    slope: float  # bytes per step
+    low: float
+    high: float
+    level: float  # fitted floor at the window's newest bucket
+    x_last: float  # step of the newest bucket
+    span: float  # steps between the oldest and newest bucket
+    sigma: float  # robust scale of the residuals
+    increments: tuple[float, ...]  # rise of each quarter's median floor over the previous one
+
+
+def fit_trend(xs: list[float], ys: list[float], z: float = 1.96) -> Trend:
+    """Median of slopes between points half a window apart, with the median's confidence interval.
+
+    Each point is used in one pair only, so the slopes are close to independent and their
+    median's order-statistic interval is honest; O(n log n) instead of Theil-Sen's O(n^2). The
+    residual scale comes from the spread of the same slopes (each pair difference carries the
+    noise of two points), so no second pass over the window is needed.
+    """
+    n = len(xs)
+    half = n // 2
+    m = n - half
+    slopes = sorted([(ys[i + half] - ys[i]) / (xs[i + half] - xs[i]) for i in range(m)])
+    slope = slopes[m // 2] if m % 2 else 0.5 * (slopes[m // 2 - 1] + slopes[m // 2])
+    k = max(0, int(m / 2 - z * math.sqrt(m) / 2))
+    x_last = xs[-1]
+    level = _median([y + slope * (x_last - x) for x, y in zip(xs, ys)])
+    pair_distance = (x_last - xs[0]) * half / (n - 1)
+    sigma = (slopes[(3 * m) // 4] - slopes[m // 4]) / IQR_TO_SIGMA * pair_distance / SQRT2
+    quarter = n // SEGMENTS
+    levels = [_median(ys[j * quarter:(j + 1) * quarter]) for j in range(SEGMENTS)]
+    return Trend(
+        slope=slope, low=slopes[k], high=slopes[m - 1 - k], level=level, x_last=x_last,
+        span=x_last - xs[0], sigma=sigma, increments=(levels[1] - levels[0], levels[2] - levels[1], levels[3] - levels[2]),
+    )
+
+
+def largest_excursion(floors: list[float], peaks: list[float]) -> float:
+    """The highest transient above the floor: each bucket's peak over the floors on both sides of it.
+
+    A transient (activations, an eval buffer, a checkpoint spike) rises from the floor and falls
+    back to it, so its height is the same against the neighbouring buckets' floors. A bucket in
+    which the floor itself dropped (a freed cache, a workload leaving) or jumped has a peak-to-min
+    span that is no transient: against the higher floor next to it, it shrinks to what it is.
+    """
+    n = len(floors)
+    return max(peaks[i] - max(floors[max(0, i - 1):i + 2]) for i in range(n)) if n else 0.0
+
+
+def plateau_rise(trend: Trend) -> float:
+    """Growth still to come if the newest quarters keep slowing geometrically (inf when not slowing).
+
+    A cache that fills and stops approaches its size exponentially: each quarter adds a fixed
+    fraction q of the one before, so the rest adds up to d * q / (1 - q). Only the two newest
+    quarters are used, because the oldest may still hold the flat time before the growth began.
+    """
+    older, newest = trend.increments[-2], trend.increments[-1]
+    if newest <= 0:
+        return 0.0
+    if older <= newest:
+        return INF
+    q = newest / older
+    return newest * q / (1 - q)
+
+
+def leak_shape(trend: Trend, config: DetectorConfig, room: float = INF) -> str | None:
+    """None when the window looks like a leak, else the reason it does not (for the explanation).
+
+    `room` is what is left between the fitted peak and the limit: growth that is slowing down and
+    would stop before using it up is a cache filling, not a leak.
+    """
+    if trend.low <= 0:
+        return "no confident rise"
+    if trend.slope * trend.span < config.rise_sigmas * trend.sigma:
+        return "rise within noise"
+    incs = trend.increments
+    mean_rise = sum(incs) / len(incs)
+    if mean_rise <= 0 or min(incs) < config.consistency * mean_rise:
+        return "a one-off step, not steady growth"
+    if incs[-1] < config.decay_ratio * max(incs):
+        return "growth slowing towards a plateau"
+    if plateau_rise(trend) < room:
+        return "growth slowing, levelling off below the limit"
+    return None
+
+
+# ----------------------------------------------------------------------------------- the detector
+
+@dataclass(frozen=True, slots=True)
+class _Analysis:
+    """What the last bucket close concluded; samples until the next close reuse it."""
+
+    status: Status
+    trend: Trend | None
+    floor: float
+    excursion: float
+    seconds_per_step: float
+    reason: str
 
 
 class LeakDetector:
+    """Feed samples in step order with `update`; `reset` after a reinit brought memory down."""
+
     def __init__(self, config: DetectorConfig | None = None, memory_limit_bytes: int | None = None):
         self.config = config or DetectorConfig()
         self.memory_limit_bytes = memory_limit_bytes
         self.reset()
 
     def reset(self) -> None:
-        """Forget history (after a reinit brought memory back down): a new baseline."""
-        self._count = 0
+        """Forget history: a new baseline (the old trend described the old process state)."""
+        self._seen = 0
+        self._last_step: int | None = None
+        self._width = self.config.bucket_steps
+        self._xs: list[float] = []  # bucket centre (step)
+        self._ts: list[float] = []  # bucket centre (timestamp)
+        self._floors: list[float] = []
+        self._peaks: list[float] = []
+        self._open = False
+        self._end = 0
+        self._b_high_water: int | None = None
+        self._streak = 0
+        self._misses = 0  # closes in a row without a leak-shaped window
+        self._streak_from = 0.0
+        self._streak_slope = 0.0
+        self._analysis: _Analysis | None = None
+        self._projection: tuple | None = None
+        self._projection_limit: int | None = None
+        self._limit_seen: int | None = self.memory_limit_bytes
+
+    # -- per sample: a couple of comparisons --------------------------------------------------
 
     def update(self, sample: Sample) -> Verdict:
-        self._count += 1
-        status = Status.WARMING_UP if self._count < self.config.warmup_samples else Status.HEALTHY
-        return Verdict(step=sample.step, timestamp=sample.timestamp, status=status,
-                       floor_bytes=float(sample.bytes_used))
+        step = sample.step
+        if self._last_step is not None and step < self._last_step:
+            self.reset()  # steps went back: a restarted process appending to the same trace
+        self._last_step = step
+        self._seen += 1
+        limit = sample.bytes_limit or None
+        budget = self.memory_limit_bytes
+        if budget and (limit is None or budget < limit):
+            limit = budget
+        self._limit_seen = limit
+        if self._seen <= self.config.warmup_samples:
+            return self._verdict(sample)
+        used = sample.bytes_used
+        if self._open and step >= self._end:
+            self._close_bucket()
+        if not self._open:
+            self._open = True
+            self._end = step + self._width
+            self._b_first = self._b_last = step
+            self._b_t0 = self._b_t1 = sample.timestamp
+            self._b_min = self._b_max = used
+        else:
+            self._b_last = step
+            self._b_t1 = sample.timestamp
+            if used < self._b_min:
+                self._b_min = used
+            elif used > self._b_max:
+                self._b_max = used
+        self._b_high_water = sample.peak_bytes_used
+        return self._verdict(sample)
+
+    # -- per closed bucket: the statistics ----------------------------------------------------
+
+    def _close_bucket(self) -> None:
+        self._open = False
+        self._xs.append(0.5 * (self._b_first + self._b_last))
+        self._ts.append(0.5 * (self._b_t0 + self._b_t1))
+        self._floors.append(float(self._b_min))
+        # The runtime's high-water mark sees every step's peak, not just the sampled moments; it
+        # can only under-state the transient above today's floor while the floor rises.
+        high_water = self._b_high_water
+        peak = float(self._b_max if high_water is None else max(self._b_max, high_water))
+        self._peaks.append(peak)
+        if len(self._xs) >= self.config.max_buckets:
+            self._merge_pairs()
+        self._analysis = self._analyse()
+        self._projection = None
+
+    def _merge_pairs(self) -> None:
+        """Halve the history: neighbours merge (floor = min, peak = max); buckets get twice as wide."""
+        xs, ts, fl, pk = self._xs, self._ts, self._floors, self._peaks
+        self._xs = [0.5 * (xs[i] + xs[i + 1]) for i in range(0, len(xs), 2)]
+        self._ts = [0.5 * (ts[i] + ts[i + 1]) for i in range(0, len(ts), 2)]
+        self._floors = [min(fl[i], fl[i + 1]) for i in range(0, len(fl), 2)]
+        self._peaks = [max(pk[i], pk[i + 1]) for i in range(0, len(pk), 2)]
+        self._width *= 2
+
+    def _analyse(self) -> _Analysis:
+        cfg = self.config
+        xs, floors, n = self._xs, self._floors, len(self._xs)
+        excursion = (1.0 + cfg.excursion_margin) * largest_excursion(floors, self._peaks)
+        seconds_per_step = _seconds_per_step(xs, self._ts)
+        if n < cfg.min_window_buckets:
+            return _Analysis(Status.WARMING_UP, None, floors[-1], excursion, seconds_per_step,
+                             f"warming up: {n} of {cfg.min_window_buckets} buckets")
+        longest: Trend | None = None
+        candidate: Trend | None = None
+        reason = ""
+        for size in _window_sizes(n, cfg.min_window_buckets):
+            trend = fit_trend(xs[n - size:], floors[n - size:], cfg.interval_z)
+            longest = longest or trend
+            why_not = leak_shape(trend, cfg, self._room(trend, excursion))
+            if why_not is None:
+                candidate = trend
+                break
+            reason = reason or why_not
+        assert longest is not None
+        if candidate is not None:
+            self._misses = 0
+            why_not = self._too_far(candidate, excursion) or self._confirm(candidate)
+            status = Status.SUSPECT if why_not else Status.LEAKING
+            return _Analysis(status, candidate, candidate.level, excursion, seconds_per_step, why_not)
+        # No leak: describe the newest window (after a level shift, that is the new baseline).
+        self._misses += 1
+        if self._misses >= cfg.confirm_closes:  # one noisy close does not undo a confirmation
+            self._streak = 0
+        newest = trend
+        rising = newest.low > 0 and newest.slope * newest.span >= cfg.rise_sigmas * newest.sigma
+        return _Analysis(Status.SUSPECT if rising else Status.HEALTHY, newest, newest.level, excursion,
+                         seconds_per_step, reason)
+
+    def _confirm(self, trend: Trend) -> str:
+        """'' once a candidate has held long enough without slowing; else why it is not confirmed.
+
+        Held means `confirm_closes` closes in a row AND `confirm_fraction` of the window's span in
+        steps: a cache that fills and stops shows its slope falling while we wait, a leak does not.
+        """
+        cfg = self.config
+        if self._streak == 0:
+            self._streak_from, self._streak_slope = trend.x_last, trend.slope
+        self._streak += 1
+        self._streak_slope = max(self._streak_slope, trend.slope)
+        if trend.high < (1.0 - cfg.max_slope_drop) * self._streak_slope:
+            self._streak = 0
+            return "growth slowing while being confirmed"
+        if self._streak < cfg.confirm_closes or trend.x_last - self._streak_from < cfg.confirm_fraction * trend.span:
+            return "not yet confirmed"
+        return ""
+
+    def _room(self, trend: Trend, excursion: float) -> float:
+        """Bytes between the fitted peak now and limit - headroom (inf when no limit is known)."""
+        limit = self._limit_seen
+        if limit is None:
+            return INF
+        return limit - self.config.headroom_bytes - trend.level - excursion
+
+    def _too_far(self, trend: Trend, excursion: float) -> str:
+        """A reason not to alarm yet when the OOM lies far beyond the evidence; '' when it does not."""
+        room = self._room(trend, excursion)
+        if room == INF:
+            return "no memory limit known"
+        if room <= 0:
+            return ""
+        steps = room / trend.slope
+        if steps > self.config.max_extrapolation * max(trend.span, 1.0):
+            self._streak = 0  # confirmation starts once the OOM is near enough to call
+            return f"OOM too far ahead to call ({steps:,.0f} steps; growth seen over {trend.span:,.0f})"
+        return ""
+
+    # -- the verdict ----------------------------------------------------------------------------
+
+    def _verdict(self, sample: Sample) -> Verdict:
+        limit = self._limit_seen  # the smaller of the configured budget and the device's own limit
+        analysis = self._analysis
+        if analysis is None or analysis.status is Status.WARMING_UP:
+            return Verdict(step=sample.step, timestamp=sample.timestamp, status=Status.WARMING_UP,
+                           floor_bytes=float(sample.bytes_used), limit_bytes=limit,
+                           explanation=analysis.reason if analysis else "warming up: no history yet")
+        if limit != self._projection_limit or self._projection is None:
+            self._projection = self._project(analysis, limit)
+            self._projection_limit = limit
+        (status, slope, low, high, level, x_last, excursion, seconds_per_step, slope_per_second,
+         oom_x, oom_x_high, explanation, span) = self._projection
+        step = sample.step
+        steps_to_oom = oom_x - step if oom_x < INF else INF
+        if steps_to_oom < 0:
+            steps_to_oom = 0.0
+        pessimistic = oom_x_high - step if oom_x_high < INF else INF
+        if pessimistic < 0:
+            pessimistic = 0.0
+        # Positional, in Verdict's field order: this runs once per sample.
+        return Verdict(
+            step, sample.timestamp, status, level + slope * (step - x_last), excursion, limit, slope, low, high,
+            slope_per_second, step + math.ceil(steps_to_oom) if steps_to_oom < INF else None, steps_to_oom,
+            steps_to_oom * seconds_per_step if seconds_per_step > 0 and steps_to_oom < INF else INF,
+            explanation, pessimistic, span,
+        )
+
+    def _project(self, analysis: _Analysis, limit: int | None) -> tuple:
+        """Everything a verdict needs that changes only at a bucket close (or when the limit does)."""
+        trend = analysis.trend
+        assert trend is not None
+        oom_x = oom_x_high = INF
+        if limit is not None and analysis.status is not Status.HEALTHY:
+            room = limit - self.config.headroom_bytes - trend.level - analysis.excursion
+            oom_x = _crossing(trend.x_last, room, trend.slope)
+            oom_x_high = _crossing(trend.x_last, room, trend.high)
+        sps = analysis.seconds_per_step
+        return (analysis.status, trend.slope, trend.low, trend.high, trend.level, trend.x_last, analysis.excursion,
+                sps, trend.slope / sps if sps > 0 else 0.0, oom_x, oom_x_high, explain(analysis, limit, oom_x),
+                trend.span)
+
+
+def _window_sizes(n: int, smallest: int) -> list[int]:
+    """All of the history, then the newest half, quarter, ... down to `smallest` buckets."""
+    sizes = [n]
+    while sizes[-1] > smallest:
+        sizes.append(max(smallest, sizes[-1] // 2))
+    return sizes
+
+
+def _crossing(x: float, room: float, slope: float) -> float:
+    if room <= 0:
+        return x
+    return x + room / slope if slope > 0 else INF
+
+
+def _seconds_per_step(xs: list[float], ts: list[float]) -> float:
+    if len(xs) < 2 or xs[-1] <= xs[0]:
+        return 0.0
+    return max(0.0, (ts[-1] - ts[0]) / (xs[-1] - xs[0]))
+
+
+def explain(analysis: _Analysis, limit: float | None, oom_x: float) -> str:
+    """One line a person can act on, e.g. 'floor rising 2.0 MiB/step (1.8-2.2); peak reaches ...'."""
+    trend = analysis.trend
+    if trend is None:
+        return analysis.reason
+    rate = (f"{format_bytes(trend.slope)}/step ({format_bytes(trend.low)}-{format_bytes(trend.high)})")
+    limit_text = f"the {format_bytes(limit)} limit" if limit else "no known limit"
+    if analysis.status is Status.HEALTHY:
+        return (f"floor steady at {format_bytes(trend.level)} (slope {rate}: {analysis.reason}); "
+                f"peak {format_bytes(trend.level + analysis.excursion)} of {limit_text}")
+    if oom_x < INF:
+        steps = max(0.0, oom_x - trend.x_last)
+        when = f"at step {math.ceil(oom_x):,}, in {steps:,.0f} steps"
+        if analysis.seconds_per_step > 0:
+            when += f" ({_duration(steps * analysis.seconds_per_step)})"
+        projection = f"peak reaches {limit_text} {when}"
+    else:
+        projection = f"peak {format_bytes(trend.level + analysis.excursion)} of {limit_text}"
+    text = f"floor rising {rate}; {projection}"
+    if analysis.status is Status.SUSPECT and analysis.reason:
+        text += f" [suspect: {analysis.reason}]"
+    return text
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,33 +1,125 @@
-"""Verdicts -> actions (placeholder interface; the real ladder lands with issue 3). Pure."""
+"""Verdicts -> actions: the ladder the watchdog climbs before an OOM. Pure: no threads, no I/O.
+
+The ladder, one verdict at a time:
+
+- not `leaking`                          -> NONE (and the confirmation count starts over)
+- `leaking`, fewer than `confirm_verdicts` in a row -> NONE: one noisy verdict never acts
+- confirmed, OOM far (the pessimistic projection leaves more than the action horizon)
+                                         -> WARN, at most once per cooldown
+- confirmed, OOM within the action horizon -> CHECKPOINT_REINIT (save, rebuild in process)
+    ... or CHECKPOINT_RESTART (save, exit 42) when `prefer_restart` is set, or when the last
+    reinit did not bring the floor back down (`reinit_finished`), while the restart budget
+    (`max_restarts`, counting `restarts_so_far` from earlier processes) lasts; once it is spent
+    the policy still asks for CHECKPOINT_REINIT, because a saved checkpoint is worth having even
+    when the rebuild cannot stop the leak.
+- after any checkpoint action, nothing more for `cooldown_steps` (the save and rebuild take time
+  and the detector needs fresh samples).
+
+The action horizon is the larger of `lead_factor` checkpoint margins and `horizon_fraction` of
+the steps watched so far: the checkpoint is asked for while the pessimistic projection still
+leaves at least the margin it needs, with room for the projection to be wrong, and a growth that
+would need many more runs than this one to fill memory only warns.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from watchdog.errors import ConfigError
-from watchdog.verdict import Action, Verdict
+from watchdog.verdict import Action, Status, Verdict
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
     checkpoint_margin_steps: int = 50
+    """Steps a checkpoint needs to be written: it must be asked for at least this long before OOM."""
     max_restarts: int = 3
+    """Restarts this job may ask for in all (earlier processes included)."""
     prefer_restart: bool = False
+    """Restart instead of reinit from the first action (e.g. leaks outside Python's reach)."""
+    confirm_verdicts: int = 3
+    """Consecutive `leaking` verdicts needed before any action."""
+    cooldown_steps: int = 500
+    """After an action, stay quiet for this many steps."""
+    lead_factor: float = 4.0
+    """Act when the pessimistic steps to OOM fall to this many checkpoint margins ..."""
+    horizon_fraction: float = 0.25
+    """... or to this fraction of the steps watched so far, whichever is larger."""
+    min_recovery: float = 0.5
+    """A reinit worked if the floor came down by at least this share of the growth seen before it."""
 
     def __post_init__(self) -> None:
-        if self.checkpoint_margin_steps < 0:
-            raise ConfigError("policy.checkpoint_margin_steps", "must not be negative")
-        if self.max_restarts < 0:
-            raise ConfigError("policy.max_restarts", "must not be negative")
+        for name in ("checkpoint_margin_steps", "max_restarts", "cooldown_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"policy.{name}", f"must be a non-negative integer, got {value!r}")
+        if not isinstance(self.confirm_verdicts, int) or self.confirm_verdicts < 1:
+            raise ConfigError("policy.confirm_verdicts", f"must be at least 1, got {self.confirm_verdicts!r}")
+        for name in ("lead_factor", "horizon_fraction"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
+                raise ConfigError(f"policy.{name}", f"must be a non-negative number, got {value!r}")
+        if not 0 <= self.min_recovery <= 1:
+            raise ConfigError("policy.min_recovery", f"must be between 0 and 1, got {self.min_recovery!r}")
 
 
 class ActionPolicy:
+    """Turns the detector's verdicts into at most one action per cooldown; see the module docstring."""
+
     def __init__(self, config: PolicyConfig | None = None, restarts_so_far: int = 0):
         self.config = config or PolicyConfig()
+        if restarts_so_far < 0:
+            raise ConfigError("restarts_so_far", "must not be negative")
         self.restarts_so_far = restarts_so_far
+        self._first_step: int | None = None
+        self._confirmed = 0
+        self._quiet_until = -math.inf  # no checkpoint action before this step
+        self._warned_until = -math.inf  # no repeated warning before this step
+        self._escalate = False  # the last reinit did not bring memory down
+        self._growth_at_action = 0.0
+
+    def action_horizon_steps(self, step: int) -> float:
+        watched = 0 if self._first_step is None else step - self._first_step
+        return max(self.config.lead_factor * self.config.checkpoint_margin_steps,
+                   self.config.horizon_fraction * watched)
 
     def decide(self, verdict: Verdict) -> Action:
-        return Action.NONE
+        if self._first_step is None:
+            self._first_step = verdict.step
+        if verdict.status is not Status.LEAKING:
+            self._confirmed = 0
+            return Action.NONE
+        self._confirmed += 1
+        if self._confirmed < self.config.confirm_verdicts or verdict.step < self._quiet_until:
+            return Action.NONE
+        if verdict.steps_to_oom_pessimistic > self.action_horizon_steps(verdict.step):
+            if verdict.step < self._warned_until:
+                return Action.NONE
+            self._warned_until = verdict.step + self.config.cooldown_steps
+            return Action.WARN
+        action = self._checkpoint_action()
+        self._quiet_until = self._warned_until = verdict.step + self.config.cooldown_steps
+        self._confirmed = 0
+        self._growth_at_action = max(0.0, verdict.slope_bytes_per_step * verdict.window_steps)
+        return action
 
-    def reinit_finished(self, floor_before_bytes: float, floor_after_bytes: float) -> None:
-        """Told by the training side after a checkpoint-and-reinit, with floors measured around it."""
+    def _checkpoint_action(self) -> Action:
+        wants_restart = self.config.prefer_restart or self._escalate
+        if wants_restart and self.restarts_so_far < self.config.max_restarts:
+            self.restarts_so_far += 1
+            return Action.CHECKPOINT_RESTART
+        return Action.CHECKPOINT_REINIT
+
+    def reinit_finished(self, floor_before_bytes: float, floor_after_bytes: float) -> bool:
+        """Told by the training side after a checkpoint-and-reinit, with floors measured around it.
+
+        Returns whether the reinit recovered the memory. If the floor did not come down by
+        `min_recovery` of the growth seen before the action (or at all, when no growth was
+        measured), the leak lives outside what a reinit rebuilds: the next checkpoint action is a
+        restart.
+        """
+        recovered = floor_before_bytes - floor_after_bytes
+        needed = self.config.min_recovery * self._growth_at_action
+        self._escalate = recovered <= 0 or recovered < needed
+        return not self._escalate

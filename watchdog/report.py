@@ -1,17 +1,255 @@
-"""Placeholder: this subcommand lands with its issue."""
+"""`hbm-watchdog report TRACE -o FILE.png|FILE.html`: the picture of a trace, as the watchdog saw it.
+
+The trace is replayed through the online detector and policy (`replay_steps`, the same path as
+`analyze` and the sidecar), so the floor, trend, interval and markers are what the live watchdog
+would have had at each step, not a hindsight fit. Drawn: memory used (thin), the floor, the fitted
+trend with its slope interval and its projection to the limit, the limit, periods with the leak
+alarm up, and the steps where actions were asked for. `.html` embeds the PNG (base64) with a
+summary table, so the page is one self-contained file.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import base64
+import html
+import io
+import math
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from watchdog.errors import EXIT_BAD_INPUT
+from watchdog.errors import InputError
+from watchdog.sample import Sample, load_trace
+from watchdog.units import format_bytes, parse_size
+from watchdog.verdict import Action, Status, Verdict
+
+GiB = float(1 << 30)
+SUFFIXES = (".png", ".html")
+
+
+@dataclass
+class ReplayPicture:
+    """Everything the picture needs, collected in one pass over the replay."""
+
+    steps: list[int] = field(default_factory=list)
+    used: list[float] = field(default_factory=list)
+    floor: list[float] = field(default_factory=list)  # nan while warming up
+    alarm: list[bool] = field(default_factory=list)
+    actions: list[tuple[int, Action]] = field(default_factory=list)
+    first_action_verdict: Verdict | None = None
+    final_verdict: Verdict | None = None
+    limit: float | None = None
+
+    @property
+    def trend_verdict(self) -> Verdict | None:
+        """The fit to draw: when the watchdog acted (that is the decision to explain), else the last one."""
+        return self.first_action_verdict or self.final_verdict
+
+
+def collect(samples: list[Sample], memory_limit_bytes: int | None = None) -> ReplayPicture:
+    from watchdog.replay import replay_steps
+
+    picture = ReplayPicture()
+    for sample, verdict, action in replay_steps(samples, memory_limit_bytes=memory_limit_bytes):
+        picture.steps.append(sample.step)
+        picture.used.append(sample.bytes_used / GiB)
+        picture.floor.append(verdict.floor_bytes / GiB if verdict.floor_bytes is not None and
+                             verdict.status is not Status.WARMING_UP else math.nan)
+        picture.alarm.append(verdict.status is Status.LEAKING)
+        if action is not None and action is not Action.NONE:
+            picture.actions.append((sample.step, action))
+            if action.needs_checkpoint and picture.first_action_verdict is None:
+                picture.first_action_verdict = verdict
+        picture.final_verdict = verdict
+    # The effective limit, as the detector uses it: the smaller of the budget and the device's.
+    final = picture.final_verdict
+    known = [x for x in (memory_limit_bytes, samples[-1].bytes_limit, final and final.limit_bytes) if x]
+    picture.limit = float(min(known)) if known else None
+    return picture
+
+
+def _alarm_spans(steps: list[int], alarm: list[bool]) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for step, up in zip(steps, alarm):
+        if up and start is None:
+            start = step
+        elif not up and start is not None:
+            spans.append((start, step))
+            start = None
+    if start is not None:
+        spans.append((start, steps[-1]))
+    return spans
+
+
+ACTION_STYLE = {
+    Action.WARN: ("#e69f00", "warning"),
+    Action.CHECKPOINT_REINIT: ("#d55e00", "checkpoint + reinit"),
+    Action.CHECKPOINT_RESTART: ("#7b2d8e", "checkpoint + restart (exit 42)"),
+}
+
+
+def _draw_trend(ax, verdict: Verdict, limit: float | None, first_step: int, last_step: int) -> None:
+    """Fitted floor trend over the recent past, and floor + excursion projected to the limit with its fan.
+
+    The projection is cut at half the trace's length past its end, so a far-away OOM does not
+    squash the picture of what actually happened.
+    """
+    if verdict.floor_bytes is None or verdict.slope_bytes_per_step <= 0:
+        return
+    s0, floor0 = verdict.step, verdict.floor_bytes
+    horizon = last_step + max(1, (last_step - first_step) // 2)
+    back = max(first_step, s0 - max(1, int(0.3 * (s0 - first_step))))
+    ax.plot([back, s0], [(floor0 - verdict.slope_bytes_per_step * (s0 - back)) / GiB, floor0 / GiB],
+            color="#0072b2", lw=2.2, label=f"fitted trend ({format_bytes(verdict.slope_bytes_per_step)}/step)")
+    if limit is None:
+        return
+    peak0 = floor0 + verdict.excursion_bytes
+    oom = verdict.projected_oom_step or int(s0 + max(0.0, limit - peak0) / verdict.slope_bytes_per_step)
+    if oom <= s0:
+        return  # already at the limit: nothing to project
+    end = min(oom, horizon)
+    xs = [s0, end]
+    ax.plot(xs, [peak0 / GiB, (peak0 + verdict.slope_bytes_per_step * (end - s0)) / GiB], color="#0072b2",
+            lw=1.6, ls="--", label="projection of floor + transient to the limit")
+    low, high = verdict.slope_low_bytes_per_step, verdict.slope_high_bytes_per_step
+    if high > low:
+        ax.fill_between(xs, [peak0 / GiB] * 2,
+                        [min(limit, peak0 + low * (end - s0)) / GiB, min(limit, peak0 + high * (end - s0)) / GiB],
+                        color="#0072b2", alpha=0.15, lw=0, label="slope interval")
+    if verdict.projected_oom_step is not None and s0 < verdict.projected_oom_step <= horizon:
+        ax.plot([verdict.projected_oom_step], [limit / GiB], marker="v", color="#0072b2", ms=9, ls="none",
+                label=f"projected OOM at step {verdict.projected_oom_step:,}")
+
+
+def draw(picture: ReplayPicture, title: str, true_oom_step: int | None = None):
+    """A matplotlib Figure (Agg) of one replay; `true_oom_step` marks a benchmark trace's known OOM."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 6.2), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    steps = picture.steps
+    ax.plot(steps, picture.used, color="#9a9a9a", lw=0.4, alpha=0.7, label="memory used (samples)")
+    ax.plot(steps, picture.floor, color="#009e73", lw=1.6, label="floor (resident memory)")
+    for i, (start, stop) in enumerate(_alarm_spans(steps, picture.alarm)):
+        ax.axvspan(start, stop, color="#d55e00", alpha=0.08, lw=0, label="leak alarm up" if i == 0 else None)
+    if picture.trend_verdict is not None:
+        _draw_trend(ax, picture.trend_verdict, picture.limit, steps[0], steps[-1])
+    if picture.limit is not None:
+        ax.axhline(picture.limit / GiB, color="#cc0000", lw=1.4, label=f"limit {format_bytes(picture.limit)}")
+    seen: set[Action] = set()
+    for step, action in picture.actions:
+        color, name = ACTION_STYLE.get(action, ("black", action.value))
+        ax.axvline(step, color=color, lw=1.4 if action.needs_checkpoint else 0.8,
+                   ls="-" if action.needs_checkpoint else ":", label=None if action in seen else f"{name}")
+        seen.add(action)
+    if true_oom_step is not None:
+        ax.axvline(true_oom_step, color="black", lw=1.0, ls="-.", label=f"true OOM step {true_oom_step:,}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("device memory (GiB)")
+    ax.grid(alpha=0.25)
+    ax.xaxis.set_major_formatter(_thousands())
+    top = max(max(picture.used), picture.limit / GiB if picture.limit else 0.0)
+    ax.set_ylim(0, top * 1.08)
+    ax.legend(loc="lower right", fontsize=8.5, framealpha=0.9)
+    ax.set_title("\n".join(textwrap.wrap(title, 110)), fontsize=10.5, loc="left")
+    return fig
+
+
+def _thousands():
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda x, _pos: f"{x:,.0f}")
+
+
+def _title(name: str, picture: ReplayPicture) -> str:
+    verdict = picture.final_verdict
+    if verdict is None:
+        return name
+    explanation = (picture.first_action_verdict or verdict).explanation or verdict.status.value
+    return f"{name}: {explanation}"
+
+
+def summary_rows(name: str, samples: list[Sample], picture: ReplayPicture) -> list[tuple[str, str]]:
+    final = picture.final_verdict
+    first_alarm = next((s for s, up in zip(picture.steps, picture.alarm) if up), None)
+    first_action = next(((s, a) for s, a in picture.actions if a.needs_checkpoint), None)
+    return [
+        ("trace", name),
+        ("samples", f"{len(samples):,} (steps {samples[0].step:,} to {samples[-1].step:,})"),
+        ("limit", format_bytes(picture.limit)),
+        ("final status", final.status.value if final else "n/a"),
+        ("floor slope", f"{format_bytes(final.slope_bytes_per_step)}/step" if final else "n/a"),
+        ("projected OOM step", f"{final.projected_oom_step:,}" if final and final.projected_oom_step else "none"),
+        ("first alarm step", f"{first_alarm:,}" if first_alarm is not None else "none"),
+        ("first action", f"{first_action[1].value} at step {first_action[0]:,}" if first_action else "none"),
+        ("explanation", final.explanation if final else ""),
+    ]
+
+
+def render_report(samples: list[Sample], output: str | Path, *, name: str = "trace",
+                  memory_limit_bytes: int | None = None, true_oom_step: int | None = None) -> Path:
+    """Replay, draw and write `output` (.png or .html). Returns the path written."""
+    output = Path(output)
+    if output.suffix.lower() not in SUFFIXES:
+        raise InputError(f"{output}: output must end in .png or .html")
+    if not samples:
+        raise InputError(f"{name}: the trace has no samples")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        raise InputError("report needs matplotlib: pip install 'hbm-watchdog[report]'") from None
+    picture = collect(samples, memory_limit_bytes)
+    figure = draw(picture, _title(name, picture), true_oom_step)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    png = buffer.getvalue()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if output.suffix.lower() == ".png":
+        output.write_bytes(png)
+    else:
+        output.write_text(_html_page(name, png, summary_rows(name, samples, picture)), encoding="utf-8")
+    return output
+
+
+def _html_page(name: str, png: bytes, rows: list[tuple[str, str]]) -> str:
+    cells = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    image = base64.b64encode(png).decode("ascii")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>hbm-watchdog report: {html.escape(name)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}}
+table{{border-collapse:collapse;margin-top:1em}}th,td{{text-align:left;padding:.3em .8em;border-bottom:1px solid #ddd}}
+img{{max-width:100%}}</style></head>
+<body><h1>hbm-watchdog report: {html.escape(name)}</h1>
+<img alt="memory of {html.escape(name)}" src="data:image/png;base64,{image}">
+<table>
+{cells}
+</table></body></html>
+"""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.add_argument("trace", help="trace CSV (step,timestamp,bytes_used,bytes_limit,peak_bytes_used)")
+    parser.add_argument("-o", "--output", required=True, metavar="FILE",
+                        help="FILE.png for the picture, FILE.html for a page with the picture and a summary")
+    parser.add_argument("--memory-limit", metavar="BYTES", default=None,
+                        help="memory budget (512MiB, 16GiB); lower than the device's limit, or where none is recorded")
 
 
 def run(args: argparse.Namespace) -> int:
-    print(f"hbm-watchdog {args.command}: not available yet in this version", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    if Path(args.output).suffix.lower() not in SUFFIXES:
+        raise InputError(f"{args.output}: output must end in .png or .html")
+    limit = None
+    if args.memory_limit is not None:
+        try:
+            limit = parse_size(args.memory_limit)
+        except ValueError as exc:
+            raise InputError(f"--memory-limit: {exc}") from None
+        if limit <= 0:
+            raise InputError("--memory-limit: must be positive")
+    samples = load_trace(args.trace)
+    path = render_report(samples, args.output, name=Path(args.trace).name, memory_limit_bytes=limit)
+    print(f"wrote {path}")
+    return 0

@@ -52,6 +52,8 @@ class Verdict:
     steps_to_oom: float = math.inf
     seconds_to_oom: float = math.inf
     explanation: str = ""
+    steps_to_oom_pessimistic: float = math.inf  # from the high edge of the slope interval; actions use it
+    window_steps: float = 0.0  # span of history the slope was fitted over
 
     @property
     def leak(self) -> bool:

@@ -1,0 +1,68 @@
+"""`hbm-watchdog analyze` end to end, in a subprocess: exit codes, JSON fields, no torch."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from watchdog.sample import Sample, write_trace
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "watchdog.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def _write(path: Path, steps: int, rate: int, limit: int | None = 16 * GiB) -> Path:
+    rng = random.Random(2)
+    write_trace(path, (Sample(s, 1e9 + 0.5 * s, int(8 * GiB + rate * s + 2 * GiB * rng.random()), limit)
+                       for s in range(steps)))
+    return path
+
+
+def test_json_one_object_per_trace_with_the_design_fields(tmp_path):
+    leak = _write(tmp_path / "leak.csv", 5500, 1 * MiB)
+    clean = _write(tmp_path / "clean.csv", 3000, 0)
+    proc = _cli("analyze", str(leak), str(clean), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["trace"] for r in rows] == [str(leak), str(clean)]
+    for row in rows:
+        assert {"leak", "first_alarm_step", "first_action_step", "slope_bytes_per_step",
+                "projected_oom_step", "trace"} <= row.keys()
+    assert rows[0]["leak"] is True and rows[0]["first_action_step"] is not None
+    assert abs(rows[0]["slope_bytes_per_step"] - MiB) < 0.1 * MiB
+    assert rows[1]["leak"] is False and rows[1]["first_alarm_step"] is None
+
+
+def test_human_output_and_memory_limit_budget(tmp_path):
+    trace = _write(tmp_path / "nolimit.csv", 5000, 512 * 1024, limit=None)
+    proc = _cli("analyze", str(trace), "--memory-limit", "14GiB")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{trace}: LEAK")
+    assert "14.0 GiB limit" in proc.stdout and "leak alarm first raised at step" in proc.stdout
+
+
+def test_bad_trace_exits_2_naming_file_and_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,100,,\n2,2.5,lots,,\n")
+    proc = _cli("analyze", str(bad))
+    assert proc.returncode == 2
+    assert f"{bad}:3:" in proc.stderr and "Traceback" not in proc.stderr
+    missing = _cli("analyze", str(tmp_path / "missing.csv"))
+    assert missing.returncode == 2 and "missing.csv" in missing.stderr
+    size = _cli("analyze", str(bad), "--memory-limit", "lots")
+    assert size.returncode == 2 and "--memory-limit" in size.stderr
+
+
+def test_analyze_never_imports_torch(tmp_path):
+    trace = _write(tmp_path / "t.csv", 500, 0)
+    code = ("import sys; from watchdog.cli import main; rc = main(['analyze', sys.argv[1], '--json']); "
+            "assert rc == 0; assert 'torch' not in sys.modules, 'torch imported'; print('no torch')")
+    proc = subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("no torch")

@@ -1,0 +1,131 @@
+"""Scoring arithmetic on hand-made outcomes, and `hbm-watchdog bench` end to end."""
+
+import json
+
+import pytest
+
+from watchdog.bench.corpus import synthetic_corpus
+from watchdog.bench.evaluate import OURS, detectors, evaluate
+from watchdog.bench.scoring import TraceOutcome, score
+from watchdog.cli import main
+
+
+def outcome(leak=True, action=None, alarm=None, onset=100, oom=1000, margin=50, projected=None, growing=False,
+            samples=10):
+    return TraceOutcome(trace="t", leak=leak, growing=growing, onset_step=onset if leak else None,
+                        oom_step=oom if leak else None, checkpoint_margin_steps=margin, first_alarm_step=alarm,
+                        first_action_step=action, projected_oom_step_at_action=projected, samples=samples)
+
+
+# ------------------------------------------------------------------------------------------ scoring
+
+def test_precision_recall_f1_on_a_known_case():
+    outcomes = [outcome(action=500), outcome(action=600), outcome(action=700), outcome(action=None),
+                outcome(leak=False), outcome(leak=False), outcome(leak=False, action=300), outcome(leak=False)]
+    s = score("d", outcomes, seconds=2.0)
+    assert (s.true_positives, s.false_positives, s.false_negatives) == (3, 1, 1)
+    assert s.precision == pytest.approx(0.75) and s.recall == pytest.approx(0.75) and s.f1 == pytest.approx(0.75)
+    assert s.false_alarms == 1 and s.negatives == 4 and s.leaks == 4
+    assert s.samples == 80 and s.samples_per_second == pytest.approx(40.0)
+
+
+def test_an_action_before_the_leak_began_is_a_false_positive_not_a_detection():
+    early = outcome(action=50, onset=100)
+    assert early.false_positive and not early.detected and early.delay_steps is None
+    s = score("d", [early], 1.0)
+    assert (s.true_positives, s.false_positives, s.false_negatives) == (0, 1, 1)
+    assert s.precision == 0 and s.recall == 0 and s.f1 == 0
+
+
+def test_detection_delay_uses_the_alarm_when_it_came_first_after_onset():
+    assert outcome(alarm=110, action=150).delay_steps == 10
+    assert outcome(alarm=20, action=150).delay_steps == 50  # an alarm before onset says nothing about the leak
+    assert outcome(alarm=None, action=150).delay_steps == 50
+    s = score("d", [outcome(alarm=110, action=150), outcome(alarm=130, action=900), outcome()], 1.0)
+    assert s.median_delay_steps == 20.0
+
+
+def test_an_oom_is_prevented_only_with_the_checkpoint_margin_left():
+    assert outcome(action=950, oom=1000, margin=50).prevented
+    assert not outcome(action=951, oom=1000, margin=50).prevented
+    s = score("d", [outcome(action=950), outcome(action=990), outcome()], 1.0)
+    assert s.ooms_prevented == 1 and s.true_positives == 2
+
+
+def test_projection_error_is_relative_to_the_steps_that_were_left():
+    assert outcome(action=800, oom=1000, projected=1100).projection_error == pytest.approx(0.5)
+    assert outcome(action=800, oom=1000, projected=None).projection_error is None
+    s = score("d", [outcome(action=800, projected=1100), outcome(action=600, projected=1000),
+                    outcome(action=500, projected=500)], 1.0)
+    assert s.median_projection_error == pytest.approx(0.5)  # errors 0.5, 0.0, 1.0
+
+
+def test_alarms_on_clean_count_hard_negatives_only():
+    outcomes = [outcome(leak=False, alarm=10), outcome(leak=False, alarm=10, growing=True),
+                outcome(leak=False), outcome(leak=False, action=40, alarm=30)]
+    s = score("d", outcomes, 1.0)
+    assert s.alarms_on_clean == 2 and s.false_alarms == 1
+
+
+def test_no_leaks_and_no_actions_is_perfect_precision_and_nothing_to_recall():
+    s = score("d", [outcome(leak=False), outcome(leak=False)], 1.0)
+    assert s.precision == 1.0 and s.recall == 0.0 and s.median_delay_steps is None
+
+
+# ------------------------------------------------------------------------------------------- runs
+
+@pytest.fixture(scope="module")
+def small_corpus():
+    return synthetic_corpus(0)[::8]  # every kind is represented at least once in 12 traces
+
+
+def test_evaluate_scores_every_detector_on_the_same_traces(small_corpus):
+    scores, outcomes = evaluate(small_corpus, detectors())
+    assert [s.detector for s in scores] == [OURS, "threshold_90pct", "predict_linear_mixin",
+                                            "predict_linear_1h", "lbr_r2_0.8"]
+    for s in scores:
+        assert s.traces == len(small_corpus) and s.samples == sum(len(t.samples) for t in small_corpus)
+        assert s.samples_per_second > 0
+        assert 0.0 <= s.f1 <= 1.0
+    threshold = dict(zip((t.name for t in small_corpus), outcomes["threshold_90pct"]))
+    high = [name for name in threshold if name.startswith("clean_high_utilisation")]
+    assert high and all(threshold[name].false_positive for name in high)  # readings at 94-97% of the limit
+
+
+def test_bench_json_is_one_object_with_a_table_per_corpus(capsys):
+    rc = main(["bench", "--json", "--corpus", "synthetic", "--detectors", "threshold_90pct"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    report = json.loads(out)
+    assert set(report) >= {"synthetic", "anchors", "definitions", "seed"} and "real" not in report
+    (row,) = report["synthetic"]["scores"]
+    assert row["detector"] == "threshold_90pct" and row["traces"] == report["synthetic"]["corpus"]["traces"]
+    assert any("0.857" in a for a in report["anchors"]) and any("0.91" in a for a in report["anchors"])
+    for key in ("precision", "recall", "f1", "false_alarms", "median_delay_steps", "ooms_prevented",
+                "median_projection_error", "samples_per_second"):
+        assert key in row
+
+
+def test_bench_prints_an_aligned_table_and_the_anchors(capsys):
+    rc = main(["bench", "--corpus", "real", "--detectors", "threshold_90pct,lbr_r2_0.8"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("detector"))
+    table = lines[header:header + 4]
+    assert len({len(line) for line in table}) == 1  # aligned columns
+    assert table[2].startswith("threshold_90pct") and table[3].startswith("lbr_r2_0.8")
+    assert lines[header - 1].startswith("Real corpus: 48 traces (24 OOM-bound leaks")
+    assert "PrecogMF" in out and "RESIN" in out
+
+
+def test_bench_says_clearly_when_the_real_traces_are_missing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HBMWATCH_DATA", str(tmp_path / "nowhere"))
+    assert main(["bench", "--corpus", "real"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "real traces not found" in err[0] and "HBMWATCH_DATA" in err[0]
+
+
+def test_bench_refuses_an_unknown_detector(capsys):
+    assert main(["bench", "--detectors", "magic"]) == 2
+    assert "unknown detector magic" in capsys.readouterr().err

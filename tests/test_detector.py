@@ -1,0 +1,231 @@
+"""The leak detector on hand-made traces, one per pattern a training job's memory shows.
+
+Traces are generated here (pure Python, seeded): a floor, a per-step transient sampled at a
+random phase, jitter. Each test states the behaviour the pattern must produce.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import tracemalloc
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from watchdog.detector import DetectorConfig, LeakDetector, fit_trend
+from watchdog.errors import ConfigError
+from watchdog.replay import replay
+from watchdog.sample import Sample
+from watchdog.verdict import Status
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+LIMIT = 16 * GiB
+BASE = 9 * GiB
+TRANSIENT = 3 * GiB
+
+
+def job(steps, floor=lambda s: BASE, *, transient=TRANSIENT, jitter=8 * MiB, every=1, seed=0, spikes=None,
+        limit=LIMIT, step_seconds=0.5):
+    """Samples of a job: floor(step) + transient at a random phase (+ spikes(step)) + jitter."""
+    rng = random.Random(seed)
+    out = []
+    for step in range(0, steps, every):
+        used = floor(step) + transient * rng.random() + rng.gauss(0.0, jitter)
+        if spikes:
+            used += spikes(step) * rng.random()
+        out.append(Sample(step, 1.7e9 + step * step_seconds, int(min(max(used, 0), limit - 1)), limit))
+    return out
+
+
+def statuses(samples, **config):
+    detector = LeakDetector(DetectorConfig(**config))
+    return [detector.update(s) for s in samples]
+
+
+def first_alarm(verdicts):
+    return next((v.step for v in verdicts if v.status is Status.LEAKING), None)
+
+
+# ------------------------------------------------------------------------------- negatives
+
+def test_flat_training_is_healthy_and_the_floor_is_the_floor():
+    verdicts = statuses(job(6000))
+    assert first_alarm(verdicts) is None
+    final = verdicts[-1]
+    assert final.status is Status.HEALTHY
+    assert abs(final.floor_bytes - BASE) < 64 * MiB  # the minimum of the sawtooth, not its mean
+    assert 0.8 * TRANSIENT < final.excursion_bytes < 1.5 * TRANSIENT
+    assert final.projected_oom_step is None and final.steps_to_oom == math.inf
+
+
+def test_sawtooth_sampled_every_few_steps_at_random_phase_is_not_growth():
+    verdicts = statuses(job(40_000, every=7, seed=3, transient=5 * GiB))
+    assert first_alarm(verdicts) is None
+
+
+def test_heavy_noise_without_trend_never_alarms():
+    verdicts = statuses(job(8000, jitter=250 * MiB, transient=4 * GiB, seed=5))
+    assert first_alarm(verdicts) is None
+
+
+def test_one_off_level_shift_is_a_new_baseline_not_a_leak():
+    shift = lambda s: BASE + (2 * GiB if s >= 2500 else 0)  # noqa: E731 - eval buffers kept after step 2500
+    verdicts = statuses(job(10_000, shift))
+    assert first_alarm(verdicts) is None
+    assert abs(verdicts[-1].floor_bytes - (BASE + 2 * GiB)) < 64 * MiB
+
+
+def test_growth_that_decays_to_a_plateau_is_not_a_leak():
+    cache = lambda s: BASE + 2.5 * GiB * (1 - math.exp(-s / 1500))  # noqa: E731 - a cache filling
+    verdicts = statuses(job(12_000, cache))
+    assert first_alarm(verdicts) is None
+
+
+def test_a_single_spike_does_not_move_the_floor_or_raise_the_alarm():
+    spike = lambda s: 5 * GiB if 3000 <= s < 3004 else 0  # noqa: E731
+    verdicts = statuses(job(6000, spikes=spike, transient=1 * GiB))
+    assert first_alarm(verdicts) is None
+    assert abs(verdicts[-1].slope_bytes_per_step) < 16 * KiB
+
+
+def test_periodic_eval_spikes_are_transients_and_count_towards_the_peak():
+    evals = lambda s: 3 * GiB if s % 500 < 3 else 0  # noqa: E731 - eval buffers every 500 steps
+    verdicts = statuses(job(8000, spikes=evals, transient=1 * GiB))
+    assert first_alarm(verdicts) is None
+    assert verdicts[-1].excursion_bytes > 2 * GiB  # OOM happens at the peak: the eval spike is in it
+
+
+# ----------------------------------------------------------------------------------- leaks
+
+@pytest.mark.parametrize("rate", [96 * KiB, 1 * MiB])
+def test_linear_leak_is_caught_with_slope_and_projection(rate):
+    room = LIMIT - BASE - TRANSIENT
+    true_oom = int(room / rate)
+    steps = int(true_oom * 0.9)
+    verdicts = statuses(job(steps, lambda s: BASE + rate * s, seed=int(rate)))
+    alarm = first_alarm(verdicts)
+    assert alarm is not None and alarm < 0.75 * true_oom
+    final = verdicts[-1]
+    assert final.status is Status.LEAKING
+    assert final.slope_low_bytes_per_step <= rate * 1.05 and final.slope_high_bytes_per_step >= rate * 0.95
+    assert abs(final.slope_bytes_per_step - rate) < 0.1 * rate
+    # Pessimistic by design (the excursion gets a margin): a little early, never late.
+    assert 0.85 * true_oom < final.projected_oom_step <= 1.02 * true_oom
+    assert final.steps_to_oom_pessimistic <= final.steps_to_oom  # actions use the pessimistic side
+    assert final.slope_bytes_per_second == pytest.approx(final.slope_bytes_per_step / 0.5, rel=0.01)
+    assert final.seconds_to_oom == pytest.approx(final.steps_to_oom * 0.5, rel=0.01)
+    assert final.explanation.startswith("floor rising") and "limit at step" in final.explanation
+
+
+def test_stepwise_leak_is_a_leak_not_a_series_of_level_shifts():
+    chunk, every = 64 * MiB, 100  # a cache keyed by something that never repeats
+    verdicts = statuses(job(9000, lambda s: BASE + chunk * (s // every)))
+    assert first_alarm(verdicts) is not None
+    assert verdicts[-1].slope_bytes_per_step == pytest.approx(chunk / every, rel=0.15)
+
+
+def test_late_onset_leak_is_caught_after_onset_and_not_before():
+    onset, rate = 30_000, 200 * KiB
+    oom = onset + (LIMIT - BASE - TRANSIENT) / rate
+    verdicts = statuses(job(40_000, lambda s: BASE + rate * max(0, s - onset), every=4))
+    alarm = first_alarm(verdicts)
+    assert alarm is not None and onset < alarm < onset + 0.5 * (oom - onset)
+
+
+def test_leak_under_heavy_noise_is_still_caught():
+    rate = 1 * MiB
+    verdicts = statuses(job(3500, lambda s: BASE + rate * s, jitter=150 * MiB, transient=2 * GiB))
+    assert first_alarm(verdicts) is not None
+
+
+def test_leak_after_a_level_shift_is_caught():
+    floor = lambda s: BASE + (1 * GiB if s >= 800 else 0) + 512 * KiB * max(0, s - 4000)  # noqa: E731
+    verdicts = statuses(job(8000, floor))
+    assert first_alarm(verdicts) is not None and first_alarm(verdicts) > 4000
+
+
+# ------------------------------------------------------------------------------- mechanics
+
+def test_warming_up_until_enough_history_then_reset_starts_over():
+    detector = LeakDetector()
+    samples = job(2000)
+    first = detector.update(samples[0])
+    assert first.status is Status.WARMING_UP
+    for s in samples[1:]:
+        last = detector.update(s)
+    assert last.status is Status.HEALTHY
+    detector.reset()
+    assert detector.update(samples[-1]).status is Status.WARMING_UP
+
+
+def test_steps_going_back_mean_a_new_process_and_a_new_baseline():
+    detector = LeakDetector()
+    for s in job(2000):
+        detector.update(s)
+    restarted = Sample(100, 1.8e9, BASE, LIMIT)
+    assert detector.update(restarted).status is Status.WARMING_UP
+
+
+def test_effective_limit_is_the_smaller_of_budget_and_device():
+    budget = 12 * GiB
+    verdict = LeakDetector(memory_limit_bytes=budget).update(Sample(1, 0.0, GiB, LIMIT))
+    assert verdict.limit_bytes == budget
+    verdict = LeakDetector(memory_limit_bytes=64 * GiB).update(Sample(1, 0.0, GiB, LIMIT))
+    assert verdict.limit_bytes == LIMIT
+    verdict = LeakDetector(memory_limit_bytes=budget).update(Sample(1, 0.0, GiB, None))
+    assert verdict.limit_bytes == budget
+
+
+def test_headroom_brings_the_projected_oom_forward():
+    samples = job(9000, lambda s: BASE + 256 * KiB * s)
+    plain = statuses(samples)[-1]
+    careful = statuses(samples, headroom_bytes=512 * MiB)[-1]
+    assert careful.projected_oom_step == pytest.approx(plain.projected_oom_step - 2048, abs=300)
+
+
+def test_fit_trend_ignores_an_outlier():
+    xs = [float(i) for i in range(32)]
+    ys = [1000.0 + 10.0 * x for x in xs]
+    ys[20] += 1e6
+    trend = fit_trend(xs, ys)
+    assert trend.slope == pytest.approx(10.0)
+    assert trend.low <= 10.0 <= trend.high
+
+
+@pytest.mark.parametrize("field, value", [("bucket_steps", 0), ("max_buckets", 15), ("consistency", 2.0),
+                                          ("headroom_bytes", -1), ("rise_sigmas", 0)])
+def test_config_errors_name_the_field(field, value):
+    with pytest.raises(ConfigError, match=f"detector.{field}"):
+        DetectorConfig(**{field: value})
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), jitter=st.integers(0, 200), transient=st.integers(1, 6),
+       every=st.sampled_from([1, 3, 10]))
+def test_any_flat_noisy_trace_never_yields_an_action(seed, jitter, transient, every):
+    samples = job(6000, transient=transient * GiB, jitter=jitter * MiB, every=every, seed=seed)
+    result = replay(samples)
+    assert result.first_alarm_step is None and result.first_action_step is None
+
+
+def test_detector_memory_stays_flat_over_a_million_samples():
+    """Bounded history: after the first buckets fill, a million more samples allocate nothing lasting."""
+    detector = LeakDetector(memory_limit_bytes=LIMIT)
+    rng = random.Random(7)
+    update = detector.update
+
+    def feed(start, count):
+        for step in range(start, start + count):
+            update(Sample(step, step * 0.5, BASE + int(TRANSIENT * rng.random()), LIMIT))
+
+    tracemalloc.start()
+    try:
+        feed(0, 50_000)
+        early, _ = tracemalloc.get_traced_memory()
+        feed(50_000, 950_000)
+        late, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(detector._xs) <= detector.config.max_buckets
+    assert late - early < 64 * KiB, f"detector grew by {late - early} bytes over 950k samples"

@@ -1,0 +1,88 @@
+"""`hbm-watchdog report`: a real PNG and a self-contained HTML page; bad input exits 2 with one line."""
+
+import base64
+import re
+import struct
+
+import pytest
+
+from watchdog.bench.corpus import synthetic_corpus
+from watchdog.cli import main
+from watchdog.report import render_report
+from watchdog.sample import write_trace
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def leak_trace():
+    corpus = synthetic_corpus(0)
+    return next(t for t in corpus if t.kind == "linear_large_leak" and len(t.samples) < 5000)
+
+
+@pytest.fixture
+def trace_file(tmp_path, leak_trace):
+    path = tmp_path / "leak.csv"
+    write_trace(path, leak_trace.samples)
+    return path
+
+
+def test_report_writes_a_png_picture(tmp_path, trace_file, capsys):
+    out = tmp_path / "leak.png"
+    assert main(["report", str(trace_file), "-o", str(out)]) == 0
+    width, height = png_size(out.read_bytes())
+    assert width >= 1000 and height >= 600
+    assert out.stat().st_size > 20_000  # a drawn chart, not an empty canvas
+    assert str(out) in capsys.readouterr().out
+
+
+def test_report_writes_a_self_contained_html_page(tmp_path, trace_file):
+    out = tmp_path / "sub" / "leak.html"
+    assert main(["report", str(trace_file), "-o", str(out), "--memory-limit", "12GiB"]) == 0
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>")
+    match = re.search(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert match and png_size(base64.b64decode(match.group(1)))[0] >= 1000
+    assert "<th>limit</th><td>12.0 GiB</td>" in page  # the budget overrides the larger device limit
+    for field in ("first action", "projected OOM step", "floor slope", "explanation"):
+        assert f"<th>{field}</th>" in page
+    assert "http" not in page.replace("http-equiv", "")  # nothing fetched from elsewhere
+
+
+def test_render_report_marks_the_true_oom_of_a_benchmark_trace(tmp_path, leak_trace):
+    path = render_report(leak_trace.samples, tmp_path / "x.png", name=leak_trace.name,
+                         memory_limit_bytes=leak_trace.limit_bytes, true_oom_step=leak_trace.oom_step)
+    assert png_size(path.read_bytes())[0] >= 1000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-o", "out.pdf"], "must end in .png or .html"),
+    (["-o", "out.png", "--memory-limit", "lots"], "--memory-limit"),
+])
+def test_bad_output_or_limit_exits_2_with_one_line(tmp_path, trace_file, capsys, args, message):
+    args = [a if not a.startswith("out.") else str(tmp_path / a) for a in args]
+    assert main(["report", str(trace_file), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not list(tmp_path.glob("out.*"))
+
+
+def test_a_file_that_is_not_a_trace_exits_2_naming_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,lots,,\n")
+    assert main(["report", str(bad), "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2:" in err and "Traceback" not in err
+
+
+def test_missing_or_empty_trace_exits_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "none.csv"), "-o", str(tmp_path / "x.png")]) == 2
+    empty = tmp_path / "empty.csv"
+    empty.write_text("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n")
+    assert main(["report", str(empty), "-o", str(tmp_path / "x.html")]) == 2
+    assert "no samples" in capsys.readouterr().err

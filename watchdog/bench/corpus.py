@@ -1,0 +1,355 @@
+"""The labelled synthetic corpus: TPU-like training memory, hard negatives and leaks with true OOM steps.
+
+Labels are honest by construction: `leak=True` iff the rendered job really reaches its memory
+limit inside the trace or shortly after its end (the generator computes the step), and every
+negative is checked never to reach it. A few `growing` negatives hold a genuine but slow leak that
+would need several times the run to exhaust memory: an alarm on them is fair, an action is not.
+
+Each family draws its parameters from ranges seen in practice (16/32 GiB HBM, 0.15-2 s steps,
+3k-80k steps, activations 15-35% of the footprint); `synthetic_corpus(seed)` is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from watchdog.bench.memory_model import (
+    GiB, KiB, MiB, LevelShift, LinearLeak, MemoryModel, SaturatingGrowth, StepwiseLeak, render,
+)
+from watchdog.sample import Sample
+
+SOON_AFTER_FRACTION = 0.2  # an OOM at most this far (fraction of the run) past the end still counts as a leak
+
+
+@dataclass
+class LabelledTrace:
+    """One trace with its ground truth."""
+
+    name: str
+    kind: str
+    family: str  # "synthetic" | "real" | "real_injected"
+    samples: list[Sample]
+    limit_bytes: int
+    leak: bool  # an OOM-bound leak the detector must act on
+    onset_step: int | None
+    oom_step: int | None  # true step at which the PEAK reaches the limit
+    checkpoint_margin_steps: int  # an action at least this many steps before oom_step prevents the OOM
+    growing: bool = False  # negative whose floor really rises, too slowly to matter: alarm fair, action not
+    description: str = ""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def hard_negative(self) -> bool:
+        """A negative with nothing growing: any alarm on it is a false alarm."""
+        return not self.leak and not self.growing
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+LENGTHS = (3_000, 5_000, 8_000, 12_000, 20_000, 40_000, 80_000)
+
+
+def _sample_every(steps: int) -> int:
+    """A sample per step on short runs, every few steps on long ones (an 80k-step job gives 10k samples)."""
+    return 1 if steps <= 12_000 else 2 if steps <= 20_000 else 4 if steps <= 40_000 else 8
+
+
+def _log_uniform(rng: np.random.Generator, low: float, high: float) -> float:
+    return float(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+
+def _job(rng: np.random.Generator, steps: int, limit: int, headroom: float, *, noise: str = "normal",
+         growth: tuple = ()) -> MemoryModel:
+    """A plausible job whose steady peak leaves `headroom` bytes below the limit."""
+    peak0 = limit - headroom
+    runtime = int(limit * rng.uniform(0.02, 0.05))
+    transient = peak0 * rng.uniform(0.15, 0.35)
+    if rng.random() < 0.3:  # evaluation is the largest transient (bigger eval batch)
+        eval_bytes, activations = transient, transient * rng.uniform(0.8, 0.95)
+    else:
+        activations, eval_bytes = transient, transient * rng.uniform(0.4, 0.9)
+    state = peak0 - runtime - transient
+    assert state > 0, "headroom leaves no room for the model"
+    step_seconds = _log_uniform(rng, 0.15, 2.0)
+    checkpoint_seconds = float(rng.uniform(10, 90))
+    heavy, quiet = noise == "heavy", noise == "quiet"
+    jitter = (0.008, 0.02) if heavy else (0.0001, 0.0005) if quiet else (0.0003, 0.002)
+    drift = (0.006, 0.012) if heavy else (0.0, 0.0005) if quiet else (0.0, 0.002)
+    return MemoryModel(
+        steps=steps, limit_bytes=limit, runtime_bytes=runtime, state_bytes=int(state),
+        activation_bytes=int(activations), sample_every=_sample_every(steps),
+        state_step=int(rng.integers(1, 3)),
+        activation_spread=float(rng.uniform(0.4, 0.7)) if heavy else float(rng.uniform(0.0, 0.1)),
+        eval_every=int(rng.choice([250, 500, 1000, 2000])), eval_span=int(rng.integers(1, 5)),
+        eval_bytes=int(eval_bytes),
+        checkpoint_every=int(rng.choice([500, 1000, 2000, 5000])),
+        checkpoint_bytes=int(transient * rng.uniform(0.2, 0.8)),
+        jitter_bytes=limit * rng.uniform(*jitter), drift_bytes=limit * rng.uniform(*drift),
+        drift_correlation_steps=float(rng.uniform(300, 3000)),
+        step_seconds=step_seconds, compile_seconds=float(rng.uniform(20, 180)),
+        eval_seconds=float(rng.uniform(10, 120)), checkpoint_seconds=checkpoint_seconds,
+        report_peak=bool(rng.random() < 0.5), growth=growth,
+    )
+
+
+def _margin_steps(model: MemoryModel) -> int:
+    """Steps a checkpoint needs: its seconds over the step time, at least two samples' worth."""
+    return max(2 * model.sample_every, 10, math.ceil(model.checkpoint_seconds / model.step_seconds))
+
+
+def _limit(rng: np.random.Generator, needed_headroom: float = 0.0) -> int:
+    """16 or 32 GiB HBM (v5e / v4 per chip); 32 when the headroom would not fit in 16."""
+    if needed_headroom > 0.5 * 16 * GiB:
+        return 32 * GiB
+    return int(rng.choice([16 * GiB, 32 * GiB]))
+
+
+def _noise_floor(model: MemoryModel) -> float:
+    """How far jitter and drift can push a reading: negatives keep at least this much spare."""
+    return 5.0 * model.jitter_bytes + 2.5 * model.drift_bytes
+
+
+# --------------------------------------------------------------------------------------- negatives
+
+def _clean(rng, steps):
+    limit = _limit(rng)
+    return _job(rng, steps, limit, limit * rng.uniform(0.08, 0.35)), "steady training: sawtooth, evals, checkpoints"
+
+
+def _clean_high_utilisation(rng, steps):
+    limit = _limit(rng)
+    return (_job(rng, steps, limit, limit * rng.uniform(0.025, 0.06)),
+            "batch size tuned to fill HBM: peaks at 94-97% of the limit, nothing grows")
+
+
+def _level_shift(rng, steps):
+    limit = _limit(rng)
+    headroom = limit * rng.uniform(0.15, 0.35)
+    shift = headroom * rng.uniform(0.3, 0.6)
+    at = int(steps * rng.uniform(0.15, 0.7))
+    growth = (LevelShift(at, shift, ramp_steps=int(rng.integers(0, 40))),)
+    return _job(rng, steps, limit, headroom, growth=growth), f"one-off level shift of {shift / GiB:.2f} GiB"
+
+
+def _eval_buffers_kept(rng, steps):
+    limit = _limit(rng)
+    headroom = limit * rng.uniform(0.15, 0.35)
+    model = _job(rng, steps, limit, headroom)
+    kept = headroom * rng.uniform(0.25, 0.5)
+    growth = (LevelShift(model.eval_every, kept),)
+    return replace(model, growth=growth), "eval buffers kept after the first evaluation"
+
+
+def _compile_warmup(rng, steps):
+    """Recompilations fill the compile cache early in the run (shapes settling), then nothing more."""
+    limit = _limit(rng)
+    headroom = limit * rng.uniform(0.15, 0.35)
+    total = headroom * rng.uniform(0.3, 0.6)
+    count = int(rng.integers(3, 10))
+    span = steps * rng.uniform(0.03, 0.2)
+    at = np.sort(span * np.geomspace(0.02, 1.0, count) * rng.uniform(0.8, 1.0, count)).astype(int) + 3
+    sizes = rng.dirichlet(np.ones(count)) * total
+    growth = tuple(LevelShift(int(a), float(s)) for a, s in zip(at, sizes))
+    return (_job(rng, steps, limit, headroom, growth=growth),
+            f"compile-cache warm-up: {count} steps up over the first {span:.0f} steps, then a plateau")
+
+
+def _saturating_cache(rng, steps):
+    limit = _limit(rng)
+    headroom = limit * rng.uniform(0.2, 0.4)
+    size = headroom * rng.uniform(0.4, 0.65)
+    tau = steps * rng.uniform(0.05, 0.25)
+    onset = int(steps * rng.uniform(0.0, 0.2))
+    growth = (SaturatingGrowth(onset, size, tau),)
+    return (_job(rng, steps, limit, headroom, growth=growth),
+            f"cache filling towards {size / GiB:.2f} GiB (time constant {tau:.0f} steps)")
+
+
+def _heavy_noise(rng, steps):
+    limit = _limit(rng)
+    return (_job(rng, steps, limit, limit * rng.uniform(0.2, 0.35), noise="heavy"),
+            "heavy noise (data-dependent activations, fragmentation), no trend")
+
+
+def _slow_growth(rng, steps):
+    """A genuine leak far too slow to matter in this run: it would need 3-8 runs to fill the headroom."""
+    limit = _limit(rng)
+    headroom = limit * rng.uniform(0.15, 0.3)
+    rate = headroom / (steps * rng.uniform(3.0, 8.0))
+    growth = (LinearLeak(int(steps * 0.05), rate),)
+    return (_job(rng, steps, limit, headroom, growth=growth),
+            f"slow growth {rate / KiB:.2f} KiB/step, not OOM-bound within the run")
+
+
+# ------------------------------------------------------------------------------------------- leaks
+
+def _leak_window(rng, steps, onset_range, oom_range) -> tuple[int, int]:
+    onset = int(steps * rng.uniform(*onset_range))
+    oom = int(steps * rng.uniform(*oom_range))
+    return onset, max(oom, onset + 1500)
+
+
+def _fit_rate(rng, steps, rate, onset, oom, max_fraction=0.5) -> tuple[int, float, float]:
+    """Choose limit and headroom so a leak of `rate` bytes/step starting at `onset` fills it by `oom`."""
+    headroom = rate * (oom - onset)
+    limit = _limit(rng, headroom)
+    if headroom > max_fraction * limit:  # too fast for this run: the leak ends the job earlier
+        headroom = max_fraction * limit
+    return limit, headroom, headroom / (oom - onset)
+
+
+def _linear_small(rng, steps):
+    onset, oom = _leak_window(rng, steps, (0.0, 0.3), (0.6, 1.1))
+    limit, headroom, rate = _fit_rate(rng, steps, _log_uniform(rng, 4 * KiB, 64 * KiB), onset, oom)
+    return (_job(rng, steps, limit, headroom, noise="quiet", growth=(LinearLeak(onset, rate),)), onset,
+            f"linear leak {rate / KiB:.1f} KiB/step")
+
+
+def _linear_large(rng, steps):
+    onset, oom = _leak_window(rng, steps, (0.0, 0.3), (0.5, 1.1))
+    limit, headroom, rate = _fit_rate(rng, steps, _log_uniform(rng, 256 * KiB, 4 * MiB), onset, oom)
+    return (_job(rng, steps, limit, headroom, growth=(LinearLeak(onset, rate),)), onset,
+            f"linear leak {rate / MiB:.2f} MiB/step")
+
+
+def _stepwise(rng, steps):
+    onset, oom = _leak_window(rng, steps, (0.0, 0.3), (0.6, 1.1))
+    every = int(rng.choice([20, 50, 100, 250, 500, 1000]))
+    limit, headroom, rate = _fit_rate(rng, steps, _log_uniform(rng, 32 * KiB, 2 * MiB), onset, oom)
+    chunk = rate * every
+    return (_job(rng, steps, limit, headroom, growth=(StepwiseLeak(onset, every, chunk),)), onset,
+            f"stepwise leak: {chunk / MiB:.1f} MiB every {every} steps")
+
+
+def _late_onset(rng, steps):
+    onset, oom = _leak_window(rng, steps, (0.4, 0.7), (0.85, 1.1))
+    limit = _limit(rng)
+    headroom = limit * rng.uniform(0.05, 0.3)
+    rate = headroom / (oom - onset)
+    return (_job(rng, steps, limit, headroom, growth=(LinearLeak(onset, rate),)), onset,
+            f"late-onset leak from step {onset}: {rate / KiB:.1f} KiB/step")
+
+
+def _noisy_leak(rng, steps):
+    onset, oom = _leak_window(rng, steps, (0.0, 0.3), (0.6, 1.1))
+    limit = _limit(rng)
+    headroom = limit * rng.uniform(0.2, 0.4)
+    rate = headroom / (oom - onset)
+    return (_job(rng, steps, limit, headroom, noise="heavy", growth=(LinearLeak(onset, rate),)), onset,
+            f"leak under heavy noise: {rate / KiB:.1f} KiB/step")
+
+
+def _leak_after_shift(rng, steps):
+    """Eval buffers kept at the first eval AND a leak later: the shift must not hide or fake the leak."""
+    onset, oom = _leak_window(rng, steps, (0.3, 0.5), (0.75, 1.1))
+    limit = _limit(rng)
+    headroom = limit * rng.uniform(0.2, 0.4)
+    shift = headroom * rng.uniform(0.2, 0.4)
+    rate = (headroom - shift) / (oom - onset)
+    model = _job(rng, steps, limit, headroom)
+    growth = (LevelShift(model.eval_every, shift), LinearLeak(onset, rate))
+    return replace(model, growth=growth), onset, f"kept eval buffers, then a leak of {rate / KiB:.1f} KiB/step"
+
+
+# ---------------------------------------------------------------------------------------- assembly
+
+Negative = Callable[[np.random.Generator, int], tuple[MemoryModel, str]]
+Positive = Callable[[np.random.Generator, int], tuple[MemoryModel, int, str]]
+
+# (kind, generator, count, allowed lengths)
+NEGATIVES: tuple[tuple[str, Negative, int, tuple[int, ...]], ...] = (
+    ("clean", _clean, 8, LENGTHS),
+    ("clean_high_utilisation", _clean_high_utilisation, 6, LENGTHS),
+    ("level_shift", _level_shift, 6, LENGTHS),
+    ("eval_buffers_kept", _eval_buffers_kept, 5, LENGTHS[2:]),
+    ("compile_warmup", _compile_warmup, 6, LENGTHS),
+    ("saturating_cache", _saturating_cache, 7, LENGTHS),
+    ("heavy_noise", _heavy_noise, 7, LENGTHS),
+    ("slow_growth", _slow_growth, 4, LENGTHS[2:]),
+)
+POSITIVES: tuple[tuple[str, Positive, int, tuple[int, ...]], ...] = (
+    ("linear_small_leak", _linear_small, 8, LENGTHS[4:]),
+    ("linear_large_leak", _linear_large, 8, LENGTHS[:5]),
+    ("stepwise_leak", _stepwise, 8, LENGTHS),
+    ("late_onset_leak", _late_onset, 8, LENGTHS[1:]),
+    ("noisy_leak", _noisy_leak, 8, LENGTHS),
+    ("leak_after_shift", _leak_after_shift, 5, LENGTHS[2:]),
+)
+
+MAX_ATTEMPTS = 50
+
+
+def _pick_length(rng: np.random.Generator, lengths: tuple[int, ...]) -> int:
+    # Long runs are the point, but they cost replay time: weight towards the middle.
+    weights = np.array([1.0 if n <= 40_000 else 0.5 for n in lengths])
+    return int(rng.choice(lengths, p=weights / weights.sum()))
+
+
+def _negative(kind: str, make: Negative, rng: np.random.Generator, lengths, index: int) -> LabelledTrace:
+    for _ in range(MAX_ATTEMPTS):  # redraw the rare job whose noise could brush the limit
+        steps = _pick_length(rng, lengths)
+        model, description = make(rng, steps)
+        rendered = render(model, rng)
+        spare = model.limit_bytes - float(rendered.peak_bytes.max())
+        if rendered.oom_step is None and spare > _noise_floor(model):
+            growing = kind == "slow_growth"
+            return LabelledTrace(
+                name=f"{kind}-{index:02d}", kind=kind, family="synthetic", samples=rendered.samples,
+                limit_bytes=model.limit_bytes, leak=False, onset_step=None, oom_step=None,
+                checkpoint_margin_steps=_margin_steps(model), growing=growing, description=description,
+                meta=_meta(model))
+    raise RuntimeError(f"could not draw a clean {kind} trace")  # a generator bug, not user input
+
+
+def _positive(kind: str, make: Positive, rng: np.random.Generator, lengths, index: int) -> LabelledTrace:
+    for _ in range(MAX_ATTEMPTS):
+        steps = _pick_length(rng, lengths)
+        model, onset, description = make(rng, steps)
+        rendered = render(model, rng)
+        oom = rendered.oom_step
+        # Honest label: it must really run out, after the leak began, and not long after the run ends.
+        if oom is not None and oom > onset + 500 and oom <= steps * (1 + SOON_AFTER_FRACTION):
+            return LabelledTrace(
+                name=f"{kind}-{index:02d}", kind=kind, family="synthetic", samples=rendered.samples,
+                limit_bytes=model.limit_bytes, leak=True, onset_step=onset, oom_step=oom,
+                checkpoint_margin_steps=_margin_steps(model), description=description, meta=_meta(model))
+    raise RuntimeError(f"could not draw an OOM-bound {kind} trace")
+
+
+def _meta(model: MemoryModel) -> dict:
+    leak_rate = sum(g.bytes_per_step if isinstance(g, LinearLeak) else g.chunk_bytes / g.every
+                    for g in model.growth if isinstance(g, (LinearLeak, StepwiseLeak)))
+    return {"steps": model.steps, "sample_every": model.sample_every, "step_seconds": model.step_seconds,
+            "leak_bytes_per_step": leak_rate}
+
+
+def synthetic_corpus(seed: int = 0) -> list[LabelledTrace]:
+    """The whole labelled synthetic corpus; the same seed gives the same traces, sample for sample."""
+    traces: list[LabelledTrace] = []
+    for family_index, (kind, make, count, lengths) in enumerate(NEGATIVES):
+        for i in range(count):
+            rng = np.random.default_rng([seed, 0, family_index, i])
+            traces.append(_negative(kind, make, rng, lengths, i))
+    for family_index, (kind, make, count, lengths) in enumerate(POSITIVES):
+        for i in range(count):
+            rng = np.random.default_rng([seed, 1, family_index, i])
+            traces.append(_positive(kind, make, rng, lengths, i))
+    return traces
+
+
+def corpus_summary(traces: list[LabelledTrace]) -> dict:
+    """Counts a reader wants before trusting a score: traces, leaks, samples, per kind."""
+    kinds: dict[str, int] = {}
+    for trace in traces:
+        kinds[trace.kind] = kinds.get(trace.kind, 0) + 1
+    return {
+        "traces": len(traces),
+        "leaks": sum(t.leak for t in traces),
+        "negatives": sum(not t.leak for t in traces),
+        "samples": sum(len(t.samples) for t in traces),
+        "kinds": kinds,
+    }

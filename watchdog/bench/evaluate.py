@@ -1,0 +1,80 @@
+"""Run every detector over a labelled corpus, in this process, sample by sample, and time it.
+
+hbm-watchdog runs through `watchdog.replay.replay` (the same path as `analyze` and the sidecar:
+detector + action policy, with each trace's checkpoint margin). A baseline has no policy: its
+alert firing is its action, as an alert rule wired to a checkpoint hook would be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Iterable
+
+from watchdog.bench.baselines import BASELINES, Detector
+from watchdog.bench.corpus import LabelledTrace
+from watchdog.bench.scoring import Score, TraceOutcome, score
+from watchdog.verdict import Status
+
+OURS = "hbm-watchdog"
+
+Runner = Callable[[LabelledTrace], TraceOutcome]
+
+
+def _outcome(trace: LabelledTrace, alarm: int | None, action: int | None, projected: int | None) -> TraceOutcome:
+    return TraceOutcome(
+        trace=trace.name, leak=trace.leak, growing=trace.growing, onset_step=trace.onset_step,
+        oom_step=trace.oom_step, checkpoint_margin_steps=trace.checkpoint_margin_steps,
+        first_alarm_step=alarm, first_action_step=action, projected_oom_step_at_action=projected,
+        samples=len(trace.samples))
+
+
+def run_ours(trace: LabelledTrace, detector_config=None, policy_config=None) -> TraceOutcome:
+    from watchdog.policy import PolicyConfig
+    from watchdog.replay import replay
+
+    policy = dataclasses.replace(policy_config or PolicyConfig(),
+                                 checkpoint_margin_steps=trace.checkpoint_margin_steps)
+    result = replay(trace.samples, memory_limit_bytes=trace.limit_bytes, detector_config=detector_config,
+                    policy_config=policy)
+    return _outcome(trace, result.first_alarm_step, result.first_action_step,
+                    result.projected_oom_step_at_first_action)
+
+
+def run_baseline(make: Callable[[int | None], Detector], trace: LabelledTrace) -> TraceOutcome:
+    """Replay the whole trace (so the speed figure is honest) and note when the alert first fired."""
+    detector = make(trace.limit_bytes)
+    fired_at = projected = None
+    for sample in trace.samples:
+        verdict = detector.update(sample)
+        if fired_at is None and verdict.status is Status.LEAKING:
+            fired_at, projected = sample.step, verdict.projected_oom_step
+    return _outcome(trace, fired_at, fired_at, projected)
+
+
+def detectors(names: Iterable[str] | None = None, detector_config=None,
+              policy_config=None) -> dict[str, Runner]:
+    """Name -> runner; ours first, then the baselines in a fixed order."""
+    runners: dict[str, Runner] = {OURS: lambda t: run_ours(t, detector_config, policy_config)}
+    for name, make in BASELINES.items():
+        runners[name] = lambda t, make=make: run_baseline(make, t)
+    if names is None:
+        return runners
+    return {name: runners[name] for name in names}
+
+
+def evaluate(traces: list[LabelledTrace], runners: dict[str, Runner],
+             progress: Callable[[int], None] | None = None) -> tuple[list[Score], dict[str, list[TraceOutcome]]]:
+    """Score each runner on the traces; `progress(n)` is told after each replayed trace."""
+    scores, outcomes = [], {}
+    for name, runner in runners.items():
+        results, seconds = [], 0.0
+        for trace in traces:
+            start = time.perf_counter()
+            results.append(runner(trace))
+            seconds += time.perf_counter() - start
+            if progress:
+                progress(1)
+        scores.append(score(name, results, seconds))
+        outcomes[name] = results
+    return scores, outcomes

@@ -1,0 +1,82 @@
+"""Replay a trace through the detector and the policy, sample by sample, as the sidecar would.
+
+Pure: `analyze`, `report` and the benchmark all go through here, so what they say is exactly what
+the live watchdog would have said at each step (no hindsight). A recorded trace cannot show what
+an action would have changed, so the replay carries on after one as if nothing was done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from watchdog.detector import DetectorConfig, LeakDetector
+from watchdog.policy import ActionPolicy, PolicyConfig
+from watchdog.sample import Sample
+from watchdog.verdict import Action, Status, Verdict
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    leak: bool  # the leak alarm was up at some point
+    first_alarm_step: int | None
+    first_action_step: int | None  # first checkpoint action (reinit or restart)
+    first_action: Action | None
+    slope_bytes_per_step: float  # at the end of the trace
+    projected_oom_step: int | None  # at the end of the trace
+    projected_oom_step_at_first_action: int | None
+    samples: int
+    final_verdict: Verdict | None
+
+    def to_json(self) -> dict:
+        final = self.final_verdict
+        return {
+            "leak": self.leak,
+            "first_alarm_step": self.first_alarm_step,
+            "first_action_step": self.first_action_step,
+            "first_action": self.first_action.value if self.first_action else None,
+            "slope_bytes_per_step": self.slope_bytes_per_step,
+            "projected_oom_step": self.projected_oom_step,
+            "projected_oom_step_at_first_action": self.projected_oom_step_at_first_action,
+            "samples": self.samples,
+            "status": final.status.value if final else None,
+            "explanation": final.explanation if final else "",
+        }
+
+
+def replay_steps(samples: Iterable[Sample], *, memory_limit_bytes: int | None = None,
+                 detector_config: DetectorConfig | None = None,
+                 policy_config: PolicyConfig | None = None) -> Iterator[tuple[Sample, Verdict, Action]]:
+    """Yield (sample, verdict, action) for each sample; lazy, so a 1M-sample trace streams."""
+    detector = LeakDetector(detector_config, memory_limit_bytes)
+    policy = ActionPolicy(policy_config)
+    update, decide = detector.update, policy.decide
+    for sample in samples:
+        verdict = update(sample)
+        yield sample, verdict, decide(verdict)
+
+
+def replay(samples: Iterable[Sample], *, memory_limit_bytes: int | None = None,
+           detector_config: DetectorConfig | None = None,
+           policy_config: PolicyConfig | None = None) -> ReplayResult:
+    """Run the whole trace and sum it up: when the alarm first went up, when the first action came."""
+    first_alarm = first_action_step = projected_at_action = None
+    first_action: Action | None = None
+    verdict: Verdict | None = None
+    count = 0
+    leaking = Status.LEAKING
+    for _, verdict, action in replay_steps(samples, memory_limit_bytes=memory_limit_bytes,
+                                           detector_config=detector_config, policy_config=policy_config):
+        count += 1
+        if first_alarm is None and verdict.status is leaking:
+            first_alarm = verdict.step
+        if first_action is None and action is not Action.NONE and action.needs_checkpoint:
+            first_action, first_action_step = action, verdict.step
+            projected_at_action = verdict.projected_oom_step
+    return ReplayResult(
+        leak=first_alarm is not None, first_alarm_step=first_alarm, first_action_step=first_action_step,
+        first_action=first_action,
+        slope_bytes_per_step=verdict.slope_bytes_per_step if verdict else 0.0,
+        projected_oom_step=verdict.projected_oom_step if verdict else None,
+        projected_oom_step_at_first_action=projected_at_action, samples=count, final_verdict=verdict,
+    )
