@@ -3,6 +3,7 @@
 There is no TPU here, so the TPU runtime source is tested for its fallback, not faked.
 """
 
+import mmap
 import subprocess
 import sys
 
@@ -14,15 +15,35 @@ from watchdog.sources import (ReplaySource, RssSource, SourceUnavailable, TpuRun
                               select_source)
 
 
+def resident_block(size: int) -> mmap.mmap:
+    """Fresh pages, written so they are resident: malloc could hand back memory already resident."""
+    block = mmap.mmap(-1, size)
+    for offset in range(0, size, mmap.PAGESIZE):
+        block[offset] = 1
+    return block
+
+
 def test_rss_source_sees_an_allocation():
     source = RssSource(memory_limit_bytes=1 << 40)
     before = source.read()
-    block = bytearray(64 << 20)  # touched pages: resident
+    block = resident_block(64 << 20)
     after = source.read()
     assert after.bytes_used - before.bytes_used > 48 << 20
     assert after.bytes_limit == 1 << 40
     assert after.peak_bytes_used >= after.bytes_used
     del block
+
+
+def test_rss_peak_is_since_the_last_reading_so_freed_memory_does_not_stay_the_peak():
+    """After a reinit frees memory, a lifetime peak would read as an OOM about to happen."""
+    source = RssSource()
+    source.read()
+    block = resident_block(256 << 20)  # a new lifetime high
+    high = source.read()
+    assert high.peak_bytes_used >= high.bytes_used > 200 << 20
+    block.close()
+    after = source.read()
+    assert after.peak_bytes_used < high.peak_bytes_used - (128 << 20)
 
 
 def test_replay_source_serves_the_trace_in_order_then_holds_the_last(tmp_path):

@@ -96,29 +96,34 @@ def growth(before: Census, after: Census, top: int = 3, min_tensors: int = 2) ->
     return grown[:top]
 
 
-def holders(group: TensorGroup, limit: int = 2) -> tuple[str, ...]:
+def holders(group: TensorGroup, limit: int = 2, probe: int = 16) -> tuple[str, ...]:
     """Name the containers holding tensors of `group`: `list of 120 (attribute 'bucket' of
-    TrainerState)` or `list of 120 (global 'CACHE' in module leaks)`."""
-    counts: Counter = Counter()
-    containers: dict[int, object] = {}
+    TrainerState)` or `list of 120 (global 'CACHE' in module leaks)`.
+
+    One walk of the heap for a handful of the group's newest tensors (a leak appends, and the
+    container that holds one of them holds the rest): asking per tensor would walk it once each.
+    """
     tensors = _live_tensors()
-    ours = {id(containers), id(tensors)}
+    members = []
     for tensor in tensors:
         try:
-            if group_of(tensor) != group:
-                continue
-        except Exception:  # noqa: BLE001
+            if group_of(tensor) == group:
+                members.append(tensor)
+        except Exception:  # noqa: BLE001 - exotic subclasses without metadata are skipped
             continue
-        for ref in gc.get_referrers(tensor):
-            if isinstance(ref, (list, dict, set, tuple)) and id(ref) not in ours:
-                counts[id(ref)] += 1
-                containers[id(ref)] = ref
-    names = []
-    for ref_id, n in counts.most_common(limit):
-        if n < 2:
-            break
-        names.append(f"{type(containers[ref_id]).__name__} of {n} ({_owner(containers[ref_id], ours)})")
-    return tuple(names)
+    del tensors
+    if not members:
+        return ()
+    member_ids = {id(t) for t in members}
+    ours = {id(members)}
+    held: list[tuple[int, object]] = []
+    for ref in gc.get_referrers(*members[-probe:]):
+        if isinstance(ref, (list, dict, set, tuple)) and id(ref) not in ours:
+            values = ref.values() if isinstance(ref, dict) else ref
+            held.append((sum(id(v) in member_ids for v in values), ref))
+    held.sort(key=lambda item: -item[0])
+    ours.add(id(held))
+    return tuple(f"{type(ref).__name__} of {n} ({_owner(ref, ours)})" for n, ref in held[:limit] if n >= 2)
 
 
 def _owner(container, ours: set[int]) -> str:

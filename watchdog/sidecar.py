@@ -209,11 +209,12 @@ class Watchdog:
         if reading is None or verdict is None or verdict.floor_bytes is None:
             return
         before, after = verdict.floor_bytes, float(reading.bytes_used)
-        self.policy.reinit_finished(before, after)
+        recovered = self.policy.reinit_finished(before, after)
         log.info("reinit_measured", floor_before_bytes=before, bytes_after=after,
-                 recovered_bytes=before - after)
-        if after < before:
+                 recovered_bytes=before - after, recovered=recovered)
+        if recovered:
             self.detector.reset()  # a new baseline: the old trend described the old process state
+        # else the leak survived: keep its history, so the escalation to restart comes quickly
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         self.telemetry.sample_errors_total += 1

@@ -156,7 +156,14 @@ class CudaSource:
 
 
 class RssSource:
-    """Resident memory of this process; the only honest number on PJRT CPU and plain CPU."""
+    """Resident memory of this process; the only honest number on PJRT CPU and plain CPU.
+
+    The peak is the high-water mark since the previous reading, not the lifetime one: after a
+    reinit frees memory, a lifetime peak would keep the old high and read as an OOM about to happen.
+    The kernel only keeps the lifetime maximum (`ru_maxrss`), so a new high since the last reading
+    shows as that maximum growing; otherwise the peak in between is unknown and the current RSS
+    stands in for it.
+    """
 
     name = "rss"
 
@@ -165,11 +172,18 @@ class RssSource:
 
         self._process = psutil.Process(os.getpid())
         self.memory_limit_bytes = memory_limit_bytes
+        self._lifetime_peak = _max_rss_bytes()
 
     def read(self) -> MemoryReading:
         rss = self._process.memory_info().rss
-        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        return MemoryReading(rss, self.memory_limit_bytes, max(rss, peak_kib * 1024))
+        lifetime_peak = _max_rss_bytes()
+        peak = max(rss, lifetime_peak) if lifetime_peak > self._lifetime_peak else rss
+        self._lifetime_peak = lifetime_peak
+        return MemoryReading(rss, self.memory_limit_bytes, peak)
+
+
+def _max_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 class ReplaySource:

@@ -1,17 +1,182 @@
-"""Placeholder: this subcommand lands with its issue."""
+"""`hbm-watchdog train`: the instrumented trainer with the watchdog attached.
+
+Flags are validated here, before torch is imported, so a typo costs a second and exit 2, not a
+minute of start-up. torch is imported inside `run` only.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
-from watchdog.errors import EXIT_BAD_INPUT
+from watchdog.errors import InputError
+from watchdog.trainer.leaks import parse_leak_spec
+from watchdog.units import parse_size
+
+DEFAULT_STEPS = 600
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    run_group = parser.add_argument_group("run")
+    run_group.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps in all (default: %(default)s)")
+    run_group.add_argument("--device", choices=("auto", "xla", "cuda", "cpu"), default="auto",
+                           help="auto: XLA on a TPU, else CUDA, else XLA on PJRT CPU, else CPU")
+    run_group.add_argument("--num-devices", type=int, default=1,
+                           help="data-parallel replicas through torch_xla.launch (XLA only; default 1)")
+    run_group.add_argument("--seed", type=int, default=0)
+    run_group.add_argument("--batch-size", type=int, default=8)
+    run_group.add_argument("--lr", type=float, default=3e-3, help="peak learning rate of AdamW")
+    run_group.add_argument("--text-file", type=Path, help="train on this file, byte level (default: synthetic data)")
+    run_group.add_argument("--log-every", type=int, default=50, help="a progress line (and a loss read) every N steps")
+    run_group.add_argument("--probe-activations", action="store_true",
+                           help="print saved-activation bytes per step with and without checkpointing, then exit")
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--depth", type=int, default=2, help="transformer blocks")
+    model.add_argument("--width", type=int, default=64, help="embedding width")
+    model.add_argument("--heads", type=int, default=4)
+    model.add_argument("--seq-len", type=int, default=64)
+    model.add_argument("--activation-checkpointing", choices=("none", "full"), default="full",
+                       help="recompute each block's activations in backward (default: %(default)s)")
+
+    ckpt = parser.add_argument_group("checkpoints")
+    ckpt.add_argument("--checkpoint-dir", type=Path,
+                      help="where checkpoints go (default: a temporary directory, so no resume)")
+    ckpt.add_argument("--checkpoint-every", type=int, default=0,
+                      help="also checkpoint every N steps (default: only on actions, SIGTERM and at the end)")
+    ckpt.add_argument("--resume", choices=("auto", "never"), default="auto",
+                      help="auto: continue from the newest checkpoint in --checkpoint-dir if there is one")
+
+    wd = parser.add_argument_group("watchdog")
+    wd.add_argument("--inject-leak", action="append", default=[], metavar="SPEC",
+                    help="tensors:SIZE/step, graph:N/step, global:SIZE/step or recompile:K, "
+                         "optionally @START (repeatable)")
+    wd.add_argument("--memory-limit", help="memory budget (e.g. 2GiB); needed on PJRT CPU and CPU")
+    wd.add_argument("--sample-every", type=int, default=5, help="sample memory every N steps")
+    wd.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (0: any free port)")
+    wd.add_argument("--trace-file", type=Path, help="append every sample to this trace CSV")
+    wd.add_argument("--checkpoint-margin-steps", type=int, default=50,
+                    help="steps a checkpoint needs before the OOM (the policy's margin)")
+    wd.add_argument("--action-cooldown-steps", type=int, default=150,
+                    help="after a checkpoint action, no other for this many steps")
+    wd.add_argument("--no-watchdog", action="store_true", help="train unwatched (for comparisons)")
+    wd.add_argument("--force-action", action="append", default=[], metavar="ACTION@STEP",
+                    help="drill: reinit@STEP or restart@STEP acts after STEP as if the watchdog asked")
+
+
+def build_config(args: argparse.Namespace):
+    """Flags -> TrainConfig; every bad value is an InputError naming the flag."""
+    from watchdog.config import WatchdogConfig
+    from watchdog.detector import DetectorConfig
+    from watchdog.policy import PolicyConfig
+    from watchdog.trainer.loop import TrainConfig
+    from watchdog.trainer.model import ModelConfig
+
+    for flag in ("steps", "checkpoint_every", "seed"):
+        if getattr(args, flag) < 0:
+            raise InputError(f"--{flag.replace('_', '-')} must not be negative, got {getattr(args, flag)}")
+    for flag in ("batch_size", "log_every", "sample_every", "num_devices"):
+        if getattr(args, flag) < 1:
+            raise InputError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if not args.lr > 0:
+        raise InputError(f"--lr must be positive, got {args.lr}")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise InputError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
+    limit = None
+    if args.memory_limit is not None:
+        try:
+            limit = parse_size(args.memory_limit)
+        except ValueError as exc:
+            raise InputError(f"--memory-limit: {exc}") from None
+        if limit <= 0:
+            raise InputError("--memory-limit must be positive")
+    if args.text_file is not None and not os.access(args.text_file, os.R_OK):
+        raise InputError(f"--text-file {args.text_file}: not a readable file")
+    if args.checkpoint_dir is not None:
+        _check_checkpoint_dir(args.checkpoint_dir)
+    watchdog = None
+    if not args.no_watchdog:
+        watchdog = WatchdogConfig(
+            sample_every=args.sample_every, memory_limit_bytes=limit, trace_file=args.trace_file,
+            detector=DetectorConfig(),
+            policy=PolicyConfig(checkpoint_margin_steps=args.checkpoint_margin_steps,
+                                cooldown_steps=args.action_cooldown_steps))
+    return TrainConfig(
+        steps=args.steps,
+        model=ModelConfig(depth=args.depth, width=args.width, heads=args.heads, seq_len=args.seq_len,
+                          activation_checkpointing=args.activation_checkpointing),
+        batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed, device=args.device,
+        text_file=args.text_file, leaks=tuple(parse_leak_spec(s) for s in args.inject_leak),
+        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
+        log_every=args.log_every, forced_actions=tuple(_parse_forced(s) for s in args.force_action),
+        watchdog=watchdog,
+    )
+
+
+def _check_checkpoint_dir(directory: Path) -> None:
+    """Fail now, not at the first checkpoint an hour in: the directory must be creatable and writable."""
+    existing = directory.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"--checkpoint-dir {directory}: {existing} is not a directory")
+    if not os.access(existing, os.R_OK | os.W_OK | os.X_OK):
+        raise InputError(f"--checkpoint-dir {directory}: {existing} is not readable and writable by this user")
+
+
+def _parse_forced(text: str):
+    from watchdog.verdict import Action
+
+    kinds = {"reinit": Action.CHECKPOINT_REINIT, "restart": Action.CHECKPOINT_RESTART}
+    kind, _, step = text.partition("@")
+    if kind not in kinds or not step.isdigit():
+        raise InputError(f"--force-action {text!r}: expected reinit@STEP or restart@STEP")
+    return int(step), kinds[kind]
 
 
 def run(args: argparse.Namespace) -> int:
-    print(f"hbm-watchdog {args.command}: not available yet in this version", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    config = build_config(args)
+    if args.probe_activations:
+        return _print_probe(config)
+    if args.num_devices > 1:
+        from watchdog.trainer.multi import train_replicated
+
+        return train_replicated(config, args.num_devices, metrics_port=args.metrics_port)
+    from watchdog.telemetry import Telemetry
+    from watchdog.trainer.loop import train
+
+    telemetry = Telemetry()
+    server = None
+    if args.metrics_port is not None and config.watchdog is not None:
+        from watchdog.exporter import serve_metrics
+
+        server = serve_metrics(telemetry, args.metrics_port)
+        print(f"metrics: {server.url}", flush=True)
+    try:
+        result = train(config, telemetry=telemetry)
+    finally:
+        if server is not None:
+            server.close()
+    print(result.summary(), flush=True)
+    return result.exit_code
+
+
+def _print_probe(config) -> int:
+    from watchdog.trainer.probe import probe
+    from watchdog.units import format_bytes
+
+    found = probe(config.model, config.batch_size, config.seed)
+    print(f"saved activations per step (batch {config.batch_size}, depth {config.model.depth}, "
+          f"width {config.model.width}, seq {config.model.seq_len}): "
+          f"without checkpointing {found.without_checkpointing} B ({format_bytes(found.without_checkpointing)}), "
+          f"with checkpointing {found.with_checkpointing} B ({format_bytes(found.with_checkpointing)}), "
+          f"{found.ratio:.1%} of it", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from watchdog.cli import main
+
+    sys.exit(main(["train", *sys.argv[1:]]))

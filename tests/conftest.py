@@ -1,0 +1,45 @@
+"""Shared helpers for tests that run `hbm-watchdog` as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def hbm_watchdog_env(**extra: str) -> dict[str, str]:
+    """The environment for a child `hbm-watchdog`: torch_xla on PJRT CPU, JSON logs, repo importable."""
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(REPO)}
+    env.pop("HBMWATCH_RESTART_COUNT", None)
+    env.update(extra)
+    return env
+
+
+def json_lines(text: str) -> list[dict]:
+    """The structured log records in a child's stderr (other lines are skipped)."""
+    records = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return records
+
+
+@pytest.fixture
+def run_cli():
+    """Run `hbm-watchdog ARGS...` in a fresh process; returns the CompletedProcess."""
+
+    def run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "watchdog.cli", "--log-format", "json", *args],
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                              env=env or hbm_watchdog_env())
+
+    return run

@@ -1,0 +1,76 @@
+"""Rank agreement with real processes: two ranks spawned by torch.multiprocessing, gloo over 127.0.0.1."""
+
+import json
+import socket
+
+import torch.multiprocessing as mp
+
+from watchdog.coordination import ActionCoordinator, agree_on_action, most_severe, severity
+from watchdog.verdict import Action
+
+REINIT, RESTART, WARN = Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART, Action.WARN
+
+
+def test_severity_order_and_most_severe():
+    assert [severity(a) for a in (None, Action.NONE, WARN, REINIT, RESTART)] == [0, 0, 1, 2, 3]
+    assert most_severe([None, WARN, RESTART, REINIT]) is RESTART
+    assert most_severe([None, Action.NONE]) is None
+    assert most_severe([]) is None
+
+
+def test_single_process_is_the_identity_and_holds_nothing_back():
+    coordinator = ActionCoordinator(every=4)
+    for action in (None, Action.NONE, WARN, REINIT, RESTART):
+        assert agree_on_action(action) is action
+        assert coordinator.agree(action, step=3) is action  # off step, yet straight back: nobody to wait for
+        assert agree_on_action(action, step=3, every=4) is action
+
+
+# What each rank proposes, by scenario and step; everything else is None.
+PROPOSALS = {
+    "every_step": {1: {5: REINIT}},
+    "max_wins": {0: {2: WARN}, 1: {2: RESTART}},
+    "every_4": {1: {5: REINIT}, 0: {6: WARN}},
+    "every_3_function": {0: {4: RESTART}},
+}
+STEPS = 10
+
+
+def _rank_main(rank, port, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    results = {}
+    try:
+        for scenario, proposals in PROPOSALS.items():
+            coordinator = ActionCoordinator(every=4) if scenario == "every_4" else None
+            every = 3 if scenario == "every_3_function" else 1
+            taken = {}
+            for step in range(STEPS):
+                proposal = proposals.get(rank, {}).get(step)
+                agreed = (coordinator.agree(proposal, step) if coordinator
+                          else agree_on_action(proposal, step=step, every=every))
+                if agreed is not None:
+                    taken[step] = agreed.value
+            results[scenario] = taken
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out_dir}/rank{rank}.json", "w") as handle:
+        json.dump(results, handle)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_real_ranks_take_the_same_action_at_the_same_step(tmp_path):
+    mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1]
+    taken = ranks[0]
+    assert taken["every_step"] == {"5": "checkpoint_reinit"}  # rank 1 alone proposed it; both act at step 5
+    assert taken["max_wins"] == {"2": "checkpoint_restart"}
+    assert taken["every_4"] == {"8": "checkpoint_reinit"}  # held from steps 5 and 6, agreed at the next multiple of 4
+    assert taken["every_3_function"] == {"6": "checkpoint_restart"}

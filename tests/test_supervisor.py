@@ -1,0 +1,189 @@
+"""`hbm-watchdog supervise` with real processes: the CLI supervising small `python -c` children.
+
+The children read HBMWATCH_RESTART_COUNT to behave differently on each run, which also proves
+the count reaches them and goes up by one per restart.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from watchdog.supervisor import (EXIT_BUDGET_EXHAUSTED, ChildOutcome, OomScanner, backoff_seconds, decide,
+                                 exit_status_of)
+
+REPO = Path(__file__).resolve().parents[1]
+PRELUDE = "import os, signal, sys, time\nrun = int(os.environ['HBMWATCH_RESTART_COUNT'])\nprint(f'run {run}', flush=True)\n"
+
+
+def supervisor_argv(script, *options):
+    return [sys.executable, "-m", "watchdog.cli", "--log-format", "json", "supervise", "--backoff", "0", *options,
+            "--", sys.executable, "-c", PRELUDE + script]
+
+
+def supervise(script, *options):
+    return subprocess.run(supervisor_argv(script, *options), cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def runs(out):
+    return [line for line in out.stdout.splitlines() if line.startswith("run ")]
+
+
+def log_events(out):
+    events = []
+    for line in out.stderr.splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events
+
+
+# --- the pure decision ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("outcome, restarts, expected", [
+    (ChildOutcome(0), 0, (False, "finished", 0)),
+    (ChildOutcome(0, saw_oom=True), 0, (False, "finished", 0)),  # it printed an OOM, recovered, finished
+    (ChildOutcome(42), 0, (True, "restart_requested", None)),
+    (ChildOutcome(1, saw_oom=True), 0, (True, "out_of_memory", None)),
+    (ChildOutcome(-9), 2, (True, "killed_by_signal", None)),
+    (ChildOutcome(1), 0, (False, "failed", 1)),
+    (ChildOutcome(7), 0, (False, "failed", 7)),
+    (ChildOutcome(42), 3, (False, "budget_exhausted", EXIT_BUDGET_EXHAUSTED)),
+    (ChildOutcome(-9, saw_oom=True), 3, (False, "budget_exhausted", EXIT_BUDGET_EXHAUSTED)),
+])
+def test_decide(outcome, restarts, expected):
+    decision = decide(outcome, restarts_so_far=restarts, max_restarts=3)
+    assert (decision.restart, decision.reason, decision.exit_status) == expected
+
+
+def test_a_stopping_supervisor_never_restarts_and_reports_the_childs_status():
+    assert decide(ChildOutcome(42), 0, 3, stopping=True).exit_status == 42
+    assert decide(ChildOutcome(-15), 0, 3, stopping=True).exit_status == 143
+    assert not decide(ChildOutcome(-9), 0, 3, stopping=True).restart
+
+
+def test_backoff_doubles_and_is_capped():
+    assert [backoff_seconds(n, 0.5, 3.0) for n in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert backoff_seconds(10, 0.0, 60.0) == 0.0
+    assert exit_status_of(-9) == 137 and exit_status_of(3) == 3
+
+
+def test_oom_scanner_finds_a_marker_split_across_chunks():
+    scanner = OomScanner()
+    assert not scanner.feed(b"step 10 ok\nRuntimeError: RESOURCE_EXH")
+    assert scanner.feed(b"AUSTED: Out of memory while trying to allocate")
+    assert scanner.found == b"RESOURCE_EXHAUSTED"
+    assert not OomScanner().feed(b"memory is fine, loss 1.2\n")
+    assert OomScanner().feed(b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
+
+
+# --- real processes -------------------------------------------------------------------------------
+
+def test_restarts_on_42_until_the_child_succeeds_with_the_count_going_up():
+    out = supervise("sys.exit(42 if run < 2 else 0)", "--max-restarts", "3")
+    assert out.returncode == 0, out.stderr
+    assert runs(out) == ["run 0", "run 1", "run 2"]
+    restarts = [e for e in log_events(out) if e["event"] == "child_restarting"]
+    assert [(e["restart"], e["reason"]) for e in restarts] == [(1, "restart_requested"), (2, "restart_requested")]
+
+
+def test_gives_up_with_status_1_when_the_budget_is_spent():
+    out = supervise("sys.exit(42)", "--max-restarts", "2")
+    assert out.returncode == EXIT_BUDGET_EXHAUSTED
+    assert runs(out) == ["run 0", "run 1", "run 2"]
+    assert "restart budget of 2 spent" in out.stderr
+
+
+def test_restarts_after_an_out_of_memory_crash_seen_in_the_output():
+    out = supervise("if run == 0:\n"
+                    "    print('RuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 1GiB', file=sys.stderr)\n"
+                    "    sys.exit(1)\n")
+    assert out.returncode == 0
+    assert runs(out) == ["run 0", "run 1"]
+    assert "RuntimeError: RESOURCE_EXHAUSTED" in out.stderr  # streamed through
+    assert any(e["event"] == "child_restarting" and e["reason"] == "out_of_memory" for e in log_events(out))
+
+
+def test_an_ordinary_failure_is_not_restarted_and_its_status_is_passed_on():
+    out = supervise("print('bad config', file=sys.stderr); sys.exit(3)")
+    assert out.returncode == 3
+    assert runs(out) == ["run 0"]
+
+
+def test_restarts_after_death_by_sigkill():
+    out = supervise("if run == 0: os.kill(os.getpid(), signal.SIGKILL)")
+    assert out.returncode == 0
+    assert runs(out) == ["run 0", "run 1"]
+    assert any(e["event"] == "child_restarting" and e["child_status"] == "SIGKILL" for e in log_events(out))
+
+
+def start_supervisor(script, *options):
+    return subprocess.Popen(supervisor_argv(script, *options), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+SAVES_ON_SIGTERM = ("def on_term(signum, frame):\n"
+                    "    print('child got SIGTERM, saving', flush=True)\n"
+                    "    sys.exit(42)\n"
+                    "signal.signal(signal.SIGTERM, on_term)\n"
+                    "print('ready', flush=True)\n"
+                    "time.sleep(60)\n")
+
+
+def test_sigterm_is_forwarded_to_the_child_and_supervision_stops():
+    sup = start_supervisor(SAVES_ON_SIGTERM)
+    try:
+        assert sup.stdout.readline().strip() == "run 0"
+        assert sup.stdout.readline().strip() == "ready"
+        sup.send_signal(signal.SIGTERM)
+        stdout, _ = sup.communicate(timeout=30)
+    finally:
+        sup.kill()
+    assert "child got SIGTERM, saving" in stdout
+    assert "run 1" not in stdout  # a 42 caused by our own SIGTERM is not restarted...
+    assert sup.returncode == 42  # ...but passed on, so a cluster reschedules the job
+
+
+def test_a_child_without_a_handler_dies_of_the_forwarded_sigterm():
+    sup = start_supervisor("print('ready', flush=True); time.sleep(60)")
+    try:
+        assert sup.stdout.readline().strip() == "run 0"
+        assert sup.stdout.readline().strip() == "ready"
+        sup.send_signal(signal.SIGTERM)
+        sup.communicate(timeout=30)
+    finally:
+        sup.kill()
+    assert sup.returncode == 128 + signal.SIGTERM
+
+
+def test_sigterm_during_backoff_stops_without_another_run():
+    sup = start_supervisor("sys.exit(42)", "--backoff", "30")
+    try:
+        for line in sup.stderr:  # wait until it is backing off
+            if '"child_restarting"' in line:
+                break
+        sup.send_signal(signal.SIGTERM)
+        stdout, _ = sup.communicate(timeout=10)
+    finally:
+        sup.kill()
+    assert sup.returncode == 42
+    assert "run 1" not in stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "no command to supervise"),
+    (["--"], "no command to supervise"),
+    (["--max-restarts", "-1", "--", "true"], "--max-restarts"),
+    (["--", "/nonexistent/hbm-watchdog-child"], "cannot run"),
+])
+def test_bad_usage_is_one_line_and_status_2(argv, message):
+    out = subprocess.run([sys.executable, "-m", "watchdog.cli", "supervise", *argv], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,90 @@
+"""End to end on real torch_xla (PJRT CPU), real processes, a real memory budget on resident memory.
+
+- a `tensors` leak: the watchdog catches it, checkpoint-and-reinit happens before the budget, every
+  step runs, and the loss carries on from where it was;
+- a `global` leak (out of a reinit's reach) under `hbm-watchdog supervise`: reinit, memory does not
+  come down, the policy escalates to checkpoint-and-restart (exit 42), the supervisor restarts the
+  trainer, which resumes from the step it saved and finishes.
+"""
+
+import re
+import sys
+
+import pytest
+
+from conftest import json_lines
+from watchdog.sample import load_trace
+
+LIMIT = 2816 << 20  # 2.75 GiB: about 1 GiB of torch_xla process plus ~450 steps of a 4 MiB/step leak
+TRAIN = ["train", "--memory-limit", str(LIMIT), "--sample-every", "5", "--log-every", "10"]
+
+
+def events(records, name):
+    return [r for r in records if r.get("event") == name]
+
+
+@pytest.mark.slow
+def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(tmp_path, run_cli):
+    trace = tmp_path / "trace.csv"
+    out = run_cli(*TRAIN, "--inject-leak", "tensors:4MiB/step", "--steps", "400", "--metrics-port", "0", "--trace-file", str(trace),
+                  "--checkpoint-dir", str(tmp_path / "ckpt"))
+    assert out.returncode == 0, out.stderr[-4000:]
+    records = json_lines(out.stderr)
+    assert re.search(r"^metrics: http://127\.0\.0\.1:\d+/metrics$", out.stdout, re.M)
+    assert "steps 400/400 (this run from 0), reinits 1," in out.stdout
+
+    [action] = events(records, "watchdog_action")
+    assert action["action"] == "checkpoint_reinit"
+    [suspects] = events(records, "leak_suspects")  # says what is leaking, and what holds it
+    assert "float32[1048576] on xla:0" in suspects["suspects"][0], suspects
+    assert "attribute 'tensors' of LeakSinks" in suspects["suspects"][0], suspects
+    [reinit] = events(records, "reinitialised")
+    [measured] = events(records, "reinit_measured")
+    assert measured["recovered_bytes"] > 0.5 * 4 * 2**20 * reinit["step"]  # the leak was freed
+
+    samples = load_trace(trace)
+    assert max(s.bytes_used for s in samples) < LIMIT  # acted before the budget was reached
+    before = [s.bytes_used for s in samples if s.step < reinit["step"]]
+    after = [s.bytes_used for s in samples if s.step > reinit["step"]]
+    assert min(after) < before[-1] - 2**30  # resident memory really came down
+
+    losses = {r["step"]: r["loss"] for r in events(records, "train_progress")}
+    assert sorted(losses) == list(range(9, 400, 10))
+    pre = [losses[s] for s in losses if reinit["step"] - 50 <= s < reinit["step"]]
+    post = [losses[s] for s in losses if reinit["step"] <= s < reinit["step"] + 30]
+    assert losses[9] > 2.5 > max(pre)  # it had learnt something ...
+    assert max(post) < 2 * max(pre)  # ... and did not forget it at the reinit
+
+
+@pytest.mark.slow
+def test_global_leak_escalates_to_restart_under_supervise_and_finishes(tmp_path, run_cli):
+    # After the failed reinit the detector may start over from a new baseline, so it needs a
+    # second detection's worth of steps: sample more often and act with a longer horizon.
+    limit = 3328 << 20  # 3.25 GiB
+    trace, ckpt = tmp_path / "trace.csv", tmp_path / "ckpt"
+    child = [sys.executable, "-m", "watchdog.cli", "--log-format", "json", "train", "--steps", "600",
+             "--inject-leak", "global:4MiB/step", "--memory-limit", str(limit), "--sample-every", "2",
+             "--log-every", "20", "--checkpoint-margin-steps", "100", "--action-cooldown-steps", "20",
+             "--trace-file", str(trace), "--checkpoint-dir", str(ckpt)]
+    out = run_cli("supervise", "--max-restarts", "2", "--backoff", "0", "--", *child, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    records = json_lines(out.stderr)
+
+    actions = [(r["action"], r["step"]) for r in events(records, "watchdog_action") if r["action"] != "warn"]
+    assert [a for a, _ in actions[:2]] == ["checkpoint_reinit", "checkpoint_restart"], actions
+    measured = events(records, "reinit_measured")[0]
+    assert measured["bytes_after"] > 0.9 * measured["floor_before_bytes"]  # the global leak survived
+    [restarting] = events(records, "child_restarting")
+    assert restarting["reason"] == "restart_requested" and restarting["child_status"] == "exit 42"
+
+    [resumed] = events(records, "resumed")
+    restart_saves = [r["step"] for r in events(records, "checkpoint_saved") if r["step"] > actions[1][1]]
+    assert resumed["restart_count"] == 1
+    assert resumed["step"] == restart_saves[0]  # resumed from the restart's checkpoint ...
+    assert resumed["step"] - actions[1][1] <= 3  # ... taken right after the action step: nothing lost
+    assert re.search(rf"steps 600/600 \(this run from {resumed['step']}\), reinits \d+, restarts 1,", out.stdout)
+
+    samples = load_trace(trace)
+    assert samples[0].step == 0 and samples[-1].step >= 595  # one trace, appended across the restart
+    assert max(s.bytes_used for s in samples) < limit
+    assert min(s.bytes_used for s in samples if s.step > resumed["step"]) < 0.6 * limit  # a new process: freed

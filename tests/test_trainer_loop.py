@@ -1,0 +1,189 @@
+"""The training loop's promises: exact continuation across a reinit and a restart, state back on the
+training device, SIGTERM saved and exit 42, bad input exit 2."""
+
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import REPO, hbm_watchdog_env, json_lines
+from watchdog.cli import main
+from watchdog.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART_REQUESTED
+from watchdog.trainer.loop import TrainConfig, Trainer, off_device_tensors
+from watchdog.trainer.model import ModelConfig
+from watchdog.verdict import Action
+
+N = 6
+# Dropout on, so the RNG matters: a continuation that lost the RNG state would diverge.
+TINY = TrainConfig(steps=2 * N, model=ModelConfig(depth=2, width=32, heads=4, seq_len=16, dropout=0.1,
+                                                  activation_checkpointing="full"),
+                   batch_size=4, device="cpu", log_every=1, watchdog=None, progress_bar=False)
+
+
+def finish(config):
+    trainer = Trainer(config)
+    try:
+        return trainer.run(), trainer.state
+    finally:
+        trainer.close()
+
+
+def assert_bitwise_equal(a, b):
+    model_a, model_b = a.model.state_dict(), b.model.state_dict()
+    assert model_a.keys() == model_b.keys()
+    for key in model_a:
+        assert torch.equal(model_a[key], model_b[key]), key
+    opt_a, opt_b = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+    for index in opt_a:
+        for key in opt_a[index]:
+            assert torch.equal(opt_a[index][key], opt_b[index][key]), (index, key)
+    assert a.scheduler.state_dict()["last_epoch"] == b.scheduler.state_dict()["last_epoch"]
+
+
+def test_reinit_and_restart_continue_bit_for_bit(tmp_path):
+    straight, straight_state = finish(replace(TINY, checkpoint_dir=tmp_path / "straight"))
+
+    reinit, reinit_state = finish(replace(TINY, checkpoint_dir=tmp_path / "reinit",
+                                          forced_actions=((N - 1, Action.CHECKPOINT_REINIT),)))
+    assert reinit.exit_code == EXIT_OK and reinit.reinits == 1 and reinit.step == 2 * N
+
+    restart_config = replace(TINY, checkpoint_dir=tmp_path / "restart",
+                             forced_actions=((N - 1, Action.CHECKPOINT_RESTART),))
+    first, _ = finish(restart_config)
+    assert first.exit_code == EXIT_RESTART_REQUESTED and first.step == N
+    torch.manual_seed(1234)  # a new process would not share this one's generators
+    resumed, resumed_state = finish(replace(restart_config, forced_actions=()))
+    assert resumed.first_step == N and resumed.step == 2 * N and resumed.restarts == 1
+
+    assert_bitwise_equal(straight_state, reinit_state)
+    assert_bitwise_equal(straight_state, resumed_state)
+    assert reinit.losses == straight.losses
+    assert {**first.losses, **resumed.losses} == straight.losses
+    assert straight.losses[2 * N - 1] < straight.losses[0]  # and it does learn
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(tmp_path, capsys):
+    finish(replace(TINY, steps=2, checkpoint_dir=tmp_path, model=replace(TINY.model, dropout=0.0)))
+    code = main(["train", "--device", "cpu", "--steps", "4", "--checkpoint-dir", str(tmp_path),
+                 "--depth", "2", "--width", "32", "--heads", "4", "--seq-len", "32", "--no-watchdog"])
+    assert code == EXIT_BAD_INPUT
+    assert "different model (seq_len differ)" in capsys.readouterr().err
+
+
+XLA_STATE = r"""
+import sys, torch, torch_xla
+from dataclasses import replace
+from watchdog.trainer.loop import TrainConfig, Trainer, off_device_tensors
+from watchdog.trainer.model import ModelConfig
+from watchdog.verdict import Action
+
+config = TrainConfig(steps=6, model=ModelConfig(depth=1, width=32, heads=2, seq_len=16), batch_size=2,
+                     device="xla", log_every=1, watchdog=None, progress_bar=False, checkpoint_dir=sys.argv[1],
+                     forced_actions=((2, Action.CHECKPOINT_REINIT),))
+device = torch_xla.device()
+marker = torch.arange(4.0, device=device) * 2  # lives across everything: a second runtime would orphan it
+torch_xla.sync()
+
+trainer = Trainer(config)
+result = trainer.run()
+assert result.reinits == 1 and result.step == 6, result
+assert trainer.device == device
+state_tensors = [v for s in trainer.state.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+assert len(state_tensors) >= 3 * len(list(trainer.state.model.parameters())), len(state_tensors)
+assert off_device_tensors(trainer.state, device) == [], off_device_tensors(trainer.state, device)
+
+resumed = Trainer(replace(config, steps=8, forced_actions=()))
+result = resumed.run()
+assert result.first_step == 6 and result.step == 8, result
+assert resumed.device == device
+assert off_device_tensors(resumed.state, device) == [], off_device_tensors(resumed.state, device)
+assert marker.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+assert torch_xla.runtime.global_runtime_device_count() == 1
+print("ok")
+"""
+
+
+def test_xla_optimizer_state_is_on_the_device_after_reinit_and_after_resume(tmp_path):
+    out = subprocess.run([sys.executable, "-c", XLA_STATE, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, cwd=REPO, env=hbm_watchdog_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_off_device_tensors_names_what_is_elsewhere():
+    trainer = Trainer(replace(TINY, steps=1))
+    try:
+        trainer.run()
+        state = trainer.state
+        assert off_device_tensors(state, torch.device("cpu")) == []
+        state.optimizer.state[state.model.head.weight]["exp_avg"] = torch.zeros(1, device="meta")
+        assert any(name.endswith(".exp_avg") for name in off_device_tensors(state, torch.device("cpu")))
+    finally:
+        trainer.close()
+
+
+def test_sigterm_saves_at_the_step_boundary_exits_42_and_resumes(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = [sys.executable, "-m", "watchdog.cli", "--log-format", "json", "train", "--device", "cpu",
+            "--steps", "400", "--log-every", "1", "--no-watchdog", "--checkpoint-dir", str(ckpt),
+            "--depth", "1", "--width", "32"]
+    child = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+                             env=hbm_watchdog_env())
+    seen = []
+    for line in child.stderr:  # wait until it really trains
+        seen.append(line)
+        if '"train_progress"' in line and '"step": 5,' in line:
+            break
+    child.send_signal(signal.SIGTERM)
+    stdout, stderr = child.communicate(timeout=120)
+    assert child.returncode == EXIT_RESTART_REQUESTED, "".join(seen) + stderr
+    records = json_lines("".join(seen) + stderr)
+    preempted = [r for r in records if r["event"] == "preempted"]
+    saved = [r for r in records if r["event"] == "checkpoint_saved"]
+    assert len(preempted) == 1 and preempted[0]["signal"] == "SIGTERM"
+    assert saved and saved[-1]["step"] == preempted[0]["step"] + 1
+    assert "restart requested (exit 42)" in stdout
+
+    again = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=hbm_watchdog_env(), timeout=300)
+    assert again.returncode == EXIT_OK, again.stderr[-3000:]
+    assert f"steps 400/400 (this run from {saved[-1]['step']})" in again.stdout
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--steps", "-1"], "--steps must not be negative"),
+    (["--inject-leak", "bogus:1/step"], "unknown kind 'bogus'"),
+    (["--inject-leak", "tensors:4MiB"], "tensors:AMOUNT/step"),
+    (["--memory-limit", "lots"], "--memory-limit"),
+    (["--sample-every", "0"], "--sample-every must be at least 1"),
+    (["--force-action", "explode@3"], "reinit@STEP or restart@STEP"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, fragment, capsys):
+    assert main(["train", *argv]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_checkpoint_dir_that_cannot_be_a_directory_is_exit_2(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert main(["train", "--checkpoint-dir", str(blocker / "ckpt")]) == EXIT_BAD_INPUT
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_train_flags_are_parsed_without_importing_torch():
+    code = ("import sys; from watchdog.cli import build_parser; "
+            "build_parser().parse_args(['train', '--inject-leak', 'tensors:1MiB/step']); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env=hbm_watchdog_env(), timeout=60)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_periodic_checkpoints_every_n_steps(tmp_path):
+    result, _ = finish(replace(TINY, steps=10, checkpoint_every=3, keep_checkpoints=10, checkpoint_dir=tmp_path))
+    assert result.exit_code == EXIT_OK
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == [
+        "ckpt-00000003.pt", "ckpt-00000006.pt", "ckpt-00000009.pt", "ckpt-00000010.pt"]  # and the final one

@@ -1,0 +1,121 @@
+"""Deliberate leaks, so the watchdog has something real to catch.
+
+Each kind mimics a bug seen in real training code:
+
+- `tensors:SIZE/step` - device tensors appended to a list the trainer state holds (metrics or
+  activations "kept for later"). A reinit drops the state, so it frees them.
+- `graph:N/step` - N losses kept together with their autograd graph (an eval loss summed without
+  `no_grad`): every saved activation of that forward stays alive. Freed by a reinit.
+- `global:SIZE/step` - tensors appended to a module-level list, outside the trainer's state: an
+  in-process reinit cannot free them, so the policy must escalate to a restart.
+- `recompile:K` - a tensor whose shape changes every K steps: a new XLA graph to compile, and
+  one more executable in the compile cache, each time.
+
+Any spec may start late: `tensors:2MiB/step@100` leaks from step 100 on.
+Parsing is pure (and torch-free: the CLI parses specs before torch is imported); injection
+touches only the tensors it creates.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from watchdog.errors import InputError
+from watchdog.units import parse_size
+
+if TYPE_CHECKING:
+    import torch
+
+KINDS = ("tensors", "graph", "global", "recompile")
+_SPEC = re.compile(r"^(?P<kind>[a-z]+):(?P<amount>[^/@]+)(?P<per>/step)?(?:@(?P<start>\d+))?$")
+_FORMS = "tensors:SIZE/step, graph:N/step, global:SIZE/step or recompile:K, optionally @START_STEP"
+
+_GLOBAL_LEAK: list["torch.Tensor"] = []  # module level on purpose: what a reinit cannot reach
+
+
+@dataclass(frozen=True)
+class LeakSpec:
+    kind: str
+    amount: int  # bytes per step (tensors, global), graphs per step (graph), or K steps (recompile)
+    start_step: int = 0
+
+    def active(self, step: int) -> bool:
+        return step >= self.start_step
+
+
+def parse_leak_spec(text: str) -> LeakSpec:
+    """`tensors:4MiB/step@100` -> LeakSpec("tensors", 4194304, 100); bad text -> InputError."""
+    match = _SPEC.match(text.strip())
+    if not match:
+        raise InputError(f"--inject-leak {text!r}: expected {_FORMS}")
+    kind, amount, per_step, start = match["kind"], match["amount"], match["per"], match["start"]
+    if kind not in KINDS:
+        raise InputError(f"--inject-leak {text!r}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
+    if (kind == "recompile") == bool(per_step):
+        form = "recompile:K" if kind == "recompile" else f"{kind}:AMOUNT/step"
+        raise InputError(f"--inject-leak {text!r}: write it as {form}")
+    try:
+        value = parse_size(amount) if kind in ("tensors", "global") else _positive_int(amount)
+    except ValueError as exc:
+        raise InputError(f"--inject-leak {text!r}: {exc}") from None
+    if value < 1:
+        raise InputError(f"--inject-leak {text!r}: the amount must be positive")
+    return LeakSpec(kind, value, int(start or 0))
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"expected a whole number, got {text!r}")
+    return int(text)
+
+
+@dataclass
+class LeakSinks:
+    """Where the in-state leaks live: a field of the trainer state, dropped by a reinit."""
+
+    tensors: list[torch.Tensor]
+    graphs: list[torch.Tensor]
+    shape_probe: torch.Tensor | None = None  # replaced, not accumulated: only its shape matters
+
+
+def new_sinks() -> LeakSinks:
+    return LeakSinks(tensors=[], graphs=[])
+
+
+def global_leak_bytes() -> int:
+    return sum(t.numel() * t.element_size() for t in _GLOBAL_LEAK)
+
+
+def inject(specs: list[LeakSpec], step: int, sinks: LeakSinks, device: torch.device,
+           forward_loss: Callable[[], torch.Tensor]) -> None:
+    """Leak what the specs ask for at this step. `forward_loss` runs one more forward pass
+    (with autograd recording) for the graph leak. Call before the step's sync on XLA, so the
+    new tensors are materialised with the step and not as a graph of their own."""
+    import torch
+
+    for spec in specs:
+        if not spec.active(step):
+            continue
+        if spec.kind == "tensors":
+            sinks.tensors.append(_filled(spec.amount, device))
+        elif spec.kind == "global":
+            _GLOBAL_LEAK.append(_filled(spec.amount, device))
+        elif spec.kind == "graph":
+            sinks.graphs.extend(forward_loss() for _ in range(spec.amount))
+        elif spec.kind == "recompile":
+            length = 1 + (step - spec.start_step) // spec.amount
+            sinks.shape_probe = torch.ones(length, device=device).sum()
+
+
+def _filled(nbytes: int, device: torch.device) -> torch.Tensor:
+    import torch
+
+    # Filled with ones, not empty: untouched pages would not count in resident memory. A fixed
+    # value keeps the XLA graph the same every step (no recompilation from the leak itself).
+    return torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+
+
+def describe(specs: list[LeakSpec]) -> list[dict[str, Any]]:
+    return [{"kind": s.kind, "amount": s.amount, "start_step": s.start_step} for s in specs]

@@ -1,0 +1,53 @@
+"""Steps per second of the instrumented trainer with and without the watchdog.
+
+    python -m watchdog.trainer.speed [--steps 400] [--rounds 2] [-- extra train flags]
+
+Each run is a fresh `hbm-watchdog train` process (an empty XLA compile cache each time), and the
+modes alternate so that load from elsewhere on the machine hits both alike. The steady rate is
+the mean of the progress lines' rates after the first interval (which includes compilation); the
+final loss is printed too: the watchdog must not change training, so it must be identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+MODES = {"without watchdog": ["--no-watchdog"],
+         "with watchdog": ["--memory-limit", "64GiB", "--sample-every", "5"]}
+
+
+def measure(steps: int, log_every: int, flags: list[str], extra: list[str]) -> tuple[float, float | None]:
+    command = [sys.executable, "-m", "watchdog.cli", "--log-format", "json", "train", "--steps", str(steps),
+               "--log-every", str(log_every), "--resume", "never", *flags, *extra]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    progress = [json.loads(line) for line in out.stderr.splitlines()
+                if line.startswith("{") and '"train_progress"' in line]
+    steady = [p["steps_per_second"] for p in progress if p["step"] >= 2 * log_every - 1]
+    return statistics.mean(steady), progress[-1]["loss"] if progress else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- more `train` flags (e.g. --device cpu)")
+    args = parser.parse_args(argv)
+    extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for round_index in range(args.rounds):
+        for mode, flags in MODES.items():
+            rate, loss = measure(args.steps, args.log_every, flags, extra)
+            rates[mode].append(rate)
+            print(f"round {round_index + 1}: {mode:17s} {rate:6.1f} steps/s  final loss {loss}", flush=True)
+    for mode, values in rates.items():
+        print(f"{mode:17s} median {statistics.median(values):6.1f} steps/s over {len(values)} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
