@@ -1,0 +1,212 @@
+"""The Prometheus exporter, scraped for real over HTTP and read with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import math
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from watchdog import __version__
+from watchdog.config import WatchdogConfig
+from watchdog.errors import InputError
+from watchdog.exporter import serve_metrics
+from watchdog.sample import Sample, write_trace
+from watchdog.sidecar import Watchdog
+from watchdog.telemetry import Telemetry
+from watchdog.verdict import Action, Status, Verdict
+
+MiB = 1 << 20
+ALLOWED_LABELS = {"device", "rank", "action", "version", "source", "le"}
+
+
+def scrape(server) -> dict[tuple[str, frozenset], float]:
+    """{(sample name, labels): value} from a real HTTP scrape of the endpoint."""
+    with urllib.request.urlopen(server.url, timeout=5) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    matches = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls]
+    assert len(matches) == 1, f"{name}{labels}: {len(matches)} series"
+    return matches[0]
+
+
+def names(samples: dict) -> set[str]:
+    return {name for name, _ in samples}
+
+
+def leaking_telemetry() -> Telemetry:
+    t = Telemetry(device="xla:0", rank=3, source="xla")
+    t.sample = Sample(step=1200, timestamp=1_700_000_000.5, bytes_used=900 * MiB, bytes_limit=1024 * MiB,
+                      peak_bytes_used=950 * MiB)
+    t.verdict = Verdict(step=1200, timestamp=1_700_000_000.5, status=Status.LEAKING, floor_bytes=800 * MiB,
+                        excursion_bytes=60 * MiB, limit_bytes=1000 * MiB, slope_bytes_per_step=65536.0,
+                        slope_low_bytes_per_step=60000.0, slope_high_bytes_per_step=70000.0,
+                        slope_bytes_per_second=131072.0, projected_oom_step=3360, steps_to_oom=2160.0,
+                        seconds_to_oom=1080.0, steps_to_oom_pessimistic=2000.0, window_steps=640.0)
+    t.training_step = 1210
+    t.samples_total, t.sample_errors_total, t.restarts_total, t.xla_compilations_total = 120, 2, 1, 7
+    t.count_action(Action.WARN)
+    t.count_action(Action.CHECKPOINT_REINIT)
+    t.count_action(Action.CHECKPOINT_REINIT)
+    for seconds in (0.3, 4.0, 40.0):
+        t.observe_checkpoint(seconds)
+    return t
+
+
+@pytest.fixture
+def served():
+    servers = []
+
+    def serve(telemetry: Telemetry, port: int = 0, **kwargs):
+        server = serve_metrics(telemetry, port, addr="127.0.0.1", **kwargs)
+        servers.append(server)
+        return server
+
+    yield serve
+    for server in servers:
+        server.close()
+
+
+def test_every_design_metric_is_served_in_base_units_from_the_cache(served):
+    samples = scrape(served(leaking_telemetry()))
+    base = {"device": "xla:0", "rank": "3"}
+    assert value(samples, "hbmwatch_memory_used_bytes", **base) == 900 * MiB
+    assert value(samples, "hbmwatch_memory_peak_bytes") == 950 * MiB
+    assert value(samples, "hbmwatch_memory_limit_bytes") == 1000 * MiB  # the effective (smaller) limit
+    assert value(samples, "hbmwatch_memory_floor_bytes") == 800 * MiB
+    assert value(samples, "hbmwatch_memory_excursion_bytes") == 60 * MiB
+    assert value(samples, "hbmwatch_leak_slope_bytes_per_step") == 65536.0
+    assert value(samples, "hbmwatch_leak_slope_low_bytes_per_step") == 60000.0
+    assert value(samples, "hbmwatch_leak_slope_high_bytes_per_step") == 70000.0
+    assert value(samples, "hbmwatch_leak_detected") == 1.0
+    assert value(samples, "hbmwatch_projected_oom_steps") == 2160.0
+    assert value(samples, "hbmwatch_projected_oom_steps_pessimistic") == 2000.0
+    assert value(samples, "hbmwatch_projected_oom_seconds") == 1080.0
+    assert value(samples, "hbmwatch_training_step") == 1210
+    assert value(samples, "hbmwatch_last_sample_timestamp_seconds") == 1_700_000_000.5
+    assert value(samples, "hbmwatch_actions_total", action="warn") == 1
+    assert value(samples, "hbmwatch_actions_total", action="checkpoint_reinit") == 2
+    assert value(samples, "hbmwatch_actions_total", action="checkpoint_restart") == 0
+    assert value(samples, "hbmwatch_restarts_total") == 1
+    assert value(samples, "hbmwatch_samples_total") == 120
+    assert value(samples, "hbmwatch_sample_errors_total") == 2
+    assert value(samples, "hbmwatch_xla_compilations_total") == 7
+    assert value(samples, "hbmwatch_build_info", version=__version__, source="xla") == 1
+    assert value(samples, "hbmwatch_training_stalled") == 0
+    assert value(samples, "hbmwatch_seconds_since_last_step") >= 0
+    # the histogram: cumulative buckets in seconds, +Inf equal to the count
+    assert value(samples, "hbmwatch_checkpoint_seconds_bucket", le="0.5") == 1
+    assert value(samples, "hbmwatch_checkpoint_seconds_bucket", le="5.0") == 2
+    assert value(samples, "hbmwatch_checkpoint_seconds_bucket", le="+Inf") == 3
+    assert value(samples, "hbmwatch_checkpoint_seconds_count") == 3
+    assert value(samples, "hbmwatch_checkpoint_seconds_sum") == pytest.approx(44.3)
+    labels = {name for _, ls in samples for name, _ in ls}
+    assert labels <= ALLOWED_LABELS
+    assert all(dict(ls).get("device") == "xla:0" and dict(ls).get("rank") == "3" for _, ls in samples)
+
+
+def test_before_any_verdict_nothing_is_made_up(served):
+    samples = scrape(served(Telemetry(device="cpu", source="rss")))
+    assert value(samples, "hbmwatch_projected_oom_steps") == math.inf  # "none in sight", not 0
+    assert value(samples, "hbmwatch_projected_oom_seconds") == math.inf
+    assert value(samples, "hbmwatch_leak_detected") == 0
+    unknown = {"hbmwatch_memory_used_bytes", "hbmwatch_memory_floor_bytes", "hbmwatch_memory_limit_bytes",
+               "hbmwatch_leak_slope_bytes_per_step", "hbmwatch_xla_compilations_total"}
+    assert not names(samples) & unknown  # absent until known (compilations: absent off XLA)
+
+
+def test_port_is_base_plus_local_rank_and_zero_means_any_free_port(served):
+    base = _free_port_pair()
+    server = served(Telemetry(rank=1), base, local_rank=1)
+    assert server.port == base + 1 and server.url == f"http://127.0.0.1:{base + 1}/metrics"
+    any_port = served(Telemetry(rank=2), 0, local_rank=2)
+    assert any_port.port not in (0, base + 1)
+    # each endpoint has its own registry: each reports its own rank only
+    assert {dict(ls)["rank"] for _, ls in scrape(server)} == {"1"}
+    assert {dict(ls)["rank"] for _, ls in scrape(any_port)} == {"2"}
+
+
+def test_a_busy_port_is_a_one_line_input_error(served):
+    taken = served(Telemetry())
+    with pytest.raises(InputError, match=rf"metrics port {taken.port} .* already in use"):
+        serve_metrics(Telemetry(), taken.port, addr="127.0.0.1")
+    with pytest.raises(InputError, match="above 65535"):
+        serve_metrics(Telemetry(), 65535, local_rank=1, addr="127.0.0.1")
+    with pytest.raises(InputError, match="non-negative"):
+        serve_metrics(Telemetry(), -1, addr="127.0.0.1")
+
+
+def test_close_frees_the_port(served):
+    server = serve_metrics(Telemetry(), 0, addr="127.0.0.1")
+    port = server.port
+    server.close()
+    again = served(Telemetry(), port)
+    assert again.port == port
+
+
+def test_a_real_watchdog_run_is_exported_as_the_sidecar_sees_it(tmp_path, served):
+    """A real Watchdog (replay source, a leaking trace) fills the cache; scrapes agree with it."""
+    trace = tmp_path / "leak.csv"
+    write_trace(trace, [Sample(step, 1000.0 + step, 500 * MiB + step * 256 * 1024 + (step % 7) * MiB,
+                               2048 * MiB) for step in range(600)])
+    config = WatchdogConfig(sample_every=1, source="replay", replay_trace=trace, device="cpu")
+    with Watchdog(config) as wd:
+        server = served(wd.telemetry)
+        for step in range(600):
+            wd.step(step)
+            assert wd.drain(5.0)
+        samples = scrape(server)
+        verdict = wd.latest_verdict
+    assert value(samples, "hbmwatch_samples_total") == wd.telemetry.samples_total >= 590
+    assert value(samples, "hbmwatch_memory_used_bytes") == wd.telemetry.sample.bytes_used
+    assert value(samples, "hbmwatch_memory_limit_bytes") == 2048 * MiB
+    assert value(samples, "hbmwatch_build_info", source="replay") == 1
+    assert verdict is not None and verdict.status is not Status.WARMING_UP
+    assert value(samples, "hbmwatch_memory_floor_bytes") == pytest.approx(verdict.floor_bytes)
+    assert value(samples, "hbmwatch_leak_slope_bytes_per_step") == pytest.approx(verdict.slope_bytes_per_step)
+    assert value(samples, "hbmwatch_leak_slope_bytes_per_step") == pytest.approx(256 * 1024, rel=0.2)
+    assert value(samples, "hbmwatch_leak_detected") == float(verdict.leak)
+    assert value(samples, "hbmwatch_projected_oom_steps") == verdict.steps_to_oom
+
+
+def test_serving_and_scraping_never_import_torch():
+    """Scrapes read the cache only: the exporter must not even load torch or torch_xla."""
+    code = (
+        "import sys, urllib.request\n"
+        "from watchdog.exporter import serve_metrics\n"
+        "from watchdog.telemetry import Telemetry\n"
+        "s = serve_metrics(Telemetry(device='xla:0'), 0, addr='127.0.0.1')\n"
+        "body = urllib.request.urlopen(s.url).read().decode()\n"
+        "s.close()\n"
+        "assert 'hbmwatch_build_info' in body\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_xla')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def _free_port_pair() -> int:
+    """A base port whose successor is free too (base + local rank 1)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            base = a.getsockname()[1]
+            if base >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", base + 1))
+                except OSError:
+                    continue
+        return base
+    raise RuntimeError("no free pair of ports")

@@ -1,0 +1,219 @@
+"""Prometheus exporter: a collector over the `Telemetry` cache and an HTTP endpoint for it.
+
+Why a custom collector and not module-level Gauges: a scrape must never call into the XLA
+runtime (a scrape arriving mid-step would read device state on the wrong thread, and could
+force a sync). The sidecar writes the cache; a scrape only turns that cache into text. Each
+exporter has its own `CollectorRegistry`, so several watchdogs in one process (tests, one per
+local rank) never clash, and no default process/GC metrics sneak in.
+
+Labels are bounded on purpose: `device` and `rank` on every series, `action` on
+`hbmwatch_actions_total`, `version` and `source` on `hbmwatch_build_info`. Values are base
+units (bytes, seconds, steps); "no OOM in sight" is +Inf, which Prometheus and PromQL handle.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import start_wsgi_server
+
+from watchdog import __version__
+from watchdog.errors import InputError
+from watchdog.logs import get_logger
+from watchdog.telemetry import Telemetry
+from watchdog.verdict import Verdict
+
+log = get_logger(__name__)
+
+PREFIX = "hbmwatch_"
+DEFAULT_PORT = 9400  # clear of libtpu's 8431, the TPU runtime's 8471 and 8476-8479
+BASE_LABELS = ("device", "rank")
+
+# Gauges read straight off the verdict: (name, help, how to get the value). Absent until the
+# detector has produced a verdict, so "unknown" never masquerades as 0.
+_VERDICT_GAUGES: tuple[tuple[str, str, object], ...] = (
+    ("memory_floor_bytes", "Resident floor of device memory: the fitted trend at the newest sample.",
+     lambda v: v.floor_bytes),
+    ("memory_excursion_bytes", "Transient excursion above the floor (activations, eval buffers) used for the projection.",
+     lambda v: v.excursion_bytes),
+    ("leak_slope_bytes_per_step", "Fitted growth of the memory floor, bytes per training step.",
+     lambda v: v.slope_bytes_per_step),
+    ("leak_slope_low_bytes_per_step", "Low edge of the 95% interval of the floor slope.",
+     lambda v: v.slope_low_bytes_per_step),
+    ("leak_slope_high_bytes_per_step", "High edge of the 95% interval of the floor slope (what actions use).",
+     lambda v: v.slope_high_bytes_per_step),
+    ("leak_slope_bytes_per_second", "Fitted growth of the memory floor, bytes per second.",
+     lambda v: v.slope_bytes_per_second),
+    ("leak_window_steps", "Span of training steps the slope was fitted over.",
+     lambda v: v.window_steps),
+    ("projected_oom_steps_pessimistic", "Steps left before the peak reaches the limit at the high edge of the slope interval; +Inf when none.",
+     lambda v: v.steps_to_oom_pessimistic),
+)
+
+
+class TelemetryCollector:
+    """Turns one `Telemetry` into metric families at scrape time. Reads the cache, nothing else."""
+
+    def __init__(self, telemetry: Telemetry):
+        self.telemetry = telemetry
+
+    def describe(self) -> list[Metric]:
+        # Registering must not run collect() against a half-filled cache; names are not needed
+        # because this registry holds only this collector.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        t = self.telemetry
+        sample, verdict = t.sample, t.verdict  # read each field once: the sidecar replaces them whole
+        labels = [t.device, str(t.rank)]
+
+        def gauge(name: str, doc: str, value: float | None) -> Iterator[Metric]:
+            if value is None:
+                return
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=BASE_LABELS)
+            family.add_metric(labels, float(value))
+            yield family
+
+        def counter(name: str, doc: str, value: float | None) -> Iterator[Metric]:
+            if value is None:
+                return
+            family = CounterMetricFamily(PREFIX + name, doc, labels=BASE_LABELS)
+            family.add_metric(labels, float(value))
+            yield family
+
+        build = GaugeMetricFamily(PREFIX + "build_info", "Always 1: version and memory source in use.",
+                                  labels=(*BASE_LABELS, "version", "source"))
+        build.add_metric([*labels, __version__, t.source], 1.0)
+        yield build
+
+        if sample is not None:
+            yield from gauge("memory_used_bytes", "Device memory in use at the newest sample.", sample.bytes_used)
+            yield from gauge("memory_peak_bytes", "Runtime's high-water mark of device memory, where it reports one.",
+                             sample.peak_bytes_used)
+            yield from gauge("last_sample_timestamp_seconds", "Unix time of the newest memory sample.",
+                             sample.timestamp)
+        yield from gauge("memory_limit_bytes", "Effective memory limit: the smaller of the device's and the configured budget.",
+                         _limit(verdict, sample))
+        yield from gauge("leak_detected", "1 while the detector's leak alarm is up, else 0.",
+                         1.0 if verdict is not None and verdict.leak else 0.0)
+        yield from gauge("projected_oom_steps", "Training steps left before the projected peak reaches the limit; +Inf when none.",
+                         verdict.steps_to_oom if verdict is not None else math.inf)
+        yield from gauge("projected_oom_seconds", "Seconds left before the projected peak reaches the limit; +Inf when none.",
+                         verdict.seconds_to_oom if verdict is not None else math.inf)
+        if verdict is not None:
+            for name, doc, read in _VERDICT_GAUGES:
+                yield from gauge(name, doc, read(verdict))  # type: ignore[operator]
+
+        step = max(t.training_step, sample.step if sample is not None else 0)
+        yield from gauge("training_step", "Newest training step the watchdog has seen.", step)
+        yield from gauge("training_stalled", "1 when the loop has not stepped for longer than the stall threshold.",
+                         1.0 if t.stalled else 0.0)
+        yield from gauge("seconds_since_last_step", "Seconds since the step counter last moved (resolution: the stall check interval).",
+                         max(0.0, time.monotonic() - t.last_step_monotonic))
+
+        actions = CounterMetricFamily(PREFIX + "actions", "Actions the policy asked for, by kind.",
+                                      labels=(*BASE_LABELS, "action"))
+        for action, count in t.actions_snapshot().items():
+            actions.add_metric([*labels, action.value], float(count))
+        yield actions
+
+        yield from counter("restarts", "Restarts this job has had (carried across processes).", t.restarts_total)
+        yield from counter("samples", "Memory samples taken.", t.samples_total)
+        yield from counter("sample_errors", "Failed memory reads and sidecar errors.", t.sample_errors_total)
+        yield from counter("xla_compilations", "XLA graphs compiled in this process (absent off XLA).",
+                           t.xla_compilations_total)
+
+        bounds, counts, total, count = t.checkpoint_snapshot()
+        histogram = HistogramMetricFamily(PREFIX + "checkpoint_seconds", "Time to write a checkpoint.",
+                                          labels=BASE_LABELS)
+        buckets = [(_bucket_label(b), float(c)) for b, c in zip(bounds, counts)] + [("+Inf", float(count))]
+        histogram.add_metric(labels, buckets, total)
+        yield histogram
+
+
+def _limit(verdict: Verdict | None, sample) -> float | None:
+    if verdict is not None and verdict.limit_bytes is not None:
+        return verdict.limit_bytes
+    return sample.bytes_limit if sample is not None else None
+
+
+def _bucket_label(bound: float) -> str:
+    return str(float(bound))
+
+
+def build_registry(telemetry: Telemetry) -> CollectorRegistry:
+    """A registry holding only this telemetry's collector (no process or GC metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TelemetryCollector(telemetry))
+    return registry
+
+
+@dataclass
+class MetricsServer:
+    """A running endpoint. `port` is the one actually bound (useful when 0 was asked for)."""
+
+    addr: str
+    port: int
+    registry: CollectorRegistry
+    _httpd: object
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.addr in ("", "0.0.0.0") else ("::1" if self.addr == "::" else self.addr)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and free the port. Idempotent."""
+        if self._thread.is_alive():
+            self._httpd.shutdown()  # type: ignore[attr-defined]
+            self._thread.join(timeout=5)
+        self._httpd.server_close()  # type: ignore[attr-defined]
+
+    def __enter__(self) -> "MetricsServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve_metrics(telemetry: Telemetry, port: int = DEFAULT_PORT, *, local_rank: int = 0,
+                  addr: str = "0.0.0.0") -> MetricsServer:
+    """Serve `/metrics` for `telemetry` on `port + local_rank` (port 0: any free port).
+
+    One process per local rank shares a host (and, with hostNetwork on GKE, the node's ports),
+    so each rank offsets the base port by its local rank; the actual URL is logged.
+    """
+    if not isinstance(port, int) or isinstance(port, bool) or port < 0:
+        raise InputError(f"metrics port must be a non-negative integer, got {port!r}")
+    if not isinstance(local_rank, int) or local_rank < 0:
+        raise InputError(f"local rank must be a non-negative integer, got {local_rank!r}")
+    bind_port = port + local_rank if port else 0
+    if bind_port > 65535:
+        raise InputError(f"metrics port {port} + local rank {local_rank} is above 65535")
+    registry = build_registry(telemetry)
+    try:
+        httpd, thread = start_wsgi_server(bind_port, addr=addr, registry=registry)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise InputError(f"metrics port {bind_port} on {addr} is already in use "
+                             f"(base {port} + local rank {local_rank}); pick another with --metrics-port") from None
+        raise InputError(f"cannot serve metrics on {addr}:{bind_port}: {exc.strerror or exc}") from None
+    thread.name = f"hbm-watchdog-metrics-{local_rank}"
+    server = MetricsServer(addr, int(httpd.server_port), registry, httpd, thread)
+    log.info("metrics_serving", url=server.url, addr=addr, port=server.port, local_rank=local_rank)
+    return server
