@@ -133,6 +133,27 @@ def test_late_onset_leak_is_caught_after_onset_and_not_before():
     assert alarm is not None and onset < alarm < onset + 0.5 * (oom - onset)
 
 
+@pytest.mark.parametrize("steps_to_oom", [2_000, 5_000])
+def test_a_fast_leak_late_in_a_long_run_is_caught_before_its_oom(steps_to_oom):
+    # 60k steps in, the whole-run buckets are ~500 steps wide: the fast leak shows in the recent ones.
+    onset = 60_000
+    rate = (LIMIT - BASE - TRANSIENT) / steps_to_oom
+    verdicts = statuses(job(onset + steps_to_oom, lambda s: BASE + rate * max(0, s - onset), every=4))
+    alarm = first_alarm(verdicts)
+    assert alarm is not None and onset < alarm < onset + 0.75 * steps_to_oom
+
+
+def test_a_leak_seen_late_through_noise_is_confirmed_before_its_oom_not_after():
+    # The candidate shows only when the OOM is near; holding it for a quarter of its window (the
+    # usual wait that lets a filling cache show itself) would outlast the OOM.
+    onset, steps_to_oom = 2_000, 1_500
+    rate = (LIMIT - BASE - TRANSIENT) / steps_to_oom
+    verdicts = statuses(job(onset + steps_to_oom, lambda s: BASE + rate * max(0, s - onset), every=2,
+                            jitter=600 * MiB, transient=1 * GiB))
+    alarm = first_alarm(verdicts)
+    assert alarm is not None and onset < alarm < onset + 0.95 * steps_to_oom
+
+
 def test_leak_under_heavy_noise_is_still_caught():
     rate = 1 * MiB
     verdicts = statuses(job(3500, lambda s: BASE + rate * s, jitter=150 * MiB, transient=2 * GiB))

@@ -74,15 +74,18 @@ def test_global_leak_escalates_to_restart_under_supervise_and_finishes(tmp_path,
     assert [a for a, _ in actions[:2]] == ["checkpoint_reinit", "checkpoint_restart"], actions
     measured = events(records, "reinit_measured")[0]
     assert measured["bytes_after"] > 0.9 * measured["floor_before_bytes"]  # the global leak survived
-    [restarting] = events(records, "child_restarting")
-    assert restarting["reason"] == "restart_requested" and restarting["child_status"] == "exit 42"
+    # The resumed process leaks again from a fresh start; on a loaded machine it may need a second
+    # restart before step 600, within the budget. The first one is the one under test.
+    restarting = events(records, "child_restarting")
+    assert restarting and all(r["reason"] == "restart_requested" and r["child_status"] == "exit 42"
+                              for r in restarting)
 
-    [resumed] = events(records, "resumed")
+    resumed = events(records, "resumed")[0]
     restart_saves = [r["step"] for r in events(records, "checkpoint_saved") if r["step"] > actions[1][1]]
     assert resumed["restart_count"] == 1
     assert resumed["step"] == restart_saves[0]  # resumed from the restart's checkpoint ...
     assert resumed["step"] - actions[1][1] <= 3  # ... taken right after the action step: nothing lost
-    assert re.search(rf"steps 600/600 \(this run from {resumed['step']}\), reinits \d+, restarts 1,", out.stdout)
+    assert re.search(rf"steps 600/600 \(this run from \d+\), reinits \d+, restarts {len(restarting)},", out.stdout)
 
     samples = load_trace(trace)
     assert samples[0].step == 0 and samples[-1].step >= 595  # one trace, appended across the restart

@@ -10,10 +10,13 @@ How it reads memory (and why):
    `max_buckets`; when it is full, neighbours merge pairwise (floor = min, peak = max) and the
    bucket width doubles. Memory is constant and the number of bucket closes grows only with the
    logarithm of the run length, so the heavier statistics run rarely: O(1) amortised per sample.
+   Beside it, a recent tier keeps the newest buckets at a fixed width (`recent_bucket_steps`):
+   60k steps into a run the whole-run buckets are ~500 steps wide, and a leak that starts there
+   and runs out in 2,000 steps would be over before they resolve it.
 3. Robust trend. On each close the newest suffixes of the history (all of it, the newest half,
-   quarter, ... down to `min_window_buckets`) are fitted with a median of pairwise slopes (pairs
-   half a window apart: a Theil-Sen estimator that is linear in the window). Spikes and outliers
-   do not move a median; the interval is the distribution-free confidence interval of that median.
+   quarter, ... down to `min_window_buckets`, then the recent tier's shorter ones) are fitted
+   with a median of pairwise slopes (pairs half a window apart: a Theil-Sen estimator that is
+   linear in the window). Spikes and outliers do not move a median; the interval is the distribution-free confidence interval of that median.
 4. What counts as a leak. A window is a leak candidate when the low edge of the slope interval
    is above zero, the rise across the window stands out of the residual noise, the rise is spread
    over the window (every quarter contributes: a one-off level shift puts it all in one quarter),
@@ -22,7 +25,8 @@ How it reads memory (and why):
    a level shift is its new baseline. The alarm (`leaking`) also needs the projected OOM within
    `max_extrapolation` times the span the growth was seen over (a line is not extrapolated far
    beyond its evidence), and the candidate must hold for `confirm_closes` closes and
-   `confirm_fraction` of its span without its slope falling by `max_slope_drop`.
+   `confirm_fraction` of its span without its slope falling by `max_slope_drop` (or for half the
+   steps left to the projected OOM, when that is shorter: confirming past the OOM helps nobody).
 5. Projection. OOM happens at the peak, so the fitted floor plus the largest excursion seen
    (the runtime's high-water mark included, plus `excursion_margin`: samples rarely catch the very
    top of a transient) is projected against the limit minus `headroom_bytes`, with the central
@@ -32,7 +36,9 @@ How it reads memory (and why):
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from watchdog.errors import ConfigError
 from watchdog.sample import Sample
@@ -43,6 +49,7 @@ INF = math.inf
 SEGMENTS = 4  # a window is split in quarters to tell spread-out growth from a one-off shift
 IQR_TO_SIGMA = 1.349
 SQRT2 = math.sqrt(2.0)
+URGENT_SHARE = 0.5  # an imminent OOM is confirmed within this share of the steps left to it
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,11 @@ class DetectorConfig:
     """Initial bucket width in training steps; doubles each time the history fills."""
     max_buckets: int = 128
     """Bucket floors kept (even); memory and the cost of one analysis are bounded by it."""
+    recent_bucket_steps: int = 64
+    """Width of the recent buckets, which stay this fine however long the run: a leak that starts
+    late in a long run and runs out fast is seen in them before the whole-run buckets resolve it."""
+    recent_buckets: int = 64
+    """Recent buckets kept (the newest `recent_buckets * recent_bucket_steps` steps)."""
     min_window_buckets: int = 16
     """Buckets needed before a verdict other than warming_up, and the smallest window fitted."""
     rise_sigmas: float = 6.0
@@ -80,6 +92,8 @@ class DetectorConfig:
         _check(self.headroom_bytes >= 0, "headroom_bytes", "must not be negative")
         _check(self.warmup_samples >= 0, "warmup_samples", "must not be negative")
         _check(self.bucket_steps >= 1, "bucket_steps", "must be at least 1")
+        _check(self.recent_bucket_steps >= self.bucket_steps, "recent_bucket_steps", "must be at least bucket_steps")
+        _check(self.recent_buckets >= self.min_window_buckets, "recent_buckets", "must be at least min_window_buckets")
         _check(self.min_window_buckets >= 2 * SEGMENTS, "min_window_buckets", f"must be at least {2 * SEGMENTS}")
         _check(self.max_buckets >= 2 * self.min_window_buckets and self.max_buckets % 2 == 0, "max_buckets",
                "must be even and at least twice min_window_buckets")
@@ -106,8 +120,7 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
-@dataclass(frozen=True, slots=True)
-class Trend:
+class Trend(NamedTuple):
     """A robust line through bucket floors, and how leak-like the window looks."""
 
     slope: float  # bytes per step
@@ -117,7 +130,8 @@ class Trend:
     x_last: float  # step of the newest bucket
     span: float  # steps between the oldest and newest bucket
     sigma: float  # robust scale of the residuals
-    increments: tuple[float, ...]  # rise of each quarter's median floor over the previous one
+    increments: tuple[float, ...]  # rise of each quarter's median floor over the previous one;
+    # () when the slope's low edge is not above zero: no rise to split, and most fits end there
 
 
 def fit_trend(xs: list[float], ys: list[float], z: float = 1.96) -> Trend:
@@ -131,19 +145,20 @@ def fit_trend(xs: list[float], ys: list[float], z: float = 1.96) -> Trend:
     n = len(xs)
     half = n // 2
     m = n - half
-    slopes = sorted([(ys[i + half] - ys[i]) / (xs[i + half] - xs[i]) for i in range(m)])
+    slopes = sorted([(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in zip(xs, xs[half:], ys, ys[half:])])
     slope = slopes[m // 2] if m % 2 else 0.5 * (slopes[m // 2 - 1] + slopes[m // 2])
     k = max(0, int(m / 2 - z * math.sqrt(m) / 2))
     x_last = xs[-1]
-    level = _median([y + slope * (x_last - x) for x, y in zip(xs, ys)])
+    level = _median([y - slope * x for x, y in zip(xs, ys)]) + slope * x_last
     pair_distance = (x_last - xs[0]) * half / (n - 1)
     sigma = (slopes[(3 * m) // 4] - slopes[m // 4]) / IQR_TO_SIGMA * pair_distance / SQRT2
-    quarter = n // SEGMENTS
-    levels = [_median(ys[j * quarter:(j + 1) * quarter]) for j in range(SEGMENTS)]
-    return Trend(
-        slope=slope, low=slopes[k], high=slopes[m - 1 - k], level=level, x_last=x_last,
-        span=x_last - xs[0], sigma=sigma, increments=(levels[1] - levels[0], levels[2] - levels[1], levels[3] - levels[2]),
-    )
+    low = slopes[k]
+    increments: tuple[float, ...] = ()
+    if low > 0:
+        quarter = n // SEGMENTS
+        levels = [_median(ys[j * quarter:(j + 1) * quarter]) for j in range(SEGMENTS)]
+        increments = (levels[1] - levels[0], levels[2] - levels[1], levels[3] - levels[2])
+    return Trend(slope, low, slopes[m - 1 - k], level, x_last, x_last - xs[0], sigma, increments)
 
 
 def largest_excursion(floors: list[float], peaks: list[float]) -> float:
@@ -154,8 +169,12 @@ def largest_excursion(floors: list[float], peaks: list[float]) -> float:
     which the floor itself dropped (a freed cache, a workload leaving) or jumped has a peak-to-min
     span that is no transient: against the higher floor next to it, it shrinks to what it is.
     """
-    n = len(floors)
-    return max(peaks[i] - max(floors[max(0, i - 1):i + 2]) for i in range(n)) if n else 0.0
+    return max((excursion_at(floors, peaks, i) for i in range(len(floors))), default=0.0)
+
+
+def excursion_at(floors: list[float], peaks: list[float], i: int) -> float:
+    """Bucket i's peak over the higher of its own floor and its neighbours'."""
+    return peaks[i] - max(floors[max(0, i - 1):i + 2])
 
 
 def plateau_rise(trend: Trend) -> float:
@@ -197,8 +216,7 @@ def leak_shape(trend: Trend, config: DetectorConfig, room: float = INF) -> str |
 
 # ----------------------------------------------------------------------------------- the detector
 
-@dataclass(frozen=True, slots=True)
-class _Analysis:
+class _Analysis(NamedTuple):
     """What the last bucket close concluded; samples until the next close reuse it."""
 
     status: Status
@@ -226,6 +244,10 @@ class LeakDetector:
         self._ts: list[float] = []  # bucket centre (timestamp)
         self._floors: list[float] = []
         self._peaks: list[float] = []
+        self._recent: deque[tuple[float, float, float]] = deque(maxlen=self.config.recent_buckets)  # (x, floor, peak)
+        self._history_trends: list[Trend] | None = None  # fits of the history since it last changed
+        self._settled_excursion = -INF  # largest excursion of the buckets before the newest
+        self._pending: list[float] | None = None  # [first, last, t0, t1, floor, peak]: closed buckets not yet a whole-run bucket
         self._open = False
         self._end = 0
         self._b_high_water: int | None = None
@@ -258,7 +280,7 @@ class LeakDetector:
             self._close_bucket()
         if not self._open:
             self._open = True
-            self._end = step + self._width
+            self._end = step + min(self._width, self.config.recent_bucket_steps)
             self._b_first = self._b_last = step
             self._b_t0 = self._b_t1 = sample.timestamp
             self._b_min = self._b_max = used
@@ -275,19 +297,42 @@ class LeakDetector:
     # -- per closed bucket: the statistics ----------------------------------------------------
 
     def _close_bucket(self) -> None:
+        """A bucket (at most `recent_bucket_steps` wide) closed: it joins the recent tier, and the
+        pending whole-run bucket, which joins the history once it spans the history's width."""
         self._open = False
-        self._xs.append(0.5 * (self._b_first + self._b_last))
-        self._ts.append(0.5 * (self._b_t0 + self._b_t1))
-        self._floors.append(float(self._b_min))
         # The runtime's high-water mark sees every step's peak, not just the sampled moments; it
         # can only under-state the transient above today's floor while the floor rises.
         high_water = self._b_high_water
         peak = float(self._b_max if high_water is None else max(self._b_max, high_water))
-        self._peaks.append(peak)
-        if len(self._xs) >= self.config.max_buckets:
-            self._merge_pairs()
+        floor = float(self._b_min)
+        self._recent.append((0.5 * (self._b_first + self._b_last), floor, peak))
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = [self._b_first, self._b_last, self._b_t0, self._b_t1, floor, peak]
+        else:
+            pending[1], pending[3] = self._b_last, self._b_t1
+            pending[4], pending[5] = min(pending[4], floor), max(pending[5], peak)
+        if self._end >= pending[0] + self._width:  # the pending bucket spans the history's width
+            self._pending = None
+            self._xs.append(0.5 * (pending[0] + pending[1]))
+            self._ts.append(0.5 * (pending[2] + pending[3]))
+            self._floors.append(pending[4])
+            self._peaks.append(pending[5])
+            if len(self._xs) >= self.config.max_buckets:
+                self._merge_pairs()
+                self._settled_excursion = largest_excursion(self._floors[:-1], self._peaks[:-1])
+            elif len(self._xs) >= 2:  # the bucket before the new one has both neighbours now
+                self._settled_excursion = max(self._settled_excursion,
+                                              excursion_at(self._floors, self._peaks, len(self._xs) - 2))
+            self._history_trends = None
+        elif not self._recent_active():
+            return  # nothing new to look at
         self._analysis = self._analyse()
         self._projection = None
+
+    def _recent_active(self) -> bool:
+        """The recent tier is finer than the whole-run history (else it would repeat its windows)."""
+        return self._width > self.config.recent_bucket_steps
 
     def _merge_pairs(self) -> None:
         """Halve the history: neighbours merge (floor = min, peak = max); buckets get twice as wide."""
@@ -301,7 +346,8 @@ class LeakDetector:
     def _analyse(self) -> _Analysis:
         cfg = self.config
         xs, floors, n = self._xs, self._floors, len(self._xs)
-        excursion = (1.0 + cfg.excursion_margin) * largest_excursion(floors, self._peaks)
+        newest_excursion = excursion_at(floors, self._peaks, n - 1)
+        excursion = (1.0 + cfg.excursion_margin) * max(self._settled_excursion, newest_excursion)
         seconds_per_step = _seconds_per_step(xs, self._ts)
         if n < cfg.min_window_buckets:
             return _Analysis(Status.WARMING_UP, None, floors[-1], excursion, seconds_per_step,
@@ -309,8 +355,7 @@ class LeakDetector:
         longest: Trend | None = None
         candidate: Trend | None = None
         reason = ""
-        for size in _window_sizes(n, cfg.min_window_buckets):
-            trend = fit_trend(xs[n - size:], floors[n - size:], cfg.interval_z)
+        for trend in self._trends():
             longest = longest or trend
             why_not = leak_shape(trend, cfg, self._room(trend, excursion))
             if why_not is None:
@@ -320,7 +365,7 @@ class LeakDetector:
         assert longest is not None
         if candidate is not None:
             self._misses = 0
-            why_not = self._too_far(candidate, excursion) or self._confirm(candidate)
+            why_not = self._too_far(candidate, excursion) or self._confirm(candidate, excursion)
             status = Status.SUSPECT if why_not else Status.LEAKING
             return _Analysis(status, candidate, candidate.level, excursion, seconds_per_step, why_not)
         # No leak: describe the newest window (after a level shift, that is the new baseline).
@@ -332,11 +377,34 @@ class LeakDetector:
         return _Analysis(Status.SUSPECT if rising else Status.HEALTHY, newest, newest.level, excursion,
                          seconds_per_step, reason)
 
-    def _confirm(self, trend: Trend) -> str:
+    def _trends(self):
+        """Fits of the whole history, its newest half, quarter, ..., then of the recent tier's windows.
+
+        The history's fits change only when it gains a bucket, so they are kept between its closes;
+        the recent tier, which closes more often, is fitted afresh.
+        """
+        cfg = self.config
+        xs, floors, n = self._xs, self._floors, len(self._xs)
+        if self._history_trends is None:
+            self._history_trends = [fit_trend(xs[n - size:], floors[n - size:], cfg.interval_z)
+                                    for size in _window_sizes(n, cfg.min_window_buckets)]
+        yield from self._history_trends
+        r = len(self._recent)
+        if not self._recent_active() or r < cfg.min_window_buckets:
+            return
+        shortest_span = self._history_trends[-1].span
+        recent = list(self._recent)
+        for size in _window_sizes(r, cfg.min_window_buckets):
+            window = recent[r - size:]
+            if window[-1][0] - window[0][0] < shortest_span:
+                yield fit_trend([b[0] for b in window], [b[1] for b in window], cfg.interval_z)
+
+    def _confirm(self, trend: Trend, excursion: float) -> str:
         """'' once a candidate has held long enough without slowing; else why it is not confirmed.
 
         Held means `confirm_closes` closes in a row AND `confirm_fraction` of the window's span in
         steps: a cache that fills and stops shows its slope falling while we wait, a leak does not.
+        When the projected OOM is nearer than that, half the steps left to it are enough.
         """
         cfg = self.config
         if self._streak == 0:
@@ -346,7 +414,9 @@ class LeakDetector:
         if trend.high < (1.0 - cfg.max_slope_drop) * self._streak_slope:
             self._streak = 0
             return "growth slowing while being confirmed"
-        if self._streak < cfg.confirm_closes or trend.x_last - self._streak_from < cfg.confirm_fraction * trend.span:
+        room = self._room(trend, excursion)
+        hold = min(cfg.confirm_fraction * trend.span, URGENT_SHARE * max(room, 0.0) / trend.slope)
+        if self._streak < cfg.confirm_closes or trend.x_last - self._streak_from < hold:
             return "not yet confirmed"
         return ""
 
