@@ -117,3 +117,28 @@ def test_stop_is_idempotent_and_start_returns_self():
     assert wd.start() is wd
     wd.stop()
     wd.stop()
+
+
+class SlowSource:
+    """A source that takes a while to read, so requests pile up while one is being handled."""
+
+    name = "slow"
+
+    def __init__(self):
+        self.calls = 0
+
+    def read(self) -> MemoryReading:
+        self.calls += 1
+        time.sleep(0.02)
+        return MemoryReading(bytes_used=1 << 30, bytes_limit=16 << 30, peak_bytes_used=None)
+
+
+def test_requests_made_while_one_is_in_flight_coalesce_to_the_newest_step():
+    source = SlowSource()
+    with Watchdog(WatchdogConfig(sample_every=1), source=source) as wd:
+        for step in range(2000):
+            wd.step(step)
+        assert wd.drain()
+        steps = [s.step for s in wd.history]
+    assert source.calls < 200  # not one read per step: the sidecar reads at its own pace ...
+    assert steps == sorted(steps) and steps[-1] == 1999  # ... always the newest step, the last one too

@@ -41,6 +41,7 @@ from watchdog.verdict import Action, Verdict
 log = get_logger(__name__)
 
 _SAMPLE, _REINIT, _BARRIER, _STOP = "sample", "reinit", "barrier", "stop"
+_SAMPLE_REQUEST = (_SAMPLE, None)  # the step to sample is read from `_requested_step` when handled
 
 
 class Watchdog:
@@ -60,6 +61,8 @@ class Watchdog:
         self._last_step = -1
         self._mailbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._post = self._mailbox.put  # bound once: the hot path skips an attribute lookup
+        self._requested_step = 0
+        self._sample_posted = False
         self._actions: deque[Action] = deque()
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
@@ -123,7 +126,10 @@ class Watchdog:
         """Call once per training step, after the step is dispatched. Returns an action to carry out."""
         self._last_step = step
         if step % self._every == 0:
-            self._post((_SAMPLE, step))
+            self._requested_step = step
+            if not self._sample_posted:  # one request in flight at most: the sidecar reads the newest step
+                self._sample_posted = True
+                self._post(_SAMPLE_REQUEST)
         if self._actions:
             return self._actions.popleft()
         return None
@@ -161,12 +167,14 @@ class Watchdog:
                 return
 
     def _handle(self, messages: list[tuple[str, Any]]) -> None:
-        # Reading memory now for a step long gone would mislabel it: only the newest request counts.
-        newest_sample = max((i for i, (kind, _) in enumerate(messages) if kind == _SAMPLE), default=-1)
-        for index, (kind, payload) in enumerate(messages):
+        for kind, payload in messages:
             try:
-                if kind == _SAMPLE and index == newest_sample:
-                    self._sample_and_evaluate(payload)
+                if kind == _SAMPLE:
+                    # Cleared before the step is read, so a step requested meanwhile is either read
+                    # now or posted anew: never lost. Reading memory for a step long gone would
+                    # mislabel it, so only the newest requested step is sampled.
+                    self._sample_posted = False
+                    self._sample_and_evaluate(self._requested_step)
                 elif kind == _REINIT:
                     self._after_reinit(payload)
                 elif kind == _BARRIER:
