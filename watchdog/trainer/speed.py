@@ -3,7 +3,7 @@
     python -m watchdog.trainer.speed [--steps 400] [--rounds 2] [-- extra train flags]
 
 Each run is a fresh `hbm-watchdog train` process (an empty XLA compile cache each time), and the
-modes alternate so that load from elsewhere on the machine hits both alike. The steady rate is
+modes alternate in ABBA order so that load from elsewhere on the machine hits both alike. The steady rate is
 the mean of the progress lines' rates after the first interval (which includes compilation); the
 final loss is printed too: the watchdog must not change training, so it must be identical.
 """
@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     rates: dict[str, list[float]] = {mode: [] for mode in MODES}
     for round_index in range(args.rounds):
-        for mode, flags in MODES.items():
+        order = list(MODES.items())
+        for mode, flags in order if round_index % 2 == 0 else order[::-1]:  # ABBA: neither always goes first
             rate, loss = measure(args.steps, args.log_every, flags, extra)
             rates[mode].append(rate)
             print(f"round {round_index + 1}: {mode:17s} {rate:6.1f} steps/s  final loss {loss}", flush=True)
