@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from watchdog.bench.baselines import (
-    BASELINES, HOUR, LinearBackwardRegression, PredictLinear, StaticThreshold, effective_limit,
+    BASELINES, LinearBackwardRegression, PredictLinear, StaticThreshold, effective_limit,
 )
 from watchdog.sample import Sample
 from watchdog.verdict import Status

@@ -1,8 +1,8 @@
 import pytest
 
 from watchdog.config import WatchdogConfig
-from watchdog.errors import ConfigError
-from watchdog.units import format_bytes, parse_size
+from watchdog.errors import ConfigError, InputError
+from watchdog.units import format_bytes, memory_limit_option, parse_size
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -46,3 +46,15 @@ def test_bad_config_names_the_field(kwargs, field):
 def test_default_config_is_valid():
     config = WatchdogConfig()
     assert config.sample_every >= 1 and config.source == "auto"
+
+
+@pytest.mark.parametrize("text, expected", [(None, None), ("2.75GiB", 2816 << 20), ("1048576", 1 << 20)])
+def test_memory_limit_option_accepts_sizes_and_absence(text, expected):
+    assert memory_limit_option(text) == expected
+
+
+@pytest.mark.parametrize("text, message", [("0", "must be a positive"), ("3 parsecs", "unknown size unit"),
+                                           ("-1GiB", "not a size")])
+def test_memory_limit_option_names_the_flag_on_bad_input(text, message):
+    with pytest.raises(InputError, match=rf"^--budget: .*{message}"):
+        memory_limit_option(text, flag="--budget")

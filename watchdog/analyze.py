@@ -14,7 +14,7 @@ import math
 from watchdog.errors import InputError
 from watchdog.replay import ReplayResult, replay
 from watchdog.sample import read_trace
-from watchdog.units import format_bytes, parse_size
+from watchdog.units import format_bytes, memory_limit_option
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,20 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per trace per line")
 
 
-def _limit(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        limit = parse_size(text)
-    except ValueError as exc:
-        raise InputError(f"--memory-limit: {exc}") from None
-    if limit <= 0:
-        raise InputError("--memory-limit: must be a positive number of bytes")
-    return limit
-
-
 def run(args: argparse.Namespace) -> int:
-    limit = _limit(args.memory_limit)
+    limit = memory_limit_option(args.memory_limit)
     for path in args.traces:
         result = replay(read_trace(path), memory_limit_bytes=limit)
         if result.samples == 0:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from watchdog.errors import InputError
 from watchdog.sample import Sample, load_trace
-from watchdog.units import format_bytes, parse_size
+from watchdog.units import format_bytes, memory_limit_option
 from watchdog.verdict import Action, Status, Verdict
 
 GiB = float(1 << 30)
@@ -241,14 +241,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if Path(args.output).suffix.lower() not in SUFFIXES:
         raise InputError(f"{args.output}: output must end in .png or .html")
-    limit = None
-    if args.memory_limit is not None:
-        try:
-            limit = parse_size(args.memory_limit)
-        except ValueError as exc:
-            raise InputError(f"--memory-limit: {exc}") from None
-        if limit <= 0:
-            raise InputError("--memory-limit: must be positive")
+    limit = memory_limit_option(args.memory_limit)
     samples = load_trace(args.trace)
     path = render_report(samples, args.output, name=Path(args.trace).name, memory_limit_bytes=limit)
     print(f"wrote {path}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from watchdog.errors import InputError
+
 _BINARY = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
@@ -23,6 +25,19 @@ def parse_size(text: str | int) -> int:
     if factor is None:
         raise ValueError(f"unknown size unit {unit!r} in {text!r} (use KiB, MiB, GiB, TiB)")
     return int(float(number) * factor)
+
+
+def memory_limit_option(text: str | None, flag: str = "--memory-limit") -> int | None:
+    """A command-line memory budget: None when not given, else positive bytes (InputError if not)."""
+    if text is None:
+        return None
+    try:
+        limit = parse_size(text)
+    except ValueError as exc:
+        raise InputError(f"{flag}: {exc}") from None
+    if limit <= 0:
+        raise InputError(f"{flag}: must be a positive number of bytes")
+    return limit
 
 
 def format_bytes(n: float | None) -> str:

@@ -66,13 +66,6 @@ def _progress_bar(total: int, label: str):
     return tqdm(total=total, desc=label, unit="trace", file=sys.stderr, leave=False)
 
 
-def _require_numpy() -> None:
-    try:
-        import numpy  # noqa: F401
-    except ImportError:
-        raise InputError("the benchmark needs numpy: pip install 'hbm-watchdog[bench]'") from None
-
-
 def _load_corpora(args: argparse.Namespace) -> dict[str, list]:
     from watchdog.bench.corpus import synthetic_corpus
     from watchdog.bench.realtraces import real_corpus, resolve_data_path
@@ -92,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
         from watchdog.bench.step_cost import main as step_cost_main
 
         return step_cost_main()
-    _require_numpy()
     names = _selected(args.detectors)
     from watchdog.bench.corpus import corpus_summary
     from watchdog.bench.evaluate import detectors, evaluate

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from watchdog.errors import InputError
 from watchdog.trainer.leaks import parse_leak_spec
-from watchdog.units import parse_size
+from watchdog.units import memory_limit_option
 
 DEFAULT_STEPS = 600
 
@@ -84,14 +84,7 @@ def build_config(args: argparse.Namespace):
         raise InputError(f"--lr must be positive, got {args.lr}")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise InputError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
-    limit = None
-    if args.memory_limit is not None:
-        try:
-            limit = parse_size(args.memory_limit)
-        except ValueError as exc:
-            raise InputError(f"--memory-limit: {exc}") from None
-        if limit <= 0:
-            raise InputError("--memory-limit must be positive")
+    limit = memory_limit_option(args.memory_limit)
     if args.text_file is not None and not os.access(args.text_file, os.R_OK):
         raise InputError(f"--text-file {args.text_file}: not a readable file")
     if args.checkpoint_dir is not None:
