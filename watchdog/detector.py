@@ -126,7 +126,7 @@ class Trend(NamedTuple):
     slope: float  # bytes per step
     low: float
     high: float
-    level: float  # fitted floor at the window's newest bucket
+    level: float  # fitted floor at the window's newest bucket (NaN until `with_level` when low <= 0)
     x_last: float  # step of the newest bucket
     span: float  # steps between the oldest and newest bucket
     sigma: float  # robust scale of the residuals
@@ -149,16 +149,27 @@ def fit_trend(xs: list[float], ys: list[float], z: float = 1.96) -> Trend:
     slope = slopes[m // 2] if m % 2 else 0.5 * (slopes[m // 2 - 1] + slopes[m // 2])
     k = max(0, int(m / 2 - z * math.sqrt(m) / 2))
     x_last = xs[-1]
-    level = _median([y - slope * x for x, y in zip(xs, ys)]) + slope * x_last
+    low = slopes[k]
+    # Most windows of a healthy run end at `low <= 0`: the level (half a fit's cost) waits until asked.
+    level = _level(xs, ys, slope) if low > 0 else math.nan
     pair_distance = (x_last - xs[0]) * half / (n - 1)
     sigma = (slopes[(3 * m) // 4] - slopes[m // 4]) / IQR_TO_SIGMA * pair_distance / SQRT2
-    low = slopes[k]
     increments: tuple[float, ...] = ()
     if low > 0:
         quarter = n // SEGMENTS
         levels = [_median(ys[j * quarter:(j + 1) * quarter]) for j in range(SEGMENTS)]
         increments = (levels[1] - levels[0], levels[2] - levels[1], levels[3] - levels[2])
     return Trend(slope, low, slopes[m - 1 - k], level, x_last, x_last - xs[0], sigma, increments)
+
+
+def _level(xs: list[float], ys: list[float], slope: float) -> float:
+    """The line's value at the newest point: median intercept of the points under the given slope."""
+    return _median([y - slope * x for x, y in zip(xs, ys)]) + slope * xs[-1]
+
+
+def with_level(trend: Trend, xs: list[float], ys: list[float]) -> Trend:
+    """The trend with its level filled in (fit_trend leaves it NaN when the slope's low edge is <= 0)."""
+    return trend if trend.level == trend.level else trend._replace(level=_level(xs, ys, trend.slope))
 
 
 def largest_excursion(floors: list[float], peaks: list[float]) -> float:
@@ -245,7 +256,7 @@ class LeakDetector:
         self._floors: list[float] = []
         self._peaks: list[float] = []
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=self.config.recent_buckets)  # (x, floor, peak)
-        self._history_trends: list[Trend] | None = None  # fits of the history since it last changed
+        self._history_trends: list[tuple] | None = None  # (fit, xs, floors) of the history since it last changed
         self._settled_excursion = -INF  # largest excursion of the buckets before the newest
         self._pending: list[float] | None = None  # [first, last, t0, t1, floor, peak]: closed buckets not yet a whole-run bucket
         self._open = False
@@ -352,17 +363,15 @@ class LeakDetector:
         if n < cfg.min_window_buckets:
             return _Analysis(Status.WARMING_UP, None, floors[-1], excursion, seconds_per_step,
                              f"warming up: {n} of {cfg.min_window_buckets} buckets")
-        longest: Trend | None = None
         candidate: Trend | None = None
         reason = ""
-        for trend in self._trends():
-            longest = longest or trend
-            why_not = leak_shape(trend, cfg, self._room(trend, excursion))
+        for trend, window_xs, window_floors in self._trends():
+            room = self._room(trend, excursion) if trend.low > 0 else INF  # no rise: room is not looked at
+            why_not = leak_shape(trend, cfg, room)
             if why_not is None:
                 candidate = trend
                 break
             reason = reason or why_not
-        assert longest is not None
         if candidate is not None:
             self._misses = 0
             why_not = self._too_far(candidate, excursion) or self._confirm(candidate, excursion)
@@ -372,13 +381,14 @@ class LeakDetector:
         self._misses += 1
         if self._misses >= cfg.confirm_closes:  # one noisy close does not undo a confirmation
             self._streak = 0
-        newest = trend
+        newest = with_level(trend, window_xs, window_floors)
         rising = newest.low > 0 and newest.slope * newest.span >= cfg.rise_sigmas * newest.sigma
         return _Analysis(Status.SUSPECT if rising else Status.HEALTHY, newest, newest.level, excursion,
                          seconds_per_step, reason)
 
     def _trends(self):
-        """Fits of the whole history, its newest half, quarter, ..., then of the recent tier's windows.
+        """(fit, xs, floors) of the whole history, its newest half, quarter, ..., then of the recent
+        tier's windows.
 
         The history's fits change only when it gains a bucket, so they are kept between its closes;
         the recent tier, which closes more often, is fitted afresh.
@@ -386,18 +396,19 @@ class LeakDetector:
         cfg = self.config
         xs, floors, n = self._xs, self._floors, len(self._xs)
         if self._history_trends is None:
-            self._history_trends = [fit_trend(xs[n - size:], floors[n - size:], cfg.interval_z)
-                                    for size in _window_sizes(n, cfg.min_window_buckets)]
+            windows = [(xs[n - size:], floors[n - size:]) for size in _window_sizes(n, cfg.min_window_buckets)]
+            self._history_trends = [(fit_trend(wx, wy, cfg.interval_z), wx, wy) for wx, wy in windows]
         yield from self._history_trends
         r = len(self._recent)
         if not self._recent_active() or r < cfg.min_window_buckets:
             return
-        shortest_span = self._history_trends[-1].span
+        shortest_span = self._history_trends[-1][0].span
         recent = list(self._recent)
         for size in _window_sizes(r, cfg.min_window_buckets):
             window = recent[r - size:]
             if window[-1][0] - window[0][0] < shortest_span:
-                yield fit_trend([b[0] for b in window], [b[1] for b in window], cfg.interval_z)
+                window_xs, window_floors = [b[0] for b in window], [b[1] for b in window]
+                yield fit_trend(window_xs, window_floors, cfg.interval_z), window_xs, window_floors
 
     def _confirm(self, trend: Trend, excursion: float) -> str:
         """'' once a candidate has held long enough without slowing; else why it is not confirmed.
