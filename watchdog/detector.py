@@ -244,6 +244,8 @@ class LeakDetector:
     def __init__(self, config: DetectorConfig | None = None, memory_limit_bytes: int | None = None):
         self.config = config or DetectorConfig()
         self.memory_limit_bytes = memory_limit_bytes
+        self._warmup_samples = self.config.warmup_samples  # read once per sample: kept at hand
+        self._recent_width = self.config.recent_bucket_steps
         self.reset()
 
     def reset(self) -> None:
@@ -284,14 +286,14 @@ class LeakDetector:
         if budget and (limit is None or budget < limit):
             limit = budget
         self._limit_seen = limit
-        if self._seen <= self.config.warmup_samples:
+        if self._seen <= self._warmup_samples:
             return self._verdict(sample)
         used = sample.bytes_used
         if self._open and step >= self._end:
             self._close_bucket()
         if not self._open:
             self._open = True
-            self._end = step + min(self._width, self.config.recent_bucket_steps)
+            self._end = step + min(self._width, self._recent_width)
             self._b_first = self._b_last = step
             self._b_t0 = self._b_t1 = sample.timestamp
             self._b_min = self._b_max = used
@@ -463,22 +465,21 @@ class LeakDetector:
         if limit != self._projection_limit or self._projection is None:
             self._projection = self._project(analysis, limit)
             self._projection_limit = limit
-        (status, slope, low, high, level, x_last, excursion, seconds_per_step, slope_per_second,
-         oom_x, oom_x_high, explanation, span) = self._projection
+        (status, slope, low, high, intercept, excursion, seconds_per_step, slope_per_second,
+         oom_x, oom_x_high, oom_step, explanation, span) = self._projection
         step = sample.step
-        steps_to_oom = oom_x - step if oom_x < INF else INF
-        if steps_to_oom < 0:
-            steps_to_oom = 0.0
-        pessimistic = oom_x_high - step if oom_x_high < INF else INF
-        if pessimistic < 0:
-            pessimistic = 0.0
+        if oom_x < INF:
+            if step < oom_x:
+                steps_to_oom, projected = oom_x - step, oom_step
+            else:
+                steps_to_oom, projected = 0.0, step
+            seconds_to_oom = steps_to_oom * seconds_per_step if seconds_per_step > 0 else INF
+        else:
+            steps_to_oom, projected, seconds_to_oom = INF, None, INF
+        pessimistic = (oom_x_high - step if step < oom_x_high else 0.0) if oom_x_high < INF else INF
         # Positional, in Verdict's field order: this runs once per sample.
-        return Verdict(
-            step, sample.timestamp, status, level + slope * (step - x_last), excursion, limit, slope, low, high,
-            slope_per_second, step + math.ceil(steps_to_oom) if steps_to_oom < INF else None, steps_to_oom,
-            steps_to_oom * seconds_per_step if seconds_per_step > 0 and steps_to_oom < INF else INF,
-            explanation, pessimistic, span,
-        )
+        return Verdict(step, sample.timestamp, status, intercept + slope * step, excursion, limit, slope, low, high,
+                       slope_per_second, projected, steps_to_oom, seconds_to_oom, explanation, pessimistic, span)
 
     def _project(self, analysis: _Analysis, limit: int | None) -> tuple:
         """Everything a verdict needs that changes only at a bucket close (or when the limit does)."""
@@ -490,9 +491,9 @@ class LeakDetector:
             oom_x = _crossing(trend.x_last, room, trend.slope)
             oom_x_high = _crossing(trend.x_last, room, trend.high)
         sps = analysis.seconds_per_step
-        return (analysis.status, trend.slope, trend.low, trend.high, trend.level, trend.x_last, analysis.excursion,
-                sps, trend.slope / sps if sps > 0 else 0.0, oom_x, oom_x_high, explain(analysis, limit, oom_x),
-                trend.span)
+        return (analysis.status, trend.slope, trend.low, trend.high, trend.level - trend.slope * trend.x_last,
+                analysis.excursion, sps, trend.slope / sps if sps > 0 else 0.0, oom_x, oom_x_high,
+                math.ceil(oom_x) if oom_x < INF else None, explain(analysis, limit, oom_x), trend.span)
 
 
 def _window_sizes(n: int, smallest: int) -> list[int]:

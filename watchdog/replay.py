@@ -64,13 +64,16 @@ def replay(samples: Iterable[Sample], *, memory_limit_bytes: int | None = None,
     first_action: Action | None = None
     verdict: Verdict | None = None
     count = 0
-    leaking = Status.LEAKING
-    for _, verdict, action in replay_steps(samples, memory_limit_bytes=memory_limit_bytes,
-                                           detector_config=detector_config, policy_config=policy_config):
+    leaking, nothing = Status.LEAKING, Action.NONE
+    update = LeakDetector(detector_config, memory_limit_bytes).update
+    decide = ActionPolicy(policy_config).decide
+    for sample in samples:  # replay_steps' loop without its generator: this is the benchmark's hot loop
+        verdict = update(sample)
+        action = decide(verdict)
         count += 1
         if first_alarm is None and verdict.status is leaking:
             first_alarm = verdict.step
-        if first_action is None and action is not Action.NONE and action.needs_checkpoint:
+        if first_action is None and action is not nothing and action.needs_checkpoint:
             first_action, first_action_step = action, verdict.step
             projected_at_action = verdict.projected_oom_step
     return ReplayResult(
