@@ -8,6 +8,7 @@ from watchdog.errors import InputError
 
 _BINARY = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -46,8 +47,7 @@ def format_bytes(n: float | None) -> str:
         return "n/a"
     sign = "-" if n < 0 else ""
     value = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    if value < 1024:
+        return f"{sign}{value:.0f} B"
+    power = min(len(_UNITS) - 1, (int(value).bit_length() - 1) // 10)  # explanations format a few per bucket
+    return f"{sign}{value / (1 << 10 * power):.1f} {_UNITS[power]}"
