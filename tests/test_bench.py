@@ -92,12 +92,35 @@ def test_evaluate_scores_every_detector_on_the_same_traces(small_corpus):
     assert high and all(threshold[name].false_positive for name in high)  # readings at 94-97% of the limit
 
 
+def test_each_replay_is_timed_repeat_times_and_scored_once(small_corpus):
+    traces = small_corpus[:3]
+    ours = detectors([OURS])[OURS]
+    calls = []
+
+    def counted(trace):
+        calls.append(trace.name)
+        return ours(trace)
+
+    once, outcomes_once = evaluate(traces, {OURS: ours})
+    thrice, outcomes_thrice = evaluate(traces, {OURS: counted}, repeat=3)
+    assert calls == [name for t in traces for name in [t.name] * 3]
+    assert outcomes_thrice == outcomes_once
+    assert (thrice[0].f1, thrice[0].samples) == (once[0].f1, once[0].samples)
+
+
+def test_bench_refuses_a_repeat_below_one(capsys):
+    assert main(["bench", "--repeat", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--repeat" in err[0]
+
+
 def test_bench_json_is_one_object_with_a_table_per_corpus(capsys):
-    rc = main(["bench", "--json", "--corpus", "synthetic", "--detectors", "threshold_90pct"])
+    rc = main(["bench", "--json", "--corpus", "synthetic", "--detectors", "threshold_90pct", "--repeat", "1"])
     out = capsys.readouterr().out
     assert rc == 0
     report = json.loads(out)
     assert set(report) >= {"synthetic", "anchors", "definitions", "seed"} and "real" not in report
+    assert report["repeat"] == 1
     (row,) = report["synthetic"]["scores"]
     assert row["detector"] == "threshold_90pct" and row["traces"] == report["synthetic"]["corpus"]["traces"]
     assert any("0.857" in a for a in report["anchors"]) and any("0.91" in a for a in report["anchors"])
@@ -107,7 +130,7 @@ def test_bench_json_is_one_object_with_a_table_per_corpus(capsys):
 
 
 def test_bench_prints_an_aligned_table_and_the_anchors(capsys):
-    rc = main(["bench", "--corpus", "real", "--detectors", "threshold_90pct,lbr_r2_0.8"])
+    rc = main(["bench", "--corpus", "real", "--detectors", "threshold_90pct,lbr_r2_0.8", "--repeat", "1"])
     out = capsys.readouterr().out
     assert rc == 0
     lines = out.splitlines()

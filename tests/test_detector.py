@@ -198,6 +198,17 @@ def test_effective_limit_is_the_smaller_of_budget_and_device():
     assert verdict.limit_bytes == budget
 
 
+def test_a_device_limit_that_changes_mid_run_moves_the_projection():
+    """The limit is re-read from every sample: a smaller one brings the projected OOM forward at once."""
+    samples = job(9000, lambda s: BASE + 256 * KiB * s)
+    detector = LeakDetector()
+    before = [detector.update(s) for s in samples][-1]
+    step, t = samples[-1].step + 1, samples[-1].timestamp + 0.5
+    after = detector.update(Sample(step, t, samples[-1].bytes_used, LIMIT - GiB))
+    assert before.limit_bytes == LIMIT and after.limit_bytes == LIMIT - GiB
+    assert after.projected_oom_step == pytest.approx(before.projected_oom_step - GiB / (256 * KiB), abs=300)
+
+
 def test_headroom_brings_the_projected_oom_forward():
     samples = job(9000, lambda s: BASE + 256 * KiB * s)
     plain = statuses(samples)[-1]

@@ -13,10 +13,13 @@ How it reads memory (and why):
    Beside it, a recent tier keeps the newest buckets at a fixed width (`recent_bucket_steps`):
    60k steps into a run the whole-run buckets are ~500 steps wide, and a leak that starts there
    and runs out in 2,000 steps would be over before they resolve it.
-3. Robust trend. On each close the newest suffixes of the history (all of it, the newest half,
-   quarter, ... down to `min_window_buckets`, then the recent tier's shorter ones) are fitted
-   with a median of pairwise slopes (pairs half a window apart: a Theil-Sen estimator that is
-   linear in the window). Spikes and outliers do not move a median; the interval is the distribution-free confidence interval of that median.
+3. Robust trend. At a bucket close, once a 32nd of the history's span (at most
+   `recent_bucket_steps`) has passed since the last analysis (early, narrow buckets close more
+   often than the verdict needs to change), the newest suffixes of the history (all of it, the
+   newest half, quarter, ... down to `min_window_buckets`, then the recent tier's shorter ones)
+   are fitted with a median of pairwise slopes (pairs half a window apart: a Theil-Sen estimator
+   that is linear in the window). Spikes and outliers do not move a median; the interval is the
+   distribution-free confidence interval of that median.
 4. What counts as a leak. A window is a leak candidate when the low edge of the slope interval
    is above zero, the rise across the window stands out of the residual noise, the rise is spread
    over the window (every quarter contributes: a one-off level shift puts it all in one quarter),
@@ -50,6 +53,7 @@ SEGMENTS = 4  # a window is split in quarters to tell spread-out growth from a o
 IQR_TO_SIGMA = 1.349
 SQRT2 = math.sqrt(2.0)
 URGENT_SHARE = 0.5  # an imminent OOM is confirmed within this share of the steps left to it
+REFRESHES_PER_SPAN = 32  # analyses are a 32nd of the history's span apart (at most a recent bucket)
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ class DetectorConfig:
     """Bucket floors kept (even); memory and the cost of one analysis are bounded by it."""
     recent_bucket_steps: int = 64
     """Width of the recent buckets, which stay this fine however long the run: a leak that starts
-    late in a long run and runs out fast is seen in them before the whole-run buckets resolve it."""
+    late in a long run and runs out fast is seen in them before the whole-run buckets resolve it.
+    The verdict is refreshed at least once per this many steps."""
     recent_buckets: int = 64
     """Recent buckets kept (the newest `recent_buckets * recent_bucket_steps` steps)."""
     min_window_buckets: int = 16
@@ -251,7 +256,7 @@ class LeakDetector:
     def reset(self) -> None:
         """Forget history: a new baseline (the old trend described the old process state)."""
         self._seen = 0
-        self._last_step: int | None = None
+        self._last_step: float = -INF
         self._width = self.config.bucket_steps
         self._xs: list[float] = []  # bucket centre (step)
         self._ts: list[float] = []  # bucket centre (timestamp)
@@ -262,57 +267,64 @@ class LeakDetector:
         self._settled_excursion = -INF  # largest excursion of the buckets before the newest
         self._pending: list[float] | None = None  # [first, last, t0, t1, floor, peak]: closed buckets not yet a whole-run bucket
         self._open = False
-        self._end = 0
+        self._end: float = -INF  # the open bucket takes samples until this step
         self._b_high_water: int | None = None
+        self._next_analysis = 0  # no analysis before this step
         self._streak = 0
         self._misses = 0  # closes in a row without a leak-shaped window
         self._streak_from = 0.0
         self._streak_slope = 0.0
         self._analysis: _Analysis | None = None
-        self._projection: tuple | None = None
-        self._projection_limit: int | None = None
+        self._projection: tuple | None = None  # what verdicts share until the next close or limit change
         self._limit_seen: int | None = self.memory_limit_bytes
+        self._device_limit: int | None = -1  # the last sample's bytes_limit (-1: none seen yet)
 
     # -- per sample: a couple of comparisons --------------------------------------------------
 
     def update(self, sample: Sample) -> Verdict:
         step = sample.step
-        if self._last_step is not None and step < self._last_step:
+        if step < self._last_step:
             self.reset()  # steps went back: a restarted process appending to the same trace
         self._last_step = step
+        if sample.bytes_limit != self._device_limit:
+            self._device_limit_changed(sample.bytes_limit)
         self._seen += 1
-        limit = sample.bytes_limit or None
-        budget = self.memory_limit_bytes
-        if budget and (limit is None or budget < limit):
-            limit = budget
-        self._limit_seen = limit
         if self._seen <= self._warmup_samples:
             return self._verdict(sample)
         used = sample.bytes_used
-        if self._open and step >= self._end:
-            self._close_bucket()
-        if not self._open:
-            self._open = True
-            self._end = step + min(self._width, self._recent_width)
-            self._b_first = self._b_last = step
-            self._b_t0 = self._b_t1 = sample.timestamp
-            self._b_min = self._b_max = used
-        else:
+        if step < self._end:
             self._b_last = step
             self._b_t1 = sample.timestamp
             if used < self._b_min:
                 self._b_min = used
             elif used > self._b_max:
                 self._b_max = used
+        else:  # this sample starts a new bucket
+            if self._open:
+                self._close_bucket()
+            self._open = True
+            self._end = step + min(self._width, self._recent_width)
+            self._b_first = self._b_last = step
+            self._b_t0 = self._b_t1 = sample.timestamp
+            self._b_min = self._b_max = used
         self._b_high_water = sample.peak_bytes_used
         return self._verdict(sample)
+
+    def _device_limit_changed(self, device_limit: int | None) -> None:
+        """The limit projections aim at: the smaller of the configured budget and the device's own."""
+        self._device_limit = device_limit
+        limit = device_limit or None
+        budget = self.memory_limit_bytes
+        if budget and (limit is None or budget < limit):
+            limit = budget
+        self._limit_seen = limit
+        self._projection = None
 
     # -- per closed bucket: the statistics ----------------------------------------------------
 
     def _close_bucket(self) -> None:
         """A bucket (at most `recent_bucket_steps` wide) closed: it joins the recent tier, and the
         pending whole-run bucket, which joins the history once it spans the history's width."""
-        self._open = False
         # The runtime's high-water mark sees every step's peak, not just the sampled moments; it
         # can only under-state the transient above today's floor while the floor rises.
         high_water = self._b_high_water
@@ -340,6 +352,10 @@ class LeakDetector:
             self._history_trends = None
         elif not self._recent_active():
             return  # nothing new to look at
+        if self._end < self._next_analysis:
+            return  # the verdict was refreshed recently enough for the span it is drawn from
+        history_span = self._xs[-1] - self._xs[0] if self._xs else 0.0
+        self._next_analysis = self._end + min(self._recent_width, history_span / REFRESHES_PER_SPAN)
         self._analysis = self._analyse()
         self._projection = None
 
@@ -456,17 +472,16 @@ class LeakDetector:
     # -- the verdict ----------------------------------------------------------------------------
 
     def _verdict(self, sample: Sample) -> Verdict:
-        limit = self._limit_seen  # the smaller of the configured budget and the device's own limit
-        analysis = self._analysis
-        if analysis is None or analysis.status is Status.WARMING_UP:
-            return Verdict(step=sample.step, timestamp=sample.timestamp, status=Status.WARMING_UP,
-                           floor_bytes=float(sample.bytes_used), limit_bytes=limit,
-                           explanation=analysis.reason if analysis else "warming up: no history yet")
-        if limit != self._projection_limit or self._projection is None:
-            self._projection = self._project(analysis, limit)
-            self._projection_limit = limit
-        (status, slope, low, high, intercept, excursion, seconds_per_step, slope_per_second,
-         oom_x, oom_x_high, oom_step, explanation, span) = self._projection
+        projection = self._projection
+        if projection is None:  # a bucket closed, or the limit changed, since the last verdict
+            analysis = self._analysis
+            if analysis is None or analysis.status is Status.WARMING_UP:
+                return Verdict(step=sample.step, timestamp=sample.timestamp, status=Status.WARMING_UP,
+                               floor_bytes=float(sample.bytes_used), limit_bytes=self._limit_seen,
+                               explanation=analysis.reason if analysis else "warming up: no history yet")
+            projection = self._projection = self._project(analysis, self._limit_seen)
+        (status, slope, low, high, intercept, excursion, limit, seconds_per_step, slope_per_second,
+         oom_x, oom_x_high, oom_step, explanation, span) = projection
         step = sample.step
         if oom_x < INF:
             if step < oom_x:
@@ -492,7 +507,7 @@ class LeakDetector:
             oom_x_high = _crossing(trend.x_last, room, trend.high)
         sps = analysis.seconds_per_step
         return (analysis.status, trend.slope, trend.low, trend.high, trend.level - trend.slope * trend.x_last,
-                analysis.excursion, sps, trend.slope / sps if sps > 0 else 0.0, oom_x, oom_x_high,
+                analysis.excursion, limit, sps, trend.slope / sps if sps > 0 else 0.0, oom_x, oom_x_high,
                 math.ceil(oom_x) if oom_x < INF else None, explain(analysis, limit, oom_x), trend.span)
 
 

@@ -22,6 +22,7 @@ DEFINITIONS = (
     "false alarms = negatives acted on; alarms on clean = negatives with nothing growing that ever raised the alarm",
     "delay = steps from leak onset to the alarm; prevented = acted >= checkpoint margin before the true OOM step",
     "proj. error = |projected - true OOM step| / steps left, at the first action (median)",
+    "samples/s = samples over replay time, each trace's fastest of --repeat timed replays",
 )
 
 
@@ -35,6 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "else ../shared/data beside the repository)")
     parser.add_argument("--detectors", metavar="NAMES", default=None,
                         help="comma-separated subset, e.g. hbm-watchdog,lbr_r2_0.8 (default: all)")
+    parser.add_argument("--repeat", type=int, default=3, metavar="N",
+                        help="time each replay N times and count the fastest, as timeit does (default 3)")
     parser.add_argument("--traces", action="store_true",
                         help="also list per-trace outcomes (JSON) or the traces the first detector got wrong (tables)")
     parser.add_argument("--step-cost", action="store_true",
@@ -63,7 +66,7 @@ def _progress_bar(total: int, label: str):
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, desc=label, unit="trace", file=sys.stderr, leave=False)
+    return tqdm(total=total, desc=label, unit="replay", file=sys.stderr, leave=False)
 
 
 def _load_corpora(args: argparse.Namespace) -> dict[str, list]:
@@ -86,15 +89,17 @@ def run(args: argparse.Namespace) -> int:
 
         return step_cost_main()
     names = _selected(args.detectors)
+    if args.repeat < 1:
+        raise InputError(f"--repeat must be at least 1, got {args.repeat}")
     from watchdog.bench.corpus import corpus_summary
     from watchdog.bench.evaluate import detectors, evaluate
 
     corpora = _load_corpora(args)
     runners = detectors(names)
-    report: dict = {"seed": args.seed, "anchors": list(ANCHORS), "definitions": list(DEFINITIONS)}
+    report: dict = {"seed": args.seed, "repeat": args.repeat, "anchors": list(ANCHORS), "definitions": list(DEFINITIONS)}
     for corpus_name, traces in corpora.items():
-        bar = _progress_bar(len(traces) * len(runners), corpus_name)
-        scores, outcomes = evaluate(traces, runners, progress=bar.update if bar else None)
+        bar = _progress_bar(len(traces) * len(runners) * args.repeat, corpus_name)
+        scores, outcomes = evaluate(traces, runners, args.repeat, progress=bar.update if bar else None)
         if bar:
             bar.close()
         section = {"corpus": corpus_summary(traces), "scores": [s.to_json() for s in scores]}
