@@ -225,20 +225,23 @@ def _stepwise(rng, steps):
             f"stepwise leak: {chunk / MiB:.1f} MiB every {every} steps")
 
 
+def _share_of_limit(rng, share: tuple[float, float], onset: int, oom: int) -> tuple[int, float, float]:
+    """(limit, headroom, rate): headroom is a random share of the limit, used up between onset and oom."""
+    limit = _limit(rng)
+    headroom = limit * rng.uniform(*share)
+    return limit, headroom, headroom / (oom - onset)
+
+
 def _late_onset(rng, steps):
     onset, oom = _leak_window(rng, steps, (0.4, 0.7), (0.85, 1.1))
-    limit = _limit(rng)
-    headroom = limit * rng.uniform(0.05, 0.3)
-    rate = headroom / (oom - onset)
+    limit, headroom, rate = _share_of_limit(rng, (0.05, 0.3), onset, oom)
     return (_job(rng, steps, limit, headroom, growth=(LinearLeak(onset, rate),)), onset,
             f"late-onset leak from step {onset}: {rate / KiB:.1f} KiB/step")
 
 
 def _noisy_leak(rng, steps):
     onset, oom = _leak_window(rng, steps, (0.0, 0.3), (0.6, 1.1))
-    limit = _limit(rng)
-    headroom = limit * rng.uniform(0.2, 0.4)
-    rate = headroom / (oom - onset)
+    limit, headroom, rate = _share_of_limit(rng, (0.2, 0.4), onset, oom)
     return (_job(rng, steps, limit, headroom, noise="heavy", growth=(LinearLeak(onset, rate),)), onset,
             f"leak under heavy noise: {rate / KiB:.1f} KiB/step")
 
