@@ -21,6 +21,18 @@ def hbm_watchdog_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_python(code: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> str:
+    """Run `python -c CODE ARGS...` in a fresh process and return its stdout.
+
+    torch_xla's runtime starts once per process, so each XLA scenario gets its own. A child that
+    exits non-zero fails the calling test with the tail of its stderr.
+    """
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                         cwd=REPO, env=env or hbm_watchdog_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
 def json_lines(text: str) -> list[dict]:
     """The structured log records in a child's stderr (other lines are skipped)."""
     records = []

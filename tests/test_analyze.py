@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import run_python
 from watchdog.sample import Sample, write_trace
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -63,6 +64,4 @@ def test_analyze_never_imports_torch(tmp_path):
     trace = _write(tmp_path / "t.csv", 500, 0)
     code = ("import sys; from watchdog.cli import main; rc = main(['analyze', sys.argv[1], '--json']); "
             "assert rc == 0; assert 'torch' not in sys.modules, 'torch imported'; print('no torch')")
-    proc = subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith("no torch")
+    assert run_python(code, str(trace), timeout=120).strip().endswith("no torch")

@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import REPO, run_python
 from watchdog.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from watchdog.errors import ConfigError, InputError
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def small_training_state(step):
@@ -174,10 +173,7 @@ print(json.dumps({"same_draws": expected == again,
 
 
 def test_xla_tensors_and_xla_rng_round_trip_on_pjrt_cpu(tmp_path):
-    out = subprocess.run([sys.executable, "-c", XLA_ROUND_TRIP, str(tmp_path)], cwd=REPO, capture_output=True,
-                         text=True, timeout=240, env={**os.environ, "PJRT_DEVICE": "CPU"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(run_python(XLA_ROUND_TRIP, str(tmp_path), timeout=240).strip().splitlines()[-1])
     assert result == {"same_draws": True, "loaded_on": ["cpu"], "weights_equal": True}
 
 

@@ -4,11 +4,10 @@ There is no TPU here, so the TPU runtime source is tested for its fallback, not 
 """
 
 import mmap
-import subprocess
-import sys
 
 import pytest
 
+from conftest import run_python
 from watchdog.errors import InputError
 from watchdog.sample import Sample, write_trace
 from watchdog.sources import (ReplaySource, RssSource, SourceUnavailable, TpuRuntimeSource, candidates,
@@ -96,9 +95,7 @@ except SourceUnavailable as exc:
 
 
 def test_xla_on_pjrt_cpu_falls_back_to_rss_and_says_why():
-    out = subprocess.run([sys.executable, "-c", XLA_FALLBACK], capture_output=True, text=True,
-                         timeout=180, env={**__import__("os").environ, "PJRT_DEVICE": "CPU"})
-    assert out.returncode == 0, out.stderr
-    assert "SELECTED rss True" in out.stdout
-    assert "REJECTED ['tpu', 'xla']" in out.stdout
-    assert "XLA_ONLY True" in out.stdout
+    out = run_python(XLA_FALLBACK, timeout=180)
+    assert "SELECTED rss True" in out
+    assert "REJECTED ['tpu', 'xla']" in out
+    assert "XLA_ONLY True" in out

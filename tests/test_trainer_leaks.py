@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from conftest import run_python
 from watchdog.errors import InputError
 from watchdog.trainer import leaks
 from watchdog.trainer.leaks import LeakSpec, inject, new_sinks, parse_leak_spec
@@ -101,15 +102,7 @@ print(compiles["recompile:1000"], compiles["recompile:3"])
 
 
 def test_recompile_leak_really_recompiles_on_xla():
-    import subprocess
-    import sys
-
-    from conftest import REPO, hbm_watchdog_env
-
-    out = subprocess.run([sys.executable, "-c", XLA_RECOMPILE], capture_output=True, text=True, timeout=300,
-                         cwd=REPO, env=hbm_watchdog_env())
-    assert out.returncode == 0, out.stderr[-3000:]
-    steady, leaking = map(int, out.stdout.split())
+    steady, leaking = map(int, run_python(XLA_RECOMPILE).split())
     assert steady == 1  # one shape, one graph
     # shapes 1, 2, 3 over 9 steps: a new graph every 3 steps (shape 1's was compiled just before)
     assert leaking == 2

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import REPO, hbm_watchdog_env, json_lines
+from conftest import REPO, hbm_watchdog_env, json_lines, run_python
 from watchdog.cli import main
 from watchdog.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART_REQUESTED
 from watchdog.trainer.loop import TrainConfig, Trainer, off_device_tensors
@@ -107,10 +107,7 @@ print("ok")
 
 
 def test_xla_optimizer_state_is_on_the_device_after_reinit_and_after_resume(tmp_path):
-    out = subprocess.run([sys.executable, "-c", XLA_STATE, str(tmp_path)], capture_output=True, text=True,
-                         timeout=300, cwd=REPO, env=hbm_watchdog_env())
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    assert run_python(XLA_STATE, str(tmp_path)).strip().endswith("ok")
 
 
 def test_off_device_tensors_names_what_is_elsewhere():

@@ -1,13 +1,11 @@
 """The model, its activation checkpointing, the activation probe, and the data stream."""
 
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
 
-from conftest import REPO, hbm_watchdog_env
+from conftest import run_python
 from watchdog.errors import ConfigError, InputError
 from watchdog.trainer.data import TokenSource
 from watchdog.trainer.model import ModelConfig, TransformerLM
@@ -107,7 +105,4 @@ print("ok", loss_a)
 
 
 def test_xla_checkpointing_uses_torch_xla_and_gives_the_same_loss():
-    out = subprocess.run([sys.executable, "-c", XLA_CHECKPOINT], capture_output=True, text=True,
-                         timeout=300, cwd=REPO, env=hbm_watchdog_env())
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.startswith("ok")
+    assert run_python(XLA_CHECKPOINT).startswith("ok")

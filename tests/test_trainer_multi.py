@@ -5,10 +5,7 @@ train here; what can be checked here is that the replicated machinery with one r
 exactly like the plain loop, through a reinit, and that two devices on PJRT CPU are refused clearly.
 """
 
-import subprocess
-import sys
-
-from conftest import REPO, hbm_watchdog_env
+from conftest import run_python
 from watchdog.cli import main
 from watchdog.errors import EXIT_BAD_INPUT
 
@@ -39,10 +36,7 @@ print("ok")
 
 
 def test_replicated_machinery_trains_exactly_like_the_plain_loop(tmp_path):
-    out = subprocess.run([sys.executable, "-c", REPLICATED, str(tmp_path)], capture_output=True, text=True,
-                         timeout=300, cwd=REPO, env=hbm_watchdog_env())
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    assert run_python(REPLICATED, str(tmp_path)).strip().endswith("ok")
 
 
 def test_two_devices_on_pjrt_cpu_are_refused_with_a_reason(monkeypatch, capsys):

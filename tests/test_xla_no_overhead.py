@@ -6,9 +6,8 @@ compile and transfer counters of `torch_xla.debug.metrics` must be identical.
 """
 
 import json
-import os
-import subprocess
-import sys
+
+from conftest import run_python
 
 LOOP = r"""
 import json, sys
@@ -50,11 +49,7 @@ print(json.dumps({"counters": counters, "metrics": metrics, "samples": samples, 
 
 
 def run(mode: str) -> dict:
-    env = {**os.environ, "PJRT_DEVICE": "CPU"}
-    out = subprocess.run([sys.executable, "-c", LOOP, mode], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(run_python(LOOP, mode).strip().splitlines()[-1])
 
 
 def test_watchdog_adds_no_compilation_and_no_transfer():
