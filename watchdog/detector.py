@@ -266,8 +266,7 @@ class LeakDetector:
         self._history_trends: list[tuple] | None = None  # (fit, xs, floors) of the history since it last changed
         self._settled_excursion = -INF  # largest excursion of the buckets before the newest
         self._pending: list[float] | None = None  # [first, last, t0, t1, floor, peak]: closed buckets not yet a whole-run bucket
-        self._open = False
-        self._end: float = -INF  # the open bucket takes samples until this step
+        self._end: float = -INF  # the open bucket takes samples until this step (-INF: none open yet)
         self._b_high_water: int | None = None
         self._next_analysis = 0  # no analysis before this step
         self._streak = 0
@@ -300,9 +299,8 @@ class LeakDetector:
             elif used > self._b_max:
                 self._b_max = used
         else:  # this sample starts a new bucket
-            if self._open:
+            if self._end > -INF:
                 self._close_bucket()
-            self._open = True
             self._end = step + min(self._width, self._recent_width)
             self._b_first = self._b_last = step
             self._b_t0 = self._b_t1 = sample.timestamp
