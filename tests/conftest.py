@@ -50,7 +50,7 @@ def run_cli():
     """Run `hbm-watchdog ARGS...` in a fresh process; returns the CompletedProcess."""
 
     def run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "watchdog.cli", "--log-format", "json", *args],
+        return subprocess.run([sys.executable, "-m", "watchdog", "--log-format", "json", *args],
                               capture_output=True, text=True, timeout=timeout, cwd=REPO,
                               env=env or hbm_watchdog_env())
 

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 from conftest import run_python
-from watchdog.sample import Sample, write_trace
+
+from watchdog.core.sample import Sample, write_trace
 
 MiB, GiB = 1 << 20, 1 << 30
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "watchdog.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "watchdog", *args], capture_output=True, text=True, timeout=120)
 
 
 def _write(path: Path, steps: int, rate: int, limit: int | None = 16 * GiB) -> Path:
@@ -62,6 +63,6 @@ def test_bad_trace_exits_2_naming_file_and_line(tmp_path):
 
 def test_analyze_never_imports_torch(tmp_path):
     trace = _write(tmp_path / "t.csv", 500, 0)
-    code = ("import sys; from watchdog.cli import main; rc = main(['analyze', sys.argv[1], '--json']); "
+    code = ("import sys; from watchdog.commands.cli import main; rc = main(['analyze', sys.argv[1], '--json']); "
             "assert rc == 0; assert 'torch' not in sys.modules, 'torch imported'; print('no torch')")
     assert run_python(code, str(trace), timeout=120).strip().endswith("no torch")

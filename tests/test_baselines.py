@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 
 from watchdog.bench.baselines import (
-    BASELINES, LinearBackwardRegression, PredictLinear, StaticThreshold, effective_limit,
+    BASELINES,
+    LinearBackwardRegression,
+    PredictLinear,
+    StaticThreshold,
 )
-from watchdog.sample import Sample
-from watchdog.verdict import Status
+from watchdog.core.sample import Sample
+from watchdog.core.verdict import Status
 
 GiB = 1 << 30
 LIMIT = 16 * GiB
@@ -31,13 +34,6 @@ def first_alarm(detector, samples):
 def sawtooth(n, floor, amplitude, seed=0):
     rng = np.random.default_rng(seed)
     return floor + amplitude * rng.random(n)
-
-
-def test_effective_limit_is_the_smaller_known_one():
-    sample = Sample(0, 0.0, 1, bytes_limit=100)
-    assert effective_limit(sample, 80) == 80
-    assert effective_limit(sample, None) == 100
-    assert effective_limit(Sample(0, 0.0, 1), None) is None
 
 
 # ------------------------------------------------------------------------------------ threshold
@@ -136,5 +132,5 @@ def test_every_baseline_warms_up_without_a_limit_and_resets():
         detector = make(None)
         verdict = detector.update(Sample(0, 0.0, 100))
         assert verdict.status is Status.WARMING_UP, name
-        assert math.isinf(verdict.steps_to_oom)
+        assert math.isinf(verdict.projected_oom_steps)
         detector.reset()

@@ -7,7 +7,7 @@ import pytest
 from watchdog.bench.corpus import synthetic_corpus
 from watchdog.bench.evaluate import OURS, detectors, evaluate
 from watchdog.bench.scoring import TraceOutcome, score
-from watchdog.cli import main
+from watchdog.commands.cli import main
 
 
 def outcome(leak=True, action=None, alarm=None, onset=100, oom=1000, margin=50, projected=None, growing=False,

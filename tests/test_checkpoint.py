@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, run_python
-from watchdog.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from watchdog.errors import ConfigError, InputError
+
+from watchdog.actions.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from watchdog.core.errors import ConfigError, InputError
 
 
 def small_training_state(step):
@@ -28,7 +28,7 @@ def small_training_state(step):
     opt.step()
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
     return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "step": step, "data_position": {"epoch": 0, "index": 17 * step}, "restart_count": 1}
+            "step": step, "data_position": {"epoch": 0, "index": 17 * step}, "restarts_so_far": 1}
 
 
 def assert_same(a, b):
@@ -83,7 +83,7 @@ def test_truncated_newest_is_skipped_with_a_log_line_naming_it(tmp_path, caplog)
     newest = mgr.save(small_training_state(2), 2)
     data = newest.read_bytes()
     newest.write_bytes(data[: len(data) // 2])
-    with caplog.at_level(logging.WARNING, logger="watchdog.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="watchdog.actions.checkpoint"):
         state = mgr.load_latest()
     assert state["step"] == 1
     assert "checkpoint_skipped" in caplog.text and newest.name in caplog.text
@@ -94,7 +94,7 @@ def test_garbage_and_non_dict_files_are_skipped(tmp_path, caplog):
     mgr.save({"step": 1}, 1)
     (tmp_path / "ckpt-00000002.pt").write_bytes(os.urandom(4096))
     torch.save([1, 2, 3], tmp_path / "ckpt-00000003.pt")
-    with caplog.at_level(logging.WARNING, logger="watchdog.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="watchdog.actions.checkpoint"):
         assert mgr.load_latest() == {"step": 1}
     assert "ckpt-00000002.pt" in caplog.text and "ckpt-00000003.pt" in caplog.text
     assert "not a dict" in caplog.text
@@ -109,7 +109,7 @@ def test_a_file_needing_arbitrary_unpickling_is_refused_and_skipped(tmp_path, ca
     mgr = CheckpointManager(tmp_path)
     mgr.save({"step": 1}, 1)
     torch.save({"step": 2, "evil": ArbitraryObject("x")}, tmp_path / "ckpt-00000002.pt")
-    with caplog.at_level(logging.WARNING, logger="watchdog.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="watchdog.actions.checkpoint"):
         assert mgr.load_latest() == {"step": 1}
     assert "ckpt-00000002.pt" in caplog.text and "UnpicklingError" in caplog.text
 
@@ -156,7 +156,7 @@ def test_rng_state_survives_a_weights_only_checkpoint(tmp_path):
 XLA_ROUND_TRIP = r"""
 import json, sys
 import torch, torch_xla
-from watchdog.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from watchdog.actions.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 device = torch_xla.device()
 model = torch.nn.Linear(8, 8).to(device)
 mgr = CheckpointManager(sys.argv[1])
@@ -179,7 +179,7 @@ def test_xla_tensors_and_xla_rng_round_trip_on_pjrt_cpu(tmp_path):
 
 SAVE_FOREVER = r"""
 import sys, torch
-from watchdog.checkpoint import CheckpointManager
+from watchdog.actions.checkpoint import CheckpointManager
 mgr = CheckpointManager(sys.argv[1], keep_last=2)
 payload = torch.arange(16 << 20, dtype=torch.float32)  # 64 MiB: a write takes long enough to be caught in
 for step in range(1, 10_000):

@@ -5,8 +5,8 @@ import socket
 
 import torch.multiprocessing as mp
 
-from watchdog.coordination import ActionCoordinator, agree_on_action, most_severe, severity
-from watchdog.verdict import Action
+from watchdog.actions.coordination import ActionCoordinator, agree_on_action, most_severe, severity
+from watchdog.core.verdict import Action
 
 REINIT, RESTART, WARN = Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART, Action.WARN
 

@@ -8,10 +8,18 @@ import pytest
 
 from watchdog.bench.corpus import LabelledTrace, synthetic_corpus
 from watchdog.bench.memory_model import (
-    GiB, KiB, MiB, LevelShift, LinearLeak, MemoryModel, SaturatingGrowth, StepwiseLeak, render,
+    GiB,
+    KiB,
+    LevelShift,
+    LinearLeak,
+    MemoryModel,
+    MiB,
+    SaturatingGrowth,
+    StepwiseLeak,
+    render,
 )
 from watchdog.bench.realtraces import DATA_ENV, default_data_path, load_machines, real_corpus, resolve_data_path
-from watchdog.errors import InputError
+from watchdog.core.errors import InputError
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +159,10 @@ def test_missing_real_data_is_a_clear_input_error(tmp_path, monkeypatch):
         real_corpus()
 
 
-def test_data_path_from_the_environment_or_beside_the_repository(tmp_path, monkeypatch):
+def test_data_path_from_the_environment_or_shipped_in_the_package(tmp_path, monkeypatch):
     monkeypatch.delenv(DATA_ENV, raising=False)
-    assert default_data_path().parts[-3:] == ("shared", "data", "alibaba_mem_util.csv.gz")
+    assert default_data_path().parts[-4:] == ("watchdog", "bench", "data", "alibaba_mem_util.csv.gz")
+    assert default_data_path().is_file()
     data = tmp_path / "mine.csv.gz"
     _write_alibaba_like(data, [(1, 0, 50), (1, 10, 51), (2, 0, 70), (2, 30, 71)])
     monkeypatch.setenv(DATA_ENV, str(data))
@@ -172,7 +181,7 @@ def test_a_file_in_another_format_is_refused(tmp_path):
 
 
 def test_real_corpus_negatives_never_reach_the_limit_and_injected_leaks_do():
-    traces = real_corpus()  # ../shared/data: present here and in CI
+    traces = real_corpus()  # the copy shipped in the package
     negatives = [t for t in traces if not t.leak]
     injected = [t for t in traces if t.leak]
     assert len(negatives) >= 20 and len(injected) >= 20

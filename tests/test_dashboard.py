@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from test_exporter import leaking_telemetry, names, scrape, served  # noqa: F401 - `served` is a fixture
 
 GRAFANA = Path(__file__).resolve().parents[1] / "deploy" / "grafana"

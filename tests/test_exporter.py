@@ -12,13 +12,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from watchdog import __version__
-from watchdog.config import WatchdogConfig
-from watchdog.errors import InputError
-from watchdog.exporter import serve_metrics
-from watchdog.sample import Sample, write_trace
-from watchdog.sidecar import Watchdog
-from watchdog.telemetry import Telemetry
-from watchdog.verdict import Action, Status, Verdict
+from watchdog.core.config import WatchdogConfig
+from watchdog.core.errors import InputError
+from watchdog.core.sample import Sample, write_trace
+from watchdog.core.verdict import Action, Status, Verdict
+from watchdog.runtime.exporter import serve_metrics
+from watchdog.runtime.sidecar import Watchdog
+from watchdog.runtime.telemetry import Telemetry
 
 MiB = 1 << 20
 ALLOWED_LABELS = {"device", "rank", "action", "version", "source", "le"}
@@ -50,8 +50,8 @@ def leaking_telemetry() -> Telemetry:
     t.verdict = Verdict(step=1200, timestamp=1_700_000_000.5, status=Status.LEAKING, floor_bytes=800 * MiB,
                         excursion_bytes=60 * MiB, limit_bytes=1000 * MiB, slope_bytes_per_step=65536.0,
                         slope_low_bytes_per_step=60000.0, slope_high_bytes_per_step=70000.0,
-                        slope_bytes_per_second=131072.0, projected_oom_step=3360, steps_to_oom=2160.0,
-                        seconds_to_oom=1080.0, steps_to_oom_pessimistic=2000.0, window_steps=640.0)
+                        slope_bytes_per_second=131072.0, projected_oom_step=3360, projected_oom_steps=2160.0,
+                        projected_oom_seconds=1080.0, projected_oom_steps_pessimistic=2000.0, window_steps=640.0)
     t.training_step = 1210
     t.samples_total, t.sample_errors_total, t.restarts_total, t.xla_compilations_total = 120, 2, 1, 7
     t.count_action(Action.WARN)
@@ -175,15 +175,15 @@ def test_a_real_watchdog_run_is_exported_as_the_sidecar_sees_it(tmp_path, served
     assert value(samples, "hbmwatch_leak_slope_bytes_per_step") == pytest.approx(verdict.slope_bytes_per_step)
     assert value(samples, "hbmwatch_leak_slope_bytes_per_step") == pytest.approx(256 * 1024, rel=0.2)
     assert value(samples, "hbmwatch_leak_detected") == float(verdict.leak)
-    assert value(samples, "hbmwatch_projected_oom_steps") == verdict.steps_to_oom
+    assert value(samples, "hbmwatch_projected_oom_steps") == verdict.projected_oom_steps
 
 
 def test_serving_and_scraping_never_import_torch():
     """Scrapes read the cache only: the exporter must not even load torch or torch_xla."""
     code = (
         "import sys, urllib.request\n"
-        "from watchdog.exporter import serve_metrics\n"
-        "from watchdog.telemetry import Telemetry\n"
+        "from watchdog.runtime.exporter import serve_metrics\n"
+        "from watchdog.runtime.telemetry import Telemetry\n"
         "s = serve_metrics(Telemetry(device='xla:0'), 0, addr='127.0.0.1')\n"
         "body = urllib.request.urlopen(s.url).read().decode()\n"
         "s.close()\n"

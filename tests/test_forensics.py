@@ -2,8 +2,8 @@
 
 import torch
 
-from watchdog import forensics
-from watchdog.forensics import Census, TensorGroup, growth
+from watchdog.runtime import forensics
+from watchdog.runtime.forensics import Census, TensorGroup, growth
 
 
 class TrainerState:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from watchdog.errors import EXIT_BAD_INPUT, EXIT_RESTART_REQUESTED
-from watchdog.policy import PolicyConfig
+from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_RESTART_REQUESTED
+from watchdog.core.policy import PolicyConfig
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 K8S = DEPLOY / "k8s"

@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from watchdog import WatchdogConfig
 from watchdog.integrations.lightning import HbmWatchdogCallback
-from watchdog.sources import RssSource
+from watchdog.runtime.sources import RssSource
 
 LEAK_BYTES = 4 << 20
 

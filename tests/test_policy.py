@@ -6,16 +6,16 @@ import math
 
 import pytest
 
-from watchdog.errors import ConfigError
-from watchdog.policy import ActionPolicy, PolicyConfig
-from watchdog.verdict import Action, Status, Verdict
+from watchdog.core.errors import ConfigError
+from watchdog.core.policy import ActionPolicy, PolicyConfig
+from watchdog.core.verdict import Action, Status, Verdict
 
 GiB = 1 << 30
 
 
-def verdict(step, status=Status.LEAKING, steps_to_oom=100.0, floor=10 * GiB, slope=1 << 20, window=1000.0):
+def verdict(step, status=Status.LEAKING, projected_oom_steps=100.0, floor=10 * GiB, slope=1 << 20, window=1000.0):
     return Verdict(step=step, timestamp=float(step), status=status, floor_bytes=floor, slope_bytes_per_step=slope,
-                   steps_to_oom=steps_to_oom, steps_to_oom_pessimistic=steps_to_oom, window_steps=window)
+                   projected_oom_steps=projected_oom_steps, projected_oom_steps_pessimistic=projected_oom_steps, window_steps=window)
 
 
 def run(policy, verdicts):
@@ -34,13 +34,13 @@ def test_one_noisy_verdict_never_acts():
 
 def test_confirmed_leak_near_oom_asks_for_a_checkpoint_and_reinit():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=3, checkpoint_margin_steps=50))
-    actions = run(policy, leaking_from(10, 3, steps_to_oom=150.0))
+    actions = run(policy, leaking_from(10, 3, projected_oom_steps=150.0))
     assert actions == [Action.NONE, Action.NONE, Action.CHECKPOINT_REINIT]
 
 
 def test_leak_with_oom_far_away_only_warns_once_per_cooldown():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=100))
-    actions = run(policy, leaking_from(10, 150, steps_to_oom=1e6))
+    actions = run(policy, leaking_from(10, 150, projected_oom_steps=1e6))
     assert actions.count(Action.WARN) == 2  # at step 10 and again at step 110
     assert actions[0] is Action.WARN and actions[100] is Action.WARN
     assert not any(a.needs_checkpoint for a in actions)
@@ -52,49 +52,49 @@ def test_action_horizon_grows_with_the_steps_watched():
     assert policy.decide(verdict(0, Status.HEALTHY)) is Action.NONE
     assert policy.action_horizon_steps(0) == 40  # four margins
     assert policy.action_horizon_steps(10_000) == 5_000  # half the run watched so far
-    assert policy.decide(verdict(10_000, steps_to_oom=4_000.0)) is Action.CHECKPOINT_REINIT
+    assert policy.decide(verdict(10_000, projected_oom_steps=4_000.0)) is Action.CHECKPOINT_REINIT
 
 
 def test_pessimistic_projection_decides_not_the_central_one():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10))
-    near = Verdict(step=5, timestamp=0.0, status=Status.LEAKING, steps_to_oom=1e6, steps_to_oom_pessimistic=20.0)
+    near = Verdict(step=5, timestamp=0.0, status=Status.LEAKING, projected_oom_steps=1e6, projected_oom_steps_pessimistic=20.0)
     assert policy.decide(near) is Action.CHECKPOINT_REINIT
 
 
 def test_cooldown_after_an_action():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, cooldown_steps=200))
-    actions = run(policy, leaking_from(0, 400, steps_to_oom=10.0))
+    actions = run(policy, leaking_from(0, 400, projected_oom_steps=10.0))
     acted = [i for i, a in enumerate(actions) if a.needs_checkpoint]
     assert acted == [0, 200]
 
 
 def test_reinit_that_did_not_bring_the_floor_down_escalates_to_restart():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, cooldown_steps=0, max_restarts=3))
-    assert policy.decide(verdict(1, steps_to_oom=10.0)) is Action.CHECKPOINT_REINIT
+    assert policy.decide(verdict(1, projected_oom_steps=10.0)) is Action.CHECKPOINT_REINIT
     assert not policy.reinit_finished(floor_before_bytes=10 * GiB, floor_after_bytes=10 * GiB)  # leak survived
-    assert policy.decide(verdict(2, steps_to_oom=10.0)) is Action.CHECKPOINT_RESTART
+    assert policy.decide(verdict(2, projected_oom_steps=10.0)) is Action.CHECKPOINT_RESTART
     assert policy.restarts_so_far == 1
 
 
 def test_reinit_that_freed_the_growth_keeps_reinit():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, cooldown_steps=0))
-    policy.decide(verdict(1, steps_to_oom=10.0, slope=1 << 20, window=1000))  # ~1 GiB grown before the action
+    policy.decide(verdict(1, projected_oom_steps=10.0, slope=1 << 20, window=1000))  # ~1 GiB grown before the action
     assert policy.reinit_finished(floor_before_bytes=10 * GiB, floor_after_bytes=9 * GiB)
-    assert policy.decide(verdict(2, steps_to_oom=10.0)) is Action.CHECKPOINT_REINIT
+    assert policy.decide(verdict(2, projected_oom_steps=10.0)) is Action.CHECKPOINT_REINIT
 
 
 def test_restart_budget_counts_earlier_restarts_and_falls_back_to_reinit():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, cooldown_steps=0, prefer_restart=True, max_restarts=2),
                           restarts_so_far=1)
-    assert policy.decide(verdict(1, steps_to_oom=10.0)) is Action.CHECKPOINT_RESTART
-    assert policy.decide(verdict(2, steps_to_oom=10.0)) is Action.CHECKPOINT_REINIT  # budget spent: still save
+    assert policy.decide(verdict(1, projected_oom_steps=10.0)) is Action.CHECKPOINT_RESTART
+    assert policy.decide(verdict(2, projected_oom_steps=10.0)) is Action.CHECKPOINT_REINIT  # budget spent: still save
     assert policy.restarts_so_far == 2
 
 
 def test_healthy_and_suspect_verdicts_never_act():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1))
     for status in (Status.WARMING_UP, Status.HEALTHY, Status.SUSPECT):
-        assert run(policy, [verdict(i, status, steps_to_oom=0.0) for i in range(5)]) == [Action.NONE] * 5
+        assert run(policy, [verdict(i, status, projected_oom_steps=0.0) for i in range(5)]) == [Action.NONE] * 5
 
 
 @pytest.mark.parametrize("field, value", [("checkpoint_margin_steps", -1), ("max_restarts", -1),

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 
-from watchdog.detector import DetectorConfig, LeakDetector
-from watchdog.policy import ActionPolicy, PolicyConfig
-from watchdog.replay import ReplayResult, replay, replay_steps
-from watchdog.sample import Sample
-from watchdog.verdict import Action, Status
+from watchdog.core.detector import DetectorConfig, LeakDetector
+from watchdog.core.policy import ActionPolicy, PolicyConfig
+from watchdog.core.replay import ReplayResult, replay, replay_steps
+from watchdog.core.sample import Sample
+from watchdog.core.verdict import Action, Status
 
 MiB, GiB = 1 << 20, 1 << 30
 LIMIT = 16 * GiB
@@ -41,7 +41,7 @@ def test_clean_trace_has_no_alarm_and_no_projection():
 
 def test_replay_steps_is_exactly_detector_then_policy_sample_by_sample():
     samples = trace(3000, rate=2 * MiB, seed=4)
-    detector, policy = LeakDetector(DetectorConfig()), ActionPolicy(PolicyConfig())
+    detector, policy = LeakDetector(DetectorConfig(), limit_bytes=LIMIT), ActionPolicy(PolicyConfig())
     expected = []
     for s in samples:
         v = detector.update(s)

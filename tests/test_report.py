@@ -7,9 +7,9 @@ import struct
 import pytest
 
 from watchdog.bench.corpus import synthetic_corpus
-from watchdog.cli import main
-from watchdog.report import render_report
-from watchdog.sample import write_trace
+from watchdog.commands.cli import main
+from watchdog.commands.report import render_report
+from watchdog.core.sample import write_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,10 +1,11 @@
-"""The trace CSV contract of design.md: round trip, append, and clear errors naming file and line."""
+"""The trace CSV contract (watchdog/ARCHITECTURE.md): round trip, append, and clear errors naming file and line."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from watchdog.errors import TraceFormatError
-from watchdog.sample import TRACE_HEADER, Sample, TraceWriter, load_trace, write_trace
+from watchdog.core.errors import TraceFormatError
+from watchdog.core.sample import TRACE_HEADER, Sample, TraceWriter, load_trace, write_trace
 
 sizes = st.integers(min_value=0, max_value=1 << 50)
 samples = st.builds(

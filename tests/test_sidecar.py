@@ -7,8 +7,8 @@ import time
 import pytest
 
 from watchdog import Watchdog, WatchdogConfig
-from watchdog.sample import load_trace
-from watchdog.sources import MemoryReading, RssSource
+from watchdog.core.sample import load_trace
+from watchdog.runtime.sources import MemoryReading, RssSource
 
 
 class BrokenSource:
@@ -36,7 +36,7 @@ class Captured(logging.Handler):
 @pytest.fixture
 def captured():
     handler = Captured()
-    logger = logging.getLogger("watchdog.sidecar")
+    logger = logging.getLogger("watchdog.runtime.sidecar")
     logger.addHandler(handler)
     old = logger.level
     logger.setLevel(logging.INFO)

@@ -6,12 +6,18 @@ There is no TPU here, so the TPU runtime source is tested for its fallback, not 
 import mmap
 
 import pytest
-
 from conftest import run_python
-from watchdog.errors import InputError
-from watchdog.sample import Sample, write_trace
-from watchdog.sources import (ReplaySource, RssSource, SourceUnavailable, TpuRuntimeSource, candidates,
-                              select_source)
+
+from watchdog.core.errors import InputError
+from watchdog.core.sample import Sample, write_trace
+from watchdog.runtime.sources import (
+    ReplaySource,
+    RssSource,
+    SourceUnavailable,
+    TpuRuntimeSource,
+    candidates,
+    select_source,
+)
 
 
 def resident_block(size: int) -> mmap.mmap:
@@ -78,11 +84,11 @@ def test_cpu_device_selects_rss():
 
 XLA_FALLBACK = r"""
 import logging, torch_xla
-from watchdog.sources import select_source, SourceUnavailable
+from watchdog.runtime.sources import select_source, SourceUnavailable
 records = []
 class Keep(logging.Handler):
     def emit(self, record): records.append(record.msg)
-logging.getLogger("watchdog.sources").addHandler(Keep()); logging.getLogger("watchdog.sources").setLevel(logging.INFO)
+logging.getLogger("watchdog.runtime.sources").addHandler(Keep()); logging.getLogger("watchdog.runtime.sources").setLevel(logging.INFO)
 device = str(torch_xla.device())
 source, reading = select_source("auto", device, memory_limit_bytes=4 << 30)
 print("SELECTED", source.name, reading.bytes_used > 0)

@@ -13,15 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.supervisor import (EXIT_BUDGET_EXHAUSTED, ChildOutcome, OomScanner, backoff_seconds, decide,
-                                 exit_status_of)
+from watchdog.actions.supervisor import (
+    EXIT_BUDGET_EXHAUSTED,
+    ChildOutcome,
+    OomScanner,
+    backoff_seconds,
+    decide,
+    exit_status_of,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PRELUDE = "import os, signal, sys, time\nrun = int(os.environ['HBMWATCH_RESTART_COUNT'])\nprint(f'run {run}', flush=True)\n"
 
 
 def supervisor_argv(script, *options):
-    return [sys.executable, "-m", "watchdog.cli", "--log-format", "json", "supervise", "--backoff", "0", *options,
+    return [sys.executable, "-m", "watchdog", "--log-format", "json", "supervise", "--backoff", "0", *options,
             "--", sys.executable, "-c", PRELUDE + script]
 
 
@@ -182,7 +188,7 @@ def test_sigterm_during_backoff_stops_without_another_run():
     (["--", "/nonexistent/hbm-watchdog-child"], "cannot run"),
 ])
 def test_bad_usage_is_one_line_and_status_2(argv, message):
-    out = subprocess.run([sys.executable, "-m", "watchdog.cli", "supervise", *argv], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "watchdog", "supervise", *argv], cwd=REPO,
                          capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})
     assert out.returncode == 2
     assert message in out.stderr

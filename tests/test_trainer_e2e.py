@@ -11,9 +11,9 @@ import re
 import sys
 
 import pytest
-
 from conftest import json_lines
-from watchdog.sample import load_trace
+
+from watchdog.core.sample import load_trace
 
 LIMIT = 2816 << 20  # 2.75 GiB: about 1 GiB of torch_xla process plus ~450 steps of a 4 MiB/step leak
 TRAIN = ["train", "--memory-limit", str(LIMIT), "--sample-every", "5", "--log-every", "10"]
@@ -62,7 +62,7 @@ def test_global_leak_escalates_to_restart_under_supervise_and_finishes(tmp_path,
     # second detection's worth of steps: sample more often and act with a longer horizon.
     limit = 3328 << 20  # 3.25 GiB
     trace, ckpt = tmp_path / "trace.csv", tmp_path / "ckpt"
-    child = [sys.executable, "-m", "watchdog.cli", "--log-format", "json", "train", "--steps", "600",
+    child = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--steps", "600",
              "--inject-leak", "global:4MiB/step", "--memory-limit", str(limit), "--sample-every", "2",
              "--log-every", "20", "--checkpoint-margin-steps", "100", "--action-cooldown-steps", "20",
              "--trace-file", str(trace), "--checkpoint-dir", str(ckpt)]
@@ -82,7 +82,7 @@ def test_global_leak_escalates_to_restart_under_supervise_and_finishes(tmp_path,
 
     resumed = events(records, "resumed")[0]
     restart_saves = [r["step"] for r in events(records, "checkpoint_saved") if r["step"] > actions[1][1]]
-    assert resumed["restart_count"] == 1
+    assert resumed["restarts_so_far"] == 1
     assert resumed["step"] == restart_saves[0]  # resumed from the restart's checkpoint ...
     assert resumed["step"] - actions[1][1] <= 3  # ... taken right after the action step: nothing lost
     assert re.search(rf"steps 600/600 \(this run from \d+\), reinits \d+, restarts {len(restarting)},", out.stdout)

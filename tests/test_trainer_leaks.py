@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-
 from conftest import run_python
-from watchdog.errors import InputError
+
+from watchdog.core.errors import InputError
 from watchdog.trainer import leaks
 from watchdog.trainer.leaks import LeakSpec, inject, new_sinks, parse_leak_spec
 

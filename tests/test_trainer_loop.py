@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from conftest import REPO, hbm_watchdog_env, json_lines, run_python
-from watchdog.cli import main
-from watchdog.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART_REQUESTED
+
+from watchdog.commands.cli import main
+from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART_REQUESTED
+from watchdog.core.verdict import Action
 from watchdog.trainer.loop import TrainConfig, Trainer, off_device_tensors
 from watchdog.trainer.model import ModelConfig
-from watchdog.verdict import Action
 
 N = 6
 # Dropout on, so the RNG matters: a continuation that lost the RNG state would diverge.
@@ -78,7 +78,7 @@ import sys, torch, torch_xla
 from dataclasses import replace
 from watchdog.trainer.loop import TrainConfig, Trainer, off_device_tensors
 from watchdog.trainer.model import ModelConfig
-from watchdog.verdict import Action
+from watchdog.core.verdict import Action
 
 config = TrainConfig(steps=6, model=ModelConfig(depth=1, width=32, heads=2, seq_len=16), batch_size=2,
                      device="xla", log_every=1, watchdog=None, progress_bar=False, checkpoint_dir=sys.argv[1],
@@ -124,7 +124,7 @@ def test_off_device_tensors_names_what_is_elsewhere():
 
 def test_sigterm_saves_at_the_step_boundary_exits_42_and_resumes(tmp_path):
     ckpt = tmp_path / "ckpt"
-    args = [sys.executable, "-m", "watchdog.cli", "--log-format", "json", "train", "--device", "cpu",
+    args = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--device", "cpu",
             "--steps", "400", "--log-every", "1", "--no-watchdog", "--checkpoint-dir", str(ckpt),
             "--depth", "1", "--width", "32"]
     child = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
@@ -171,7 +171,7 @@ def test_checkpoint_dir_that_cannot_be_a_directory_is_exit_2(tmp_path, capsys):
 
 
 def test_train_flags_are_parsed_without_importing_torch():
-    code = ("import sys; from watchdog.cli import build_parser; "
+    code = ("import sys; from watchdog.commands.cli import build_parser; "
             "build_parser().parse_args(['train', '--inject-leak', 'tensors:1MiB/step']); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,

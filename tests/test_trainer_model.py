@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from conftest import run_python
-from watchdog.errors import ConfigError, InputError
+
+from watchdog.core.errors import ConfigError, InputError
 from watchdog.trainer.data import TokenSource
 from watchdog.trainer.model import ModelConfig, TransformerLM
 from watchdog.trainer.probe import probe

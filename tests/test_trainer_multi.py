@@ -6,15 +6,16 @@ exactly like the plain loop, through a reinit, and that two devices on PJRT CPU 
 """
 
 from conftest import run_python
-from watchdog.cli import main
-from watchdog.errors import EXIT_BAD_INPUT
+
+from watchdog.commands.cli import main
+from watchdog.core.errors import EXIT_BAD_INPUT
 
 REPLICATED = r"""
 import sys, torch, torch_xla
 from pathlib import Path
 from watchdog.trainer.loop import Replica, TrainConfig, Trainer
 from watchdog.trainer.model import ModelConfig
-from watchdog.verdict import Action
+from watchdog.core.verdict import Action
 
 base = TrainConfig(steps=6, model=ModelConfig(depth=1, width=32, heads=2, seq_len=16), batch_size=2,
                    device="xla", log_every=1, watchdog=None, progress_bar=False)

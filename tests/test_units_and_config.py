@@ -1,8 +1,8 @@
 import pytest
 
-from watchdog.config import WatchdogConfig
-from watchdog.errors import ConfigError, InputError
-from watchdog.units import format_bytes, memory_limit_option, parse_size
+from watchdog.core.config import WatchdogConfig
+from watchdog.core.errors import ConfigError, InputError
+from watchdog.core.units import format_bytes, memory_limit_option, parse_size
 
 
 @pytest.mark.parametrize("text, expected", [

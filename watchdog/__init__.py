@@ -24,19 +24,19 @@ __all__ = ["Watchdog", "WatchdogConfig", "Action", "Verdict", "Status", "Sample"
 def __getattr__(name: str):
     # Lazy re-exports keep `import watchdog` cheap and free of threads and torch.
     if name == "Watchdog":
-        from watchdog.sidecar import Watchdog
+        from watchdog.runtime.sidecar import Watchdog
 
         return Watchdog
     if name == "WatchdogConfig":
-        from watchdog.config import WatchdogConfig
+        from watchdog.core.config import WatchdogConfig
 
         return WatchdogConfig
     if name in ("Action", "Verdict", "Status"):
-        from watchdog import verdict
+        from watchdog.core import verdict
 
         return getattr(verdict, name)
     if name == "Sample":
-        from watchdog.sample import Sample
+        from watchdog.core.sample import Sample
 
         return Sample
     raise AttributeError(f"module 'watchdog' has no attribute {name!r}")

@@ -188,7 +188,7 @@ DEMO_ENV = {"PJRT_DEVICE": "CPU"}
 
 def leaking_trainer_command(steps: int, leak: str = DEMO_LEAK, memory_limit: str = DEMO_MEMORY_LIMIT) -> list[str]:
     """`hbm-watchdog train` with an injected leak, serving metrics on a free port."""
-    return [sys.executable, "-m", "watchdog.cli", "--log-format", "json", "train", "--steps", str(steps),
+    return [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--steps", str(steps),
             "--inject-leak", leak, "--memory-limit", memory_limit, "--sample-every", "1",
             "--metrics-port", "0"]
 

@@ -23,8 +23,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from watchdog.sample import Sample
-from watchdog.verdict import Status, Verdict
+from watchdog.core.judge import effective_limit
+from watchdog.core.sample import Sample
+from watchdog.core.verdict import Status, Verdict
 
 HOUR = 3600.0
 
@@ -35,21 +36,15 @@ class Detector(Protocol):
     def reset(self) -> None: ...
 
 
-def effective_limit(sample: Sample, memory_limit_bytes: int | None) -> int | None:
-    """The same rule as LeakDetector: the smaller of the configured budget and the device's limit."""
-    known = [x for x in (memory_limit_bytes, sample.bytes_limit) if x]
-    return min(known) if known else None
-
-
 def _verdict(sample: Sample, status: Status, limit: int | None, explanation: str, *, slope_per_step: float = 0.0,
-             slope_per_second: float = 0.0, level: float | None = None, steps_to_oom: float = math.inf,
-             seconds_to_oom: float = math.inf) -> Verdict:
-    projected = sample.step + math.ceil(steps_to_oom) if math.isfinite(steps_to_oom) else None
+             slope_per_second: float = 0.0, level: float | None = None, projected_oom_steps: float = math.inf,
+             projected_oom_seconds: float = math.inf) -> Verdict:
+    projected = sample.step + math.ceil(projected_oom_steps) if math.isfinite(projected_oom_steps) else None
     return Verdict(step=sample.step, timestamp=sample.timestamp, status=status,
                    floor_bytes=level, limit_bytes=limit, slope_bytes_per_step=slope_per_step,
                    slope_low_bytes_per_step=slope_per_step, slope_high_bytes_per_step=slope_per_step,
                    slope_bytes_per_second=slope_per_second, projected_oom_step=projected,
-                   steps_to_oom=steps_to_oom, seconds_to_oom=seconds_to_oom, explanation=explanation)
+                   projected_oom_steps=projected_oom_steps, projected_oom_seconds=projected_oom_seconds, explanation=explanation)
 
 
 class StaticThreshold:
@@ -63,7 +58,7 @@ class StaticThreshold:
         pass
 
     def update(self, sample: Sample) -> Verdict:
-        limit = effective_limit(sample, self.memory_limit_bytes)
+        limit = effective_limit(sample.bytes_limit, self.memory_limit_bytes)
         if limit is None:
             return _verdict(sample, Status.WARMING_UP, None, "no memory limit known")
         if sample.bytes_used >= self.fraction * limit:
@@ -133,7 +128,7 @@ class PredictLinear:
         while self._window[0].timestamp <= sample.timestamp - self.window_seconds:
             old = self._window.popleft()
             self._fit.add(old.timestamp, old.bytes_used, sign=-1)
-        limit = effective_limit(sample, self.memory_limit_bytes)
+        limit = effective_limit(sample.bytes_limit, self.memory_limit_bytes)
         line = self._fit.line()
         if limit is None or line is None:
             return _verdict(sample, Status.WARMING_UP, limit, "fewer than two samples in the window")
@@ -150,14 +145,14 @@ class PredictLinear:
         first = self._window[0]
         span = sample.timestamp - first.timestamp
         steps_per_second = (sample.step - first.step) / span if span > 0 else 0.0
-        seconds_to_oom = (limit - now) / slope if slope > 0 and now < limit else (0.0 if now >= limit else math.inf)
-        steps_to_oom = seconds_to_oom * steps_per_second if steps_per_second > 0 else math.inf
+        projected_oom_seconds = (limit - now) / slope if slope > 0 and now < limit else (0.0 if now >= limit else math.inf)
+        projected_oom_steps = projected_oom_seconds * steps_per_second if steps_per_second > 0 else math.inf
         status = Status.LEAKING if held else Status.SUSPECT if condition else Status.HEALTHY
         explanation = (f"linear fit over {self.window_seconds / HOUR:g}h crosses the limit within "
                        f"{self.horizon_seconds / HOUR:g}h" if condition else "linear fit stays below the limit")
         return _verdict(sample, status, limit, explanation, slope_per_step=slope / steps_per_second
                         if steps_per_second > 0 else 0.0, slope_per_second=slope, level=now,
-                        steps_to_oom=steps_to_oom, seconds_to_oom=seconds_to_oom)
+                        projected_oom_steps=projected_oom_steps, projected_oom_seconds=projected_oom_seconds)
 
 
 class LinearBackwardRegression:
@@ -217,7 +212,7 @@ class LinearBackwardRegression:
 
     def update(self, sample: Sample) -> Verdict:
         self._add(sample)
-        limit = effective_limit(sample, self.memory_limit_bytes)
+        limit = effective_limit(sample.bytes_limit, self.memory_limit_bytes)
         history = len(self._prefix) - 1
         if history < self.min_samples or limit is None:
             return _verdict(sample, Status.WARMING_UP, limit, "not enough history")
@@ -228,9 +223,9 @@ class LinearBackwardRegression:
         slope_mib, now_mib, r2 = self._last
         now = self._origin[1] + now_mib * 2**20  # type: ignore[index]
         slope = slope_mib * 2**20
-        steps_to_oom = max(limit - now, 0.0) / slope
+        projected_oom_steps = max(limit - now, 0.0) / slope
         return _verdict(sample, Status.LEAKING, limit, f"rising window with R² {r2:.2f}", slope_per_step=slope,
-                        level=now, steps_to_oom=steps_to_oom)
+                        level=now, projected_oom_steps=projected_oom_steps)
 
 
 BaselineFactory = Callable[[int | None], Detector]

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from watchdog.errors import InputError
+from watchdog.core.errors import InputError
 
 ANCHORS = (
     "PrecogMF: F1 0.857 with 0 false positives (Jindal et al. 2021, offline, labelled cloud VMs)",
@@ -33,7 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
     parser.add_argument("--data", metavar="PATH", default=None,
                         help="alibaba_mem_util.csv.gz or its folder (default: $HBMWATCH_DATA, "
-                             "else ../shared/data beside the repository)")
+                             "else the copy shipped with hbm-watchdog)")
     parser.add_argument("--detectors", metavar="NAMES", default=None,
                         help="comma-separated subset, e.g. hbm-watchdog,lbr_r2_0.8 (default: all)")
     parser.add_argument("--repeat", type=int, default=3, metavar="N",

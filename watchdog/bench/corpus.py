@@ -18,9 +18,17 @@ from typing import Callable
 import numpy as np
 
 from watchdog.bench.memory_model import (
-    GiB, KiB, MiB, LevelShift, LinearLeak, MemoryModel, SaturatingGrowth, StepwiseLeak, render,
+    GiB,
+    KiB,
+    LevelShift,
+    LinearLeak,
+    MemoryModel,
+    MiB,
+    SaturatingGrowth,
+    StepwiseLeak,
+    render,
 )
-from watchdog.sample import Sample
+from watchdog.core.sample import Sample
 
 SOON_AFTER_FRACTION = 0.2  # an OOM at most this far (fraction of the run) past the end still counts as a leak
 

@@ -1,6 +1,6 @@
 """Run every detector over a labelled corpus, in this process, sample by sample, and time it.
 
-hbm-watchdog runs through `watchdog.replay.replay` (the same path as `analyze` and the sidecar:
+hbm-watchdog runs through `watchdog.core.replay.replay` (the same path as `analyze` and the sidecar:
 detector + action policy, with each trace's checkpoint margin). A baseline has no policy: its
 alert firing is its action, as an alert rule wired to a checkpoint hook would be.
 """
@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 from watchdog.bench.baselines import BASELINES, Detector
 from watchdog.bench.corpus import LabelledTrace
 from watchdog.bench.scoring import Score, TraceOutcome, score
-from watchdog.verdict import Status
+from watchdog.core.verdict import Status
 
 OURS = "hbm-watchdog"
 
@@ -31,8 +31,8 @@ def _outcome(trace: LabelledTrace, alarm: int | None, action: int | None, projec
 
 
 def run_ours(trace: LabelledTrace, detector_config=None, policy_config=None) -> TraceOutcome:
-    from watchdog.policy import PolicyConfig
-    from watchdog.replay import replay
+    from watchdog.core.policy import PolicyConfig
+    from watchdog.core.replay import replay
 
     policy = dataclasses.replace(policy_config or PolicyConfig(),
                                  checkpoint_margin_steps=trace.checkpoint_margin_steps)

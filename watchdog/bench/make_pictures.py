@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from watchdog.bench.corpus import synthetic_corpus
-from watchdog.report import render_report
+from watchdog.commands.report import render_report
 
 LEAK_TRACE = "late_onset_leak-03"
 CLEAN_TRACE = "eval_buffers_kept-02"

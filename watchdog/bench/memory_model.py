@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from watchdog.sample import Sample
+from watchdog.core.sample import Sample
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

@@ -1,7 +1,8 @@
 """Real memory traces (Alibaba cluster machines) as hard negatives and as background for injected leaks.
 
-Source: ../shared/data/alibaba_mem_util.csv.gz (columns `machine_id,seconds,mem_util_percent`,
-10-second samples with gaps, integer percent). A sample becomes one "step" (step = seconds / 10,
+Source: `watchdog/bench/data/alibaba_mem_util.csv.gz`, shipped with the package (columns
+`machine_id,seconds,mem_util_percent`, 10-second samples with gaps, integer percent; origin and
+Apache-2.0 attribution in `data/README.md` beside it). A sample becomes one "step" (step = seconds / 10,
 so a gap in time is a gap in steps).
 
 Percent becomes bytes of a device on which the machine's whole memory is `WORKLOAD_SHARE` of the
@@ -27,12 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from watchdog.bench.corpus import LabelledTrace
-from watchdog.bench.memory_model import GiB, START_TIMESTAMP
-from watchdog.errors import InputError
-from watchdog.sample import Sample
+from watchdog.bench.memory_model import START_TIMESTAMP, GiB
+from watchdog.core.errors import InputError
+from watchdog.core.sample import Sample
 
 DATA_FILE = "alibaba_mem_util.csv.gz"
 DATA_ENV = "HBMWATCH_DATA"
+BUNDLED_DATA = Path(__file__).resolve().parent / "data" / DATA_FILE
 HEADER = b"machine_id,seconds,mem_util_percent"
 SECONDS_PER_STEP = 10
 
@@ -45,13 +47,12 @@ WORKLOAD_SHARE = (0.6, 0.9)  # the machine's 100% is this share of the device li
 
 
 def default_data_path() -> Path:
-    """`$HBMWATCH_DATA` (the file or its folder), else ../shared/data beside the repository root."""
+    """`$HBMWATCH_DATA` (the file or its folder), else the copy shipped in this package."""
     override = os.environ.get(DATA_ENV)
     if override:
         path = Path(override)
         return path / DATA_FILE if path.is_dir() else path
-    repo_root = Path(__file__).resolve().parents[2]
-    return repo_root.parent / "shared" / "data" / DATA_FILE
+    return BUNDLED_DATA
 
 
 def resolve_data_path(path: str | os.PathLike[str] | None = None) -> Path:

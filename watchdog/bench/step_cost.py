@@ -12,8 +12,8 @@ import statistics
 import sys
 import time
 
-from watchdog.config import WatchdogConfig
-from watchdog.sidecar import Watchdog
+from watchdog.core.config import WatchdogConfig
+from watchdog.runtime.sidecar import Watchdog
 
 
 def _noop(step: int) -> None:

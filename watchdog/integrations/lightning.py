@@ -21,11 +21,11 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
-from watchdog.config import WatchdogConfig
-from watchdog.errors import EXIT_OK, EXIT_RESTART_REQUESTED
+from watchdog.core.config import WatchdogConfig
+from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED
 from watchdog.logs import get_logger
-from watchdog.sidecar import Watchdog
-from watchdog.sources import MemorySource
+from watchdog.runtime.sidecar import Watchdog
+from watchdog.runtime.sources import MemorySource
 
 log = get_logger(__name__)
 

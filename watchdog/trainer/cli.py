@@ -11,9 +11,9 @@ import os
 import sys
 from pathlib import Path
 
-from watchdog.errors import InputError
+from watchdog.core.errors import InputError
+from watchdog.core.units import memory_limit_option
 from watchdog.trainer.leaks import parse_leak_spec
-from watchdog.units import memory_limit_option
 
 DEFAULT_STEPS = 600
 
@@ -68,9 +68,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace):
     """Flags -> TrainConfig; every bad value is an InputError naming the flag."""
-    from watchdog.config import WatchdogConfig
-    from watchdog.detector import DetectorConfig
-    from watchdog.policy import PolicyConfig
+    from watchdog.core.config import WatchdogConfig
+    from watchdog.core.detector import DetectorConfig
+    from watchdog.core.policy import PolicyConfig
     from watchdog.trainer.loop import TrainConfig
     from watchdog.trainer.model import ModelConfig
 
@@ -120,7 +120,7 @@ def _check_checkpoint_dir(directory: Path) -> None:
 
 
 def _parse_forced(text: str):
-    from watchdog.verdict import Action
+    from watchdog.core.verdict import Action
 
     kinds = {"reinit": Action.CHECKPOINT_REINIT, "restart": Action.CHECKPOINT_RESTART}
     kind, _, step = text.partition("@")
@@ -137,13 +137,13 @@ def run(args: argparse.Namespace) -> int:
         from watchdog.trainer.multi import train_replicated
 
         return train_replicated(config, args.num_devices, metrics_port=args.metrics_port)
-    from watchdog.telemetry import Telemetry
+    from watchdog.runtime.telemetry import Telemetry
     from watchdog.trainer.loop import train
 
     telemetry = Telemetry()
     server = None
     if args.metrics_port is not None and config.watchdog is not None:
-        from watchdog.exporter import serve_metrics
+        from watchdog.runtime.exporter import serve_metrics
 
         server = serve_metrics(telemetry, args.metrics_port)
         print(f"metrics: {server.url}", flush=True)
@@ -157,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_probe(config) -> int:
+    from watchdog.core.units import format_bytes
     from watchdog.trainer.probe import probe
-    from watchdog.units import format_bytes
 
     found = probe(config.model, config.batch_size, config.seed)
     print(f"saved activations per step (batch {config.batch_size}, depth {config.model.depth}, "
@@ -170,6 +170,6 @@ def _print_probe(config) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    from watchdog.cli import main
+    from watchdog.commands.cli import main
 
     sys.exit(main(["train", *sys.argv[1:]]))

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import torch
 
-from watchdog.errors import InputError
+from watchdog.core.errors import InputError
 
 FOLLOW_CHAIN = 0.9  # share of synthetic tokens that follow the chain; the rest are noise
 

@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from watchdog.errors import InputError
-from watchdog.units import parse_size
+from watchdog.core.errors import InputError
+from watchdog.core.units import parse_size
 
 if TYPE_CHECKING:
     import torch

@@ -32,23 +32,23 @@ from typing import Callable
 
 import torch
 
-from watchdog.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from watchdog.config import WatchdogConfig
-from watchdog.coordination import agree_on_action
-from watchdog import forensics
-from watchdog.errors import EXIT_OK, EXIT_RESTART_REQUESTED, InputError
+from watchdog.actions.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from watchdog.actions.coordination import agree_on_action
+from watchdog.actions.supervisor import RESTART_COUNT_ENV
+from watchdog.core.config import WatchdogConfig
+from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED, InputError
+from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
-from watchdog.telemetry import Telemetry
+from watchdog.runtime import forensics
+from watchdog.runtime.telemetry import Telemetry
 from watchdog.trainer import leaks
 from watchdog.trainer.data import TokenSource
 from watchdog.trainer.leaks import LeakSinks, LeakSpec
 from watchdog.trainer.model import ModelConfig, TransformerLM
 from watchdog.trainer.progress import Progress
-from watchdog.verdict import Action
 
 log = get_logger(__name__)
 
-RESTART_COUNT_ENV = "HBMWATCH_RESTART_COUNT"
 CHECKPOINT_FORMAT = 1
 
 
@@ -196,7 +196,7 @@ def _lr_schedule(config: TrainConfig) -> Callable[[int], float]:
 
 
 def checkpoint_payload(state: TrainerState, config: TrainConfig, device: torch.device, *,
-                       restart_count: int, reinits: int) -> dict:
+                       restarts_so_far: int, reinits: int) -> dict:
     return {
         "format": CHECKPOINT_FORMAT,
         "step": state.step,
@@ -205,7 +205,7 @@ def checkpoint_payload(state: TrainerState, config: TrainConfig, device: torch.d
         "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict(),
         "rng": capture_rng_state(device),
-        "restart_count": restart_count,
+        "restarts_so_far": restarts_so_far,
         "reinits": reinits,
         "model_config": dataclasses.asdict(config.model),
         "seed": config.seed,
@@ -307,7 +307,7 @@ class Trainer:
         self.state: TrainerState | None = None
         self.watchdog = None
         self.reinits = 0
-        self.restart_count = 0
+        self.restarts_so_far = 0
         self._stop_signal: int | None = None
         self._census: forensics.Census | None = None  # live tensors once the state is built
 
@@ -358,7 +358,7 @@ class Trainer:
         verdict = self.watchdog.latest_verdict if self.watchdog is not None else None
         return TrainResult(
             exit_code=exit_code, first_step=first_step, step=self.state.step, steps_total=self.config.steps,
-            reinits=self.reinits, restarts=self.restart_count, final_loss=final_loss,
+            reinits=self.reinits, restarts=self.restarts_so_far, final_loss=final_loss,
             verdict=verdict.status.value if verdict is not None else "none",
             source=self.watchdog.source_name if self.watchdog is not None else "none",
             steps_per_second=(self.state.step - first_step) / elapsed if elapsed > 0 else 0.0,
@@ -371,7 +371,7 @@ class Trainer:
     # -- the chapters --
 
     def _start_state(self) -> TrainerState:
-        self.restart_count = _restart_count_from_env()
+        self.restarts_so_far = _restarts_so_far_from_env()
         payload = self.checkpoints.load_latest() if self.config.resume == "auto" else None
         if payload is None:
             seed_everything(self.config.seed, self.device)
@@ -379,19 +379,19 @@ class Trainer:
             self._sync()
             return state
         state = restore_state(payload, self.config, self.device)
-        self.restart_count = max(self.restart_count, int(payload.get("restart_count", 0)))
+        self.restarts_so_far = max(self.restarts_so_far, int(payload.get("restarts_so_far", 0)))
         self.reinits = int(payload.get("reinits", 0))
         self._sync()
-        log.info("resumed", step=state.step, restart_count=self.restart_count,
+        log.info("resumed", step=state.step, restarts_so_far=self.restarts_so_far,
                  checkpoint_dir=str(self.checkpoints.directory))
         return state
 
     def _start_watchdog(self):
         if self.config.watchdog is None:
             return None
-        from watchdog.sidecar import Watchdog
+        from watchdog.runtime.sidecar import Watchdog
 
-        config = dataclasses.replace(self.config.watchdog, restart_count=self.restart_count,
+        config = dataclasses.replace(self.config.watchdog, restarts_so_far=self.restarts_so_far,
                                      rank=self.replica.rank)
         watchdog = Watchdog(config, telemetry=self.telemetry).start()
         if self.on_watchdog_started is not None:
@@ -443,7 +443,7 @@ class Trainer:
         started = time.perf_counter()
         if self.replica.rank == 0:  # one writer; the replicas' states are identical
             payload = checkpoint_payload(self.state, self.config, self.device,
-                                         restart_count=self.restart_count + int(restart), reinits=self.reinits)
+                                         restarts_so_far=self.restarts_so_far + int(restart), reinits=self.reinits)
             self.checkpoints.save(payload, self.state.step)
             del payload
         self.replica.barrier(f"checkpoint-{self.state.step}")
@@ -486,7 +486,7 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _restart_count_from_env() -> int:
+def _restarts_so_far_from_env() -> int:
     text = os.environ.get(RESTART_COUNT_ENV, "0").strip() or "0"
     if not text.isdigit():
         raise InputError(f"{RESTART_COUNT_ENV}={text!r}: expected a non-negative integer")

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from watchdog.errors import ConfigError
+from watchdog.core.errors import ConfigError
 
 CHECKPOINTING = ("none", "full")
 

@@ -18,7 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from watchdog.errors import EXIT_OK, InputError
+from watchdog.core.errors import EXIT_OK, InputError
 
 
 def train_replicated(config, num_devices: int, *, metrics_port: int | None = None) -> int:
@@ -52,7 +52,7 @@ def _replica(index: int, config, metrics_port: int | None, results: str) -> None
     import torch.distributed as dist
     import torch_xla.runtime as xr
 
-    from watchdog.telemetry import Telemetry
+    from watchdog.runtime.telemetry import Telemetry
     from watchdog.trainer.loop import Replica, Trainer
 
     replica = Replica(rank=xr.global_ordinal(), world=xr.world_size(), replicated=True)
@@ -63,7 +63,7 @@ def _replica(index: int, config, metrics_port: int | None, results: str) -> None
     telemetry = Telemetry(rank=replica.rank)
     server = None
     if metrics_port is not None and config.watchdog is not None:
-        from watchdog.exporter import serve_metrics
+        from watchdog.runtime.exporter import serve_metrics
 
         server = serve_metrics(telemetry, metrics_port, local_rank=xr.local_ordinal())
         print(f"metrics (rank {replica.rank}): {server.url}", flush=True)

@@ -21,7 +21,7 @@ MODES = {"without watchdog": ["--no-watchdog"],
 
 
 def measure(steps: int, log_every: int, flags: list[str], extra: list[str]) -> tuple[float, float | None]:
-    command = [sys.executable, "-m", "watchdog.cli", "--log-format", "json", "train", "--steps", str(steps),
+    command = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--steps", str(steps),
                "--log-every", str(log_every), "--resume", "never", *flags, *extra]
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     progress = [json.loads(line) for line in out.stderr.splitlines()

@@ -28,15 +28,14 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from watchdog import xla_stats
-from watchdog.config import WatchdogConfig
-from watchdog.detector import LeakDetector
+from watchdog.core.config import WatchdogConfig
+from watchdog.core.judge import Judge
+from watchdog.core.sample import Sample, TraceWriter
+from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger
-from watchdog.policy import ActionPolicy
-from watchdog.sample import Sample, TraceWriter
-from watchdog.sources import MemoryReading, MemorySource, current_device, device_kind, select_source
-from watchdog.telemetry import Telemetry
-from watchdog.verdict import Action, Verdict
+from watchdog.runtime import xla_stats
+from watchdog.runtime.sources import MemoryReading, MemorySource, current_device, device_kind, select_source
+from watchdog.runtime.telemetry import Telemetry
 
 log = get_logger(__name__)
 
@@ -51,9 +50,10 @@ class Watchdog:
                  telemetry: Telemetry | None = None):
         self.config = config or WatchdogConfig()
         self.telemetry = telemetry or Telemetry(rank=self.config.rank)
-        self.telemetry.restarts_total = self.config.restart_count
-        self.detector = LeakDetector(self.config.detector, self.config.memory_limit_bytes)
-        self.policy = ActionPolicy(self.config.policy, restarts_so_far=self.config.restart_count)
+        self.telemetry.restarts_total = self.config.restarts_so_far
+        self.judge = Judge(self.config.detector, self.config.policy,
+                           memory_limit_bytes=self.config.memory_limit_bytes,
+                           restarts_so_far=self.config.restarts_so_far)
         self.history: deque[Sample] = deque(maxlen=self.config.history_size)
         self.latest_verdict: Verdict | None = None
         self._source = source
@@ -197,9 +197,9 @@ class Watchdog:
         telemetry.samples_total += 1
         if self._track_compilations:
             telemetry.xla_compilations_total = xla_stats.compilations()
-        verdict = self.detector.update(sample)
+        verdict, action = self.judge.judge(sample)
         self.latest_verdict = telemetry.verdict = verdict
-        self._act_on(self.policy.decide(verdict), verdict)
+        self._act_on(action, verdict)
 
     def _act_on(self, action: Action, verdict: Verdict) -> None:
         if action is Action.NONE:
@@ -208,21 +208,18 @@ class Watchdog:
         level = logging.WARNING if action is Action.WARN else logging.ERROR
         log.log(level, "watchdog_action", action=action.value, step=verdict.step,
                 status=verdict.status.value, explanation=verdict.explanation,
-                projected_oom_step=verdict.projected_oom_step, steps_to_oom=verdict.steps_to_oom)
+                projected_oom_step=verdict.projected_oom_step, projected_oom_steps=verdict.projected_oom_steps)
         if action.needs_checkpoint and not self._actions:
             self._actions.append(action)
 
     def _after_reinit(self, reading: MemoryReading | None) -> None:
-        verdict = self.latest_verdict
-        if reading is None or verdict is None or verdict.floor_bytes is None:
+        if reading is None:
             return
-        before, after = verdict.floor_bytes, float(reading.bytes_used)
-        recovered = self.policy.reinit_finished(before, after)
-        log.info("reinit_measured", floor_before_bytes=before, bytes_after=after,
-                 recovered_bytes=before - after, recovered=recovered)
-        if recovered:
-            self.detector.reset()  # a new baseline: the old trend described the old process state
-        # else the leak survived: keep its history, so the escalation to restart comes quickly
+        recovery = self.judge.reinit_finished(float(reading.bytes_used))
+        if recovery is not None:
+            log.info("reinit_measured", floor_before_bytes=recovery.floor_before_bytes,
+                     bytes_after=recovery.bytes_after, recovered_bytes=recovery.recovered_bytes,
+                     recovered=recovery.recovered)
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         self.telemetry.sample_errors_total += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from watchdog.errors import InputError
+from watchdog.core.errors import InputError
 
 _BINARY = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}

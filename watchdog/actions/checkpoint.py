@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from watchdog.errors import ConfigError, InputError
+from watchdog.core.errors import ConfigError, InputError
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)

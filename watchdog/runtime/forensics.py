@@ -18,7 +18,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
-from watchdog.units import format_bytes
+from watchdog.core.units import format_bytes
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -1,6 +1,6 @@
 """Errors that mean "the user gave us something wrong".
 
-Entry points turn any `InputError` into one line on stderr and exit status 2 (design.md);
+Entry points turn any `InputError` into one line on stderr and exit status 2 (watchdog/ARCHITECTURE.md);
 everything else is a bug and keeps its traceback.
 """
 

@@ -43,15 +43,23 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from watchdog.errors import ConfigError
-from watchdog.sample import Sample
-from watchdog.units import format_bytes
-from watchdog.verdict import Status, Verdict
+from watchdog.core.errors import ConfigError
+from watchdog.core.sample import Sample
+from watchdog.core.trend import (
+    SEGMENTS,
+    Trend,
+    crossing,
+    excursion_at,
+    fit_trend,
+    largest_excursion,
+    plateau_rise,
+    window_sizes,
+    with_level,
+)
+from watchdog.core.units import format_bytes
+from watchdog.core.verdict import Status, Verdict
 
 INF = math.inf
-SEGMENTS = 4  # a window is split in quarters to tell spread-out growth from a one-off shift
-IQR_TO_SIGMA = 1.349
-SQRT2 = math.sqrt(2.0)
 URGENT_SHARE = 0.5  # an imminent OOM is confirmed within this share of the steps left to it
 REFRESHES_PER_SPAN = 32  # analyses are a 32nd of the history's span apart (at most a recent bucket)
 
@@ -116,99 +124,6 @@ def _check(ok: bool, name: str, problem: str) -> None:
         raise ConfigError(f"detector.{name}", problem)
 
 
-# ------------------------------------------------------------------------------ pure statistics
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    mid = n // 2
-    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-
-class Trend(NamedTuple):
-    """A robust line through bucket floors, and how leak-like the window looks."""
-
-    slope: float  # bytes per step
-    low: float
-    high: float
-    level: float  # fitted floor at the window's newest bucket (NaN until `with_level` when low <= 0)
-    x_last: float  # step of the newest bucket
-    span: float  # steps between the oldest and newest bucket
-    sigma: float  # robust scale of the residuals
-    increments: tuple[float, ...]  # rise of each quarter's median floor over the previous one;
-    # () when the slope's low edge is not above zero: no rise to split, and most fits end there
-
-
-def fit_trend(xs: list[float], ys: list[float], z: float = 1.96) -> Trend:
-    """Median of slopes between points half a window apart, with the median's confidence interval.
-
-    Each point is used in one pair only, so the slopes are close to independent and their
-    median's order-statistic interval is honest; O(n log n) instead of Theil-Sen's O(n^2). The
-    residual scale comes from the spread of the same slopes (each pair difference carries the
-    noise of two points), so no second pass over the window is needed.
-    """
-    n = len(xs)
-    half = n // 2
-    m = n - half
-    slopes = sorted([(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in zip(xs, xs[half:], ys, ys[half:])])
-    slope = slopes[m // 2] if m % 2 else 0.5 * (slopes[m // 2 - 1] + slopes[m // 2])
-    k = max(0, int(m / 2 - z * math.sqrt(m) / 2))
-    x_last = xs[-1]
-    low = slopes[k]
-    # Most windows of a healthy run end at `low <= 0`: the level (half a fit's cost) waits until asked.
-    level = _level(xs, ys, slope) if low > 0 else math.nan
-    pair_distance = (x_last - xs[0]) * half / (n - 1)
-    sigma = (slopes[(3 * m) // 4] - slopes[m // 4]) / IQR_TO_SIGMA * pair_distance / SQRT2
-    increments: tuple[float, ...] = ()
-    if low > 0:
-        quarter = n // SEGMENTS
-        levels = [_median(ys[j * quarter:(j + 1) * quarter]) for j in range(SEGMENTS)]
-        increments = (levels[1] - levels[0], levels[2] - levels[1], levels[3] - levels[2])
-    return Trend(slope, low, slopes[m - 1 - k], level, x_last, x_last - xs[0], sigma, increments)
-
-
-def _level(xs: list[float], ys: list[float], slope: float) -> float:
-    """The line's value at the newest point: median intercept of the points under the given slope."""
-    return _median([y - slope * x for x, y in zip(xs, ys)]) + slope * xs[-1]
-
-
-def with_level(trend: Trend, xs: list[float], ys: list[float]) -> Trend:
-    """The trend with its level filled in (fit_trend leaves it NaN when the slope's low edge is <= 0)."""
-    return trend if trend.level == trend.level else trend._replace(level=_level(xs, ys, trend.slope))
-
-
-def largest_excursion(floors: list[float], peaks: list[float]) -> float:
-    """The highest transient above the floor: each bucket's peak over the floors on both sides of it.
-
-    A transient (activations, an eval buffer, a checkpoint spike) rises from the floor and falls
-    back to it, so its height is the same against the neighbouring buckets' floors. A bucket in
-    which the floor itself dropped (a freed cache, a workload leaving) or jumped has a peak-to-min
-    span that is no transient: against the higher floor next to it, it shrinks to what it is.
-    """
-    return max((excursion_at(floors, peaks, i) for i in range(len(floors))), default=0.0)
-
-
-def excursion_at(floors: list[float], peaks: list[float], i: int) -> float:
-    """Bucket i's peak over the higher of its own floor and its neighbours'."""
-    return peaks[i] - max(floors[max(0, i - 1):i + 2])
-
-
-def plateau_rise(trend: Trend) -> float:
-    """Growth still to come if the newest quarters keep slowing geometrically (inf when not slowing).
-
-    A cache that fills and stops approaches its size exponentially: each quarter adds a fixed
-    fraction q of the one before, so the rest adds up to d * q / (1 - q). Only the two newest
-    quarters are used, because the oldest may still hold the flat time before the growth began.
-    """
-    older, newest = trend.increments[-2], trend.increments[-1]
-    if newest <= 0:
-        return 0.0
-    if older <= newest:
-        return INF
-    q = newest / older
-    return newest * q / (1 - q)
-
-
 def leak_shape(trend: Trend, config: DetectorConfig, room: float = INF) -> str | None:
     """None when the window looks like a leak, else the reason it does not (for the explanation).
 
@@ -243,12 +158,48 @@ class _Analysis(NamedTuple):
     reason: str
 
 
-class LeakDetector:
-    """Feed samples in step order with `update`; `reset` after a reinit brought memory down."""
+class _PendingBucket:
+    """Closed recent buckets gathering into one whole-run bucket until it spans the history's width."""
 
-    def __init__(self, config: DetectorConfig | None = None, memory_limit_bytes: int | None = None):
+    __slots__ = ("first_step", "last_step", "first_time", "last_time", "floor", "peak")
+
+    def __init__(self, first_step: float, last_step: float, first_time: float, last_time: float,
+                 floor: float, peak: float):
+        self.first_step, self.last_step = first_step, last_step
+        self.first_time, self.last_time = first_time, last_time
+        self.floor, self.peak = floor, peak
+
+
+class _Projection(NamedTuple):
+    """What every verdict shares until the next analysis or limit change (unpacked once per sample)."""
+
+    status: Status
+    slope: float
+    low: float
+    high: float
+    intercept: float  # the fitted floor line's value at step 0
+    excursion: float
+    limit: int | None
+    seconds_per_step: float
+    slope_per_second: float
+    oom_x: float  # step at which the peak reaches the limit at the central slope (inf: never)
+    oom_x_high: float  # ... at the high edge of the slope interval
+    oom_step: int | None
+    explanation: str
+    span: float
+
+
+class LeakDetector:
+    """Feed samples in step order with `update`; `reset` after a reinit brought memory down.
+
+    The limit projections aim at comes from outside (`set_limit`): the `Judge` owns the rule that
+    picks it from the device's limit and the configured budget. The detector never reads
+    `sample.bytes_limit`.
+    """
+
+    def __init__(self, config: DetectorConfig | None = None, limit_bytes: int | None = None):
         self.config = config or DetectorConfig()
-        self.memory_limit_bytes = memory_limit_bytes
+        self._limit = limit_bytes
         self._warmup_samples = self.config.warmup_samples  # read once per sample: kept at hand
         self._recent_width = self.config.recent_bucket_steps
         self.reset()
@@ -265,7 +216,7 @@ class LeakDetector:
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=self.config.recent_buckets)  # (x, floor, peak)
         self._history_trends: list[tuple] | None = None  # (fit, xs, floors) of the history since it last changed
         self._settled_excursion = -INF  # largest excursion of the buckets before the newest
-        self._pending: list[float] | None = None  # [first, last, t0, t1, floor, peak]: closed buckets not yet a whole-run bucket
+        self._pending: _PendingBucket | None = None  # closed buckets not yet a whole-run bucket
         self._end: float = -INF  # the open bucket takes samples until this step (-INF: none open yet)
         self._b_high_water: int | None = None
         self._next_analysis = 0  # no analysis before this step
@@ -274,9 +225,7 @@ class LeakDetector:
         self._streak_from = 0.0
         self._streak_slope = 0.0
         self._analysis: _Analysis | None = None
-        self._projection: tuple | None = None  # what verdicts share until the next close or limit change
-        self._limit_seen: int | None = self.memory_limit_bytes
-        self._device_limit: int | None = -1  # the last sample's bytes_limit (-1: none seen yet)
+        self._projection: _Projection | None = None  # what verdicts share until the next close or limit change
 
     # -- per sample: a couple of comparisons --------------------------------------------------
 
@@ -285,8 +234,6 @@ class LeakDetector:
         if step < self._last_step:
             self.reset()  # steps went back: a restarted process appending to the same trace
         self._last_step = step
-        if sample.bytes_limit != self._device_limit:
-            self._device_limit_changed(sample.bytes_limit)
         self._seen += 1
         if self._seen <= self._warmup_samples:
             return self._verdict(sample)
@@ -308,14 +255,13 @@ class LeakDetector:
         self._b_high_water = sample.peak_bytes_used
         return self._verdict(sample)
 
-    def _device_limit_changed(self, device_limit: int | None) -> None:
-        """The limit projections aim at: the smaller of the configured budget and the device's own."""
-        self._device_limit = device_limit
-        limit = device_limit or None
-        budget = self.memory_limit_bytes
-        if budget and (limit is None or budget < limit):
-            limit = budget
-        self._limit_seen = limit
+    @property
+    def limit_bytes(self) -> int | None:
+        return self._limit
+
+    def set_limit(self, limit_bytes: int | None) -> None:
+        """The limit projections aim at (the judge owns the rule that picks it); None: unknown."""
+        self._limit = limit_bytes
         self._projection = None
 
     # -- per closed bucket: the statistics ----------------------------------------------------
@@ -331,16 +277,16 @@ class LeakDetector:
         self._recent.append((0.5 * (self._b_first + self._b_last), floor, peak))
         pending = self._pending
         if pending is None:
-            pending = self._pending = [self._b_first, self._b_last, self._b_t0, self._b_t1, floor, peak]
+            pending = self._pending = _PendingBucket(self._b_first, self._b_last, self._b_t0, self._b_t1, floor, peak)
         else:
-            pending[1], pending[3] = self._b_last, self._b_t1
-            pending[4], pending[5] = min(pending[4], floor), max(pending[5], peak)
-        if self._end >= pending[0] + self._width:  # the pending bucket spans the history's width
+            pending.last_step, pending.last_time = self._b_last, self._b_t1
+            pending.floor, pending.peak = min(pending.floor, floor), max(pending.peak, peak)
+        if self._end >= pending.first_step + self._width:  # the pending bucket spans the history's width
             self._pending = None
-            self._xs.append(0.5 * (pending[0] + pending[1]))
-            self._ts.append(0.5 * (pending[2] + pending[3]))
-            self._floors.append(pending[4])
-            self._peaks.append(pending[5])
+            self._xs.append(0.5 * (pending.first_step + pending.last_step))
+            self._ts.append(0.5 * (pending.first_time + pending.last_time))
+            self._floors.append(pending.floor)
+            self._peaks.append(pending.peak)
             if len(self._xs) >= self.config.max_buckets:
                 self._merge_pairs()
                 self._settled_excursion = largest_excursion(self._floors[:-1], self._peaks[:-1])
@@ -412,7 +358,7 @@ class LeakDetector:
         cfg = self.config
         xs, floors, n = self._xs, self._floors, len(self._xs)
         if self._history_trends is None:
-            windows = [(xs[n - size:], floors[n - size:]) for size in _window_sizes(n, cfg.min_window_buckets)]
+            windows = [(xs[n - size:], floors[n - size:]) for size in window_sizes(n, cfg.min_window_buckets)]
             self._history_trends = [(fit_trend(wx, wy, cfg.interval_z), wx, wy) for wx, wy in windows]
         yield from self._history_trends
         r = len(self._recent)
@@ -420,7 +366,7 @@ class LeakDetector:
             return
         shortest_span = self._history_trends[-1][0].span
         recent = list(self._recent)
-        for size in _window_sizes(r, cfg.min_window_buckets):
+        for size in window_sizes(r, cfg.min_window_buckets):
             window = recent[r - size:]
             if window[-1][0] - window[0][0] < shortest_span:
                 window_xs, window_floors = [b[0] for b in window], [b[1] for b in window]
@@ -449,7 +395,7 @@ class LeakDetector:
 
     def _room(self, trend: Trend, excursion: float) -> float:
         """Bytes between the fitted peak now and limit - headroom (inf when no limit is known)."""
-        limit = self._limit_seen
+        limit = self._limit
         if limit is None:
             return INF
         return limit - self.config.headroom_bytes - trend.level - excursion
@@ -475,52 +421,39 @@ class LeakDetector:
             analysis = self._analysis
             if analysis is None or analysis.status is Status.WARMING_UP:
                 return Verdict(step=sample.step, timestamp=sample.timestamp, status=Status.WARMING_UP,
-                               floor_bytes=float(sample.bytes_used), limit_bytes=self._limit_seen,
+                               floor_bytes=float(sample.bytes_used), limit_bytes=self._limit,
                                explanation=analysis.reason if analysis else "warming up: no history yet")
-            projection = self._projection = self._project(analysis, self._limit_seen)
+            projection = self._projection = self._project(analysis, self._limit)
         (status, slope, low, high, intercept, excursion, limit, seconds_per_step, slope_per_second,
          oom_x, oom_x_high, oom_step, explanation, span) = projection
         step = sample.step
         if oom_x < INF:
             if step < oom_x:
-                steps_to_oom, projected = oom_x - step, oom_step
+                projected_oom_steps, projected = oom_x - step, oom_step
             else:
-                steps_to_oom, projected = 0.0, step
-            seconds_to_oom = steps_to_oom * seconds_per_step if seconds_per_step > 0 else INF
+                projected_oom_steps, projected = 0.0, step
+            projected_oom_seconds = projected_oom_steps * seconds_per_step if seconds_per_step > 0 else INF
         else:
-            steps_to_oom, projected, seconds_to_oom = INF, None, INF
+            projected_oom_steps, projected, projected_oom_seconds = INF, None, INF
         pessimistic = (oom_x_high - step if step < oom_x_high else 0.0) if oom_x_high < INF else INF
         # Positional, in Verdict's field order: this runs once per sample.
         return Verdict(step, sample.timestamp, status, intercept + slope * step, excursion, limit, slope, low, high,
-                       slope_per_second, projected, steps_to_oom, seconds_to_oom, explanation, pessimistic, span)
+                       slope_per_second, projected, projected_oom_steps, projected_oom_seconds, explanation, pessimistic, span)
 
-    def _project(self, analysis: _Analysis, limit: int | None) -> tuple:
+    def _project(self, analysis: _Analysis, limit: int | None) -> _Projection:
         """Everything a verdict needs that changes only at a bucket close (or when the limit does)."""
         trend = analysis.trend
         assert trend is not None
         oom_x = oom_x_high = INF
         if limit is not None and analysis.status is not Status.HEALTHY:
             room = limit - self.config.headroom_bytes - trend.level - analysis.excursion
-            oom_x = _crossing(trend.x_last, room, trend.slope)
-            oom_x_high = _crossing(trend.x_last, room, trend.high)
+            oom_x = crossing(trend.x_last, room, trend.slope)
+            oom_x_high = crossing(trend.x_last, room, trend.high)
         sps = analysis.seconds_per_step
-        return (analysis.status, trend.slope, trend.low, trend.high, trend.level - trend.slope * trend.x_last,
-                analysis.excursion, limit, sps, trend.slope / sps if sps > 0 else 0.0, oom_x, oom_x_high,
-                math.ceil(oom_x) if oom_x < INF else None, explain(analysis, limit, oom_x), trend.span)
-
-
-def _window_sizes(n: int, smallest: int) -> list[int]:
-    """All of the history, then the newest half, quarter, ... down to `smallest` buckets."""
-    sizes = [n]
-    while sizes[-1] > smallest:
-        sizes.append(max(smallest, sizes[-1] // 2))
-    return sizes
-
-
-def _crossing(x: float, room: float, slope: float) -> float:
-    if room <= 0:
-        return x
-    return x + room / slope if slope > 0 else INF
+        return _Projection(analysis.status, trend.slope, trend.low, trend.high,
+                           trend.level - trend.slope * trend.x_last, analysis.excursion, limit, sps,
+                           trend.slope / sps if sps > 0 else 0.0, oom_x, oom_x_high,
+                           math.ceil(oom_x) if oom_x < INF else None, explain(analysis, limit, oom_x), trend.span)
 
 
 def _seconds_per_step(xs: list[float], ts: list[float]) -> float:

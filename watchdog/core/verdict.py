@@ -51,10 +51,10 @@ class Verdict(NamedTuple):
     slope_high_bytes_per_step: float = 0.0
     slope_bytes_per_second: float = 0.0
     projected_oom_step: int | None = None
-    steps_to_oom: float = math.inf
-    seconds_to_oom: float = math.inf
+    projected_oom_steps: float = math.inf
+    projected_oom_seconds: float = math.inf
     explanation: str = ""
-    steps_to_oom_pessimistic: float = math.inf  # from the high edge of the slope interval; actions use it
+    projected_oom_steps_pessimistic: float = math.inf  # from the high edge of the slope interval; actions use it
     window_steps: float = 0.0  # span of history the slope was fitted over
 
     @property

@@ -7,15 +7,15 @@ everyone takes the most severe action any rank proposed.
 
 The agreement is a collective, so every rank must call it at the same steps. It runs on a gloo
 group of its own (CPU tensors): reading the result must not force an XLA graph execution or a
-device-to-host copy of the training step (design.md's hard rule), nor touch NCCL streams.
+device-to-host copy of the training step (a rule of the domain, watchdog/ARCHITECTURE.md), nor touch NCCL streams.
 """
 
 from __future__ import annotations
 
 import sys
 
-from watchdog.errors import ConfigError
-from watchdog.verdict import Action
+from watchdog.core.errors import ConfigError
+from watchdog.core.verdict import Action
 
 _SEVERITY = {Action.NONE: 0, Action.WARN: 1, Action.CHECKPOINT_REINIT: 2, Action.CHECKPOINT_RESTART: 3}
 _BY_SEVERITY = {level: action for action, level in _SEVERITY.items()}

@@ -1,6 +1,6 @@
 """The `Sample` record and the trace CSV every other part reads and writes.
 
-Format (design.md): header `step,timestamp,bytes_used,bytes_limit,peak_bytes_used`;
+Format (watchdog/ARCHITECTURE.md): header `step,timestamp,bytes_used,bytes_limit,peak_bytes_used`;
 `timestamp` is Unix seconds as a float; `bytes_limit` and `peak_bytes_used` may be empty.
 A writer appends to an existing trace, so a resumed run continues the same file.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from watchdog.errors import TraceFormatError
+from watchdog.core.errors import TraceFormatError
 
 TRACE_HEADER = ("step", "timestamp", "bytes_used", "bytes_limit", "peak_bytes_used")
 

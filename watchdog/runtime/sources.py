@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-from watchdog.errors import InputError
+from watchdog.core.errors import InputError
+from watchdog.core.sample import read_trace
 from watchdog.logs import get_logger
-from watchdog.sample import read_trace
 
 log = get_logger(__name__)
 

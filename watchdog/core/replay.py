@@ -1,7 +1,8 @@
-"""Replay a trace through the detector and the policy, sample by sample, as the sidecar would.
+"""Replay a trace through the judge, sample by sample, as the sidecar would.
 
-Pure: `analyze`, `report` and the benchmark all go through here, so what they say is exactly what
-the live watchdog would have said at each step (no hindsight). A recorded trace cannot show what
+Pure: `analyze`, `report` and the benchmark all go through here, and the sidecar drives the same
+`Judge`, so what they say is exactly what the live watchdog would have said at each step (no
+hindsight). A recorded trace cannot show what
 an action would have changed, so the replay carries on after one as if nothing was done.
 """
 
@@ -10,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from watchdog.detector import DetectorConfig, LeakDetector
-from watchdog.policy import ActionPolicy, PolicyConfig
-from watchdog.sample import Sample
-from watchdog.verdict import Action, Status, Verdict
+from watchdog.core.detector import DetectorConfig
+from watchdog.core.judge import Judge
+from watchdog.core.policy import PolicyConfig
+from watchdog.core.sample import Sample
+from watchdog.core.verdict import Action, Status, Verdict
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,9 @@ def replay_steps(samples: Iterable[Sample], *, memory_limit_bytes: int | None = 
                  detector_config: DetectorConfig | None = None,
                  policy_config: PolicyConfig | None = None) -> Iterator[tuple[Sample, Verdict, Action]]:
     """Yield (sample, verdict, action) for each sample; lazy, so a 1M-sample trace streams."""
-    detector = LeakDetector(detector_config, memory_limit_bytes)
-    policy = ActionPolicy(policy_config)
-    update, decide = detector.update, policy.decide
+    judge = Judge(detector_config, policy_config, memory_limit_bytes=memory_limit_bytes).judge
     for sample in samples:
-        verdict = update(sample)
-        yield sample, verdict, decide(verdict)
+        yield (sample, *judge(sample))
 
 
 def replay(samples: Iterable[Sample], *, memory_limit_bytes: int | None = None,
@@ -65,11 +64,9 @@ def replay(samples: Iterable[Sample], *, memory_limit_bytes: int | None = None,
     verdict: Verdict | None = None
     count = 0
     leaking, nothing = Status.LEAKING, Action.NONE
-    update = LeakDetector(detector_config, memory_limit_bytes).update
-    decide = ActionPolicy(policy_config).decide
+    judge = Judge(detector_config, policy_config, memory_limit_bytes=memory_limit_bytes).judge
     for sample in samples:  # replay_steps' loop without its generator: this is the benchmark's hot loop
-        verdict = update(sample)
-        action = decide(verdict)
+        verdict, action = judge(sample)
         count += 1
         if first_alarm is None and verdict.status is leaking:
             first_alarm = verdict.step

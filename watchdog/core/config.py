@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog.detector import DetectorConfig
-from watchdog.errors import ConfigError
-from watchdog.policy import PolicyConfig
+from watchdog.core.detector import DetectorConfig
+from watchdog.core.errors import ConfigError
+from watchdog.core.policy import PolicyConfig
 
 SOURCES = ("auto", "xla", "tpu", "cuda", "rss", "replay")
 
@@ -27,7 +27,7 @@ class WatchdogConfig:
     memory_limit_bytes: int | None = None
     """A budget when the device reports none, or one lower than the device's."""
     trace_file: Path | None = None
-    """Append every sample to this trace CSV (design.md format)."""
+    """Append every sample to this trace CSV (the format in watchdog/ARCHITECTURE.md)."""
     replay_trace: Path | None = None
     """For `source="replay"`: the trace whose samples are served in order."""
     history_size: int = 4096
@@ -36,7 +36,7 @@ class WatchdogConfig:
     """A loop that has not stepped for this long is reported as stalled."""
     stall_check_seconds: float = 5.0
     rank: int = 0
-    restart_count: int = 0
+    restarts_so_far: int = 0
     """Restarts this job has already had (from the checkpoint); the policy's budget counts it."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -56,8 +56,8 @@ class WatchdogConfig:
                 raise ConfigError(name, f"must be a positive number of seconds, got {value!r}")
         if not isinstance(self.rank, int) or self.rank < 0:
             raise ConfigError("rank", f"must be a non-negative integer, got {self.rank!r}")
-        if not isinstance(self.restart_count, int) or self.restart_count < 0:
-            raise ConfigError("restart_count", f"must be a non-negative integer, got {self.restart_count!r}")
+        if not isinstance(self.restarts_so_far, int) or self.restarts_so_far < 0:
+            raise ConfigError("restarts_so_far", f"must be a non-negative integer, got {self.restarts_so_far!r}")
         if self.source == "replay" and self.replay_trace is None:
             raise ConfigError("replay_trace", "is required when source is 'replay'")
         if self.trace_file is not None:

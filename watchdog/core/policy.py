@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from watchdog.errors import ConfigError
-from watchdog.verdict import Action, Status, Verdict
+from watchdog.core.errors import ConfigError
+from watchdog.core.verdict import Action, Status, Verdict
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class ActionPolicy:
         self._confirmed += 1
         if self._confirmed < self.config.confirm_verdicts or verdict.step < self._quiet_until:
             return Action.NONE
-        if verdict.steps_to_oom_pessimistic > self.action_horizon_steps(verdict.step):
+        if verdict.projected_oom_steps_pessimistic > self.action_horizon_steps(verdict.step):
             if verdict.step < self._warned_until:
                 return Action.NONE
             self._warned_until = verdict.step + self.config.cooldown_steps

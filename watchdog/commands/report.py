@@ -19,10 +19,10 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from watchdog.errors import InputError
-from watchdog.sample import Sample, load_trace
-from watchdog.units import format_bytes, memory_limit_option
-from watchdog.verdict import Action, Status, Verdict
+from watchdog.core.errors import InputError
+from watchdog.core.sample import Sample, load_trace
+from watchdog.core.units import format_bytes, memory_limit_option
+from watchdog.core.verdict import Action, Status, Verdict
 
 GiB = float(1 << 30)
 SUFFIXES = (".png", ".html")
@@ -48,7 +48,7 @@ class ReplayPicture:
 
 
 def collect(samples: list[Sample], memory_limit_bytes: int | None = None) -> ReplayPicture:
-    from watchdog.replay import replay_steps
+    from watchdog.core.replay import replay_steps
 
     picture = ReplayPicture()
     for sample, verdict, action in replay_steps(samples, memory_limit_bytes=memory_limit_bytes):
@@ -62,10 +62,8 @@ def collect(samples: list[Sample], memory_limit_bytes: int | None = None) -> Rep
             if action.needs_checkpoint and picture.first_action_verdict is None:
                 picture.first_action_verdict = verdict
         picture.final_verdict = verdict
-    # The effective limit, as the detector uses it: the smaller of the budget and the device's.
-    final = picture.final_verdict
-    known = [x for x in (memory_limit_bytes, samples[-1].bytes_limit, final and final.limit_bytes) if x]
-    picture.limit = float(min(known)) if known else None
+    final = picture.final_verdict  # its limit is the judge's: the smaller of the budget and the device's
+    picture.limit = float(final.limit_bytes) if final is not None and final.limit_bytes else None
     return picture
 
 

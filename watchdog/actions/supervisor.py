@@ -1,4 +1,4 @@
-"""`hbm-watchdog supervise [--max-restarts N] [--backoff S] -- CMD ...`: the restart half of checkpoint-and-restart.
+"""The restart half of checkpoint-and-restart (`hbm-watchdog supervise`, in commands/supervise.py).
 
 A leak that survives an in-process reinit (memory held outside the trainer's state) can only be
 freed by a new process. The trainer saves a checkpoint and exits 42; this loop starts it again
@@ -19,7 +19,6 @@ The child sees `HBMWATCH_RESTART_COUNT` = restarts so far (0 for the first run).
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -29,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, Sequence
 
-from watchdog.errors import EXIT_RESTART_REQUESTED, InputError
+from watchdog.core.errors import EXIT_RESTART_REQUESTED, InputError
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
@@ -175,7 +174,7 @@ def _run_child(command: list[str], restarts: int, stop: _StopRequest, stdout: Bi
              for pipe, sink, scanner in zip((child.stdout, child.stderr), (stdout, stderr), scanners)]
     for pump in pumps:
         pump.start()
-    log.info("child_started", pid=child.pid, restart_count=restarts, command=command)
+    log.info("child_started", pid=child.pid, restarts_so_far=restarts, command=command)
     returncode = child.wait()
     for pump in pumps:
         pump.join()
@@ -228,20 +227,3 @@ def _log_end(decision: Decision, outcome: ChildOutcome, restarts: int, max_resta
         log.info("supervision_ended", **fields)
     else:
         log.error("child_failed_not_restarting", **fields)
-
-
-# --- command line ---------------------------------------------------------------------------------
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-restarts", type=int, default=3, metavar="N",
-                        help="restarts allowed before giving up with status 1 (default 3)")
-    parser.add_argument("--backoff", type=float, default=1.0, metavar="SECONDS",
-                        help="wait before the first restart; doubles each time (default 1)")
-    parser.add_argument("--max-backoff", type=float, default=60.0, metavar="SECONDS",
-                        help="cap on the wait between restarts (default 60)")
-    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
-
-
-def run(args: argparse.Namespace) -> int:
-    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    return supervise(command, max_restarts=args.max_restarts, backoff=args.backoff, max_backoff=args.max_backoff)

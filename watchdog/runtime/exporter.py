@@ -30,10 +30,9 @@ from prometheus_client.core import (
 from prometheus_client.exposition import start_wsgi_server
 
 from watchdog import __version__
-from watchdog.errors import InputError
+from watchdog.core.errors import InputError
 from watchdog.logs import get_logger
-from watchdog.telemetry import Telemetry
-from watchdog.verdict import Verdict
+from watchdog.runtime.telemetry import Telemetry
 
 log = get_logger(__name__)
 
@@ -59,7 +58,7 @@ _VERDICT_GAUGES: tuple[tuple[str, str, object], ...] = (
     ("leak_window_steps", "Span of training steps the slope was fitted over.",
      lambda v: v.window_steps),
     ("projected_oom_steps_pessimistic", "Steps left before the peak reaches the limit at the high edge of the slope interval; +Inf when none.",
-     lambda v: v.steps_to_oom_pessimistic),
+     lambda v: v.projected_oom_steps_pessimistic),
 )
 
 
@@ -105,13 +104,13 @@ class TelemetryCollector:
             yield from gauge("last_sample_timestamp_seconds", "Unix time of the newest memory sample.",
                              sample.timestamp)
         yield from gauge("memory_limit_bytes", "Effective memory limit: the smaller of the device's and the configured budget.",
-                         _limit(verdict, sample))
+                         verdict.limit_bytes if verdict is not None else None)
         yield from gauge("leak_detected", "1 while the detector's leak alarm is up, else 0.",
                          1.0 if verdict is not None and verdict.leak else 0.0)
         yield from gauge("projected_oom_steps", "Training steps left before the projected peak reaches the limit; +Inf when none.",
-                         verdict.steps_to_oom if verdict is not None else math.inf)
+                         verdict.projected_oom_steps if verdict is not None else math.inf)
         yield from gauge("projected_oom_seconds", "Seconds left before the projected peak reaches the limit; +Inf when none.",
-                         verdict.seconds_to_oom if verdict is not None else math.inf)
+                         verdict.projected_oom_seconds if verdict is not None else math.inf)
         if verdict is not None:
             for name, doc, read in _VERDICT_GAUGES:
                 yield from gauge(name, doc, read(verdict))  # type: ignore[operator]
@@ -141,12 +140,6 @@ class TelemetryCollector:
         buckets = [(_bucket_label(b), float(c)) for b, c in zip(bounds, counts)] + [("+Inf", float(count))]
         histogram.add_metric(labels, buckets, total)
         yield histogram
-
-
-def _limit(verdict: Verdict | None, sample) -> float | None:
-    if verdict is not None and verdict.limit_bytes is not None:
-        return verdict.limit_bytes
-    return sample.bytes_limit if sample is not None else None
 
 
 def _bucket_label(bound: float) -> str:

@@ -12,14 +12,14 @@ import importlib
 import sys
 
 from watchdog import __version__
-from watchdog.errors import EXIT_BAD_INPUT, InputError
+from watchdog.core.errors import EXIT_BAD_INPUT, InputError
 
 COMMANDS = {
     "train": ("watchdog.trainer.cli", "run the instrumented trainer with the watchdog attached"),
-    "analyze": ("watchdog.analyze", "replay trace CSVs through the online detector and policy"),
-    "supervise": ("watchdog.supervisor", "run a command, restarting it on exit 42 or an OOM crash"),
+    "analyze": ("watchdog.commands.analyze", "replay trace CSVs through the online detector and policy"),
+    "supervise": ("watchdog.commands.supervise", "run a command, restarting it on exit 42 or an OOM crash"),
     "bench": ("watchdog.bench.cli", "detector quality and speed against the baselines"),
-    "report": ("watchdog.report", "draw a trace: usage, floor, trend, projection, limit, actions"),
+    "report": ("watchdog.commands.report", "draw a trace: usage, floor, trend, projection, limit, actions"),
 }
 
 

@@ -12,8 +12,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from watchdog.sample import Sample
-from watchdog.verdict import Action, Verdict
+from watchdog.core.sample import Sample
+from watchdog.core.verdict import Action, Verdict
 
 CHECKPOINT_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 

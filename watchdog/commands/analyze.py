@@ -1,7 +1,7 @@
 """`hbm-watchdog analyze TRACE... [--memory-limit BYTES] [--json]`: what the watchdog would have done.
 
 Each trace is replayed through the online detector and the action policy sample by sample, the
-same path the sidecar takes (`watchdog.replay`), so the answer is what a live run would have seen
+same path the sidecar takes (`watchdog.core.replay`), so the answer is what a live run would have seen
 at each step, not a hindsight fit. Pure Python: no torch, so it starts in a fraction of a second.
 """
 
@@ -11,10 +11,10 @@ import argparse
 import json
 import math
 
-from watchdog.errors import InputError
-from watchdog.replay import ReplayResult, replay
-from watchdog.sample import read_trace
-from watchdog.units import format_bytes, memory_limit_option
+from watchdog.core.errors import InputError
+from watchdog.core.replay import ReplayResult, replay
+from watchdog.core.sample import read_trace
+from watchdog.core.units import format_bytes, memory_limit_option
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def summary(path: str, result: ReplayResult) -> str:
         lines.append(f"  {result.first_action.value} asked for at step {result.first_action_step:,}"
                      + (f" (projected OOM then: step {result.projected_oom_step_at_first_action:,})"
                         if result.projected_oom_step_at_first_action is not None else ""))
-    if result.projected_oom_step is not None and math.isfinite(final.steps_to_oom):
+    if result.projected_oom_step is not None and math.isfinite(final.projected_oom_steps):
         lines.append(f"  projected OOM at step {result.projected_oom_step:,}")
     if final.explanation:
         lines.append(f"  {final.explanation}")

@@ -1,0 +1,25 @@
+"""`hbm-watchdog supervise [--max-restarts N] [--backoff S] -- CMD ...`: restart CMD on exit 42 or an OOM crash.
+
+The loop itself, its decisions and its exit statuses are in `watchdog.actions.supervisor`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from watchdog.actions.supervisor import supervise
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                        help="restarts allowed before giving up with status 1 (default 3)")
+    parser.add_argument("--backoff", type=float, default=1.0, metavar="SECONDS",
+                        help="wait before the first restart; doubles each time (default 1)")
+    parser.add_argument("--max-backoff", type=float, default=60.0, metavar="SECONDS",
+                        help="cap on the wait between restarts (default 60)")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return supervise(command, max_restarts=args.max_restarts, backoff=args.backoff, max_backoff=args.max_backoff)

@@ -1,0 +1,95 @@
+"""The one pipeline: a sample in, a verdict and an action out.
+
+    Sample -> limit rule -> LeakDetector -> Verdict -> ActionPolicy -> Action
+                                  ^                          |
+                                  +---- reinit / restart feedback (what an action gave back)
+
+Every caller drives this object and nothing else: the sidecar thread (one sample every N steps),
+`analyze`, `report` and `bench` (a recorded trace, sample by sample), the Lightning callback
+(through the sidecar). None of them wires a detector to a policy, so "analyze says exactly what
+the live watchdog would have said" holds by construction. Pure: no threads, no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from watchdog.core.detector import DetectorConfig, LeakDetector
+from watchdog.core.policy import ActionPolicy, PolicyConfig
+from watchdog.core.sample import Sample
+from watchdog.core.verdict import Action, Verdict
+
+_NO_LIMIT_SEEN = -1  # sentinel: no sample's bytes_limit has been seen yet (None is a real value)
+
+
+def effective_limit(device_limit_bytes: int | None, budget_bytes: int | None) -> int | None:
+    """The limit projections aim at: the smaller of the device's own limit and the configured budget.
+
+    Either may be unknown (None, or 0 from a runtime that reports no limit); with neither known
+    there is no limit and no OOM can be projected. The one copy of this rule in the code base.
+    """
+    if device_limit_bytes and budget_bytes:
+        return min(device_limit_bytes, budget_bytes)
+    return device_limit_bytes or budget_bytes or None
+
+
+class Recovery(NamedTuple):
+    """What a checkpoint-and-reinit gave back, measured between steps right after it."""
+
+    floor_before_bytes: float  # the fitted floor before the action
+    bytes_after: float  # one reading after the rebuild (no activations live)
+    recovered: bool  # the policy's call: enough came back, else the next action is a restart
+
+    @property
+    def recovered_bytes(self) -> float:
+        return self.floor_before_bytes - self.bytes_after
+
+
+class Judge:
+    """Turns samples into (verdict, action) pairs; owns the detector, the policy and the limit rule.
+
+    `judge(sample)` returns a plain `(verdict, action)` tuple: it runs once per sample in a replay.
+    """
+
+    def __init__(self, detector_config: DetectorConfig | None = None, policy_config: PolicyConfig | None = None,
+                 *, memory_limit_bytes: int | None = None, restarts_so_far: int = 0):
+        self.memory_limit_bytes = memory_limit_bytes
+        self.detector = LeakDetector(detector_config, effective_limit(None, memory_limit_bytes))
+        self.policy = ActionPolicy(policy_config, restarts_so_far=restarts_so_far)
+        self.latest: Verdict | None = None
+        self._device_limit: int | None = _NO_LIMIT_SEEN
+        self._update = self.detector.update  # bound once: judge() runs once per sample
+        self._decide = self.policy.decide
+
+    @property
+    def limit_bytes(self) -> int | None:
+        """The effective limit as of the newest sample."""
+        return self.detector.limit_bytes
+
+    @property
+    def restarts_so_far(self) -> int:
+        return self.policy.restarts_so_far
+
+    def judge(self, sample: Sample) -> tuple[Verdict, Action]:
+        if sample.bytes_limit != self._device_limit:
+            self._device_limit = sample.bytes_limit
+            self.detector.set_limit(effective_limit(sample.bytes_limit, self.memory_limit_bytes))
+        verdict = self.latest = self._update(sample)
+        return verdict, self._decide(verdict)
+
+    def reinit_finished(self, bytes_after: float) -> Recovery | None:
+        """Told after a checkpoint-and-reinit, with one reading taken between steps.
+
+        If memory came back down, the old trend described the old process state: the detector
+        starts a new baseline. If not, the leak lives outside what a reinit rebuilds; its history
+        is kept, so the policy's escalation to a restart comes quickly. None when no floor was
+        known yet to compare against.
+        """
+        verdict = self.latest
+        if verdict is None or verdict.floor_bytes is None:
+            return None
+        before = verdict.floor_bytes
+        recovered = self.policy.reinit_finished(before, bytes_after)
+        if recovered:
+            self.detector.reset()
+        return Recovery(before, float(bytes_after), recovered)

@@ -1,0 +1,130 @@
+"""Robust statistics on bucket floors: the trend fit, its confidence interval, excursions.
+
+Pure functions on plain lists of floats, no state: the detector (`watchdog.core.detector`)
+decides what to fit and when; this module only says what a window of floors looks like.
+
+Why these estimators:
+- a median of pairwise slopes (pairs half a window apart, a Theil-Sen estimator linear in the
+  window) is not moved by spikes and outliers, and the distribution-free confidence interval of
+  that median needs no assumption about the noise;
+- a transient's height is measured against the floors on both sides of it, so a bucket in which
+  the floor itself moved is not mistaken for a transient;
+- a window is split in quarters (`SEGMENTS`) to tell growth spread over it from a one-off shift,
+  and the newest quarters tell a filling cache (geometric slowdown) from a leak.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+INF = math.inf
+SEGMENTS = 4  # a window is split in quarters to tell spread-out growth from a one-off shift
+IQR_TO_SIGMA = 1.349
+SQRT2 = math.sqrt(2.0)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+class Trend(NamedTuple):
+    """A robust line through bucket floors, and how leak-like the window looks."""
+
+    slope: float  # bytes per step
+    low: float
+    high: float
+    level: float  # fitted floor at the window's newest bucket (NaN until `with_level` when low <= 0)
+    x_last: float  # step of the newest bucket
+    span: float  # steps between the oldest and newest bucket
+    sigma: float  # robust scale of the residuals
+    increments: tuple[float, ...]  # rise of each quarter's median floor over the previous one;
+    # () when the slope's low edge is not above zero: no rise to split, and most fits end there
+
+
+def fit_trend(xs: list[float], ys: list[float], z: float = 1.96) -> Trend:
+    """Median of slopes between points half a window apart, with the median's confidence interval.
+
+    Each point is used in one pair only, so the slopes are close to independent and their
+    median's order-statistic interval is honest; O(n log n) instead of Theil-Sen's O(n^2). The
+    residual scale comes from the spread of the same slopes (each pair difference carries the
+    noise of two points), so no second pass over the window is needed.
+    """
+    n = len(xs)
+    half = n // 2
+    m = n - half
+    slopes = sorted([(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in zip(xs, xs[half:], ys, ys[half:])])
+    slope = slopes[m // 2] if m % 2 else 0.5 * (slopes[m // 2 - 1] + slopes[m // 2])
+    k = max(0, int(m / 2 - z * math.sqrt(m) / 2))
+    x_last = xs[-1]
+    low = slopes[k]
+    # Most windows of a healthy run end at `low <= 0`: the level (half a fit's cost) waits until asked.
+    level = level_at(xs, ys, slope) if low > 0 else math.nan
+    pair_distance = (x_last - xs[0]) * half / (n - 1)
+    sigma = (slopes[(3 * m) // 4] - slopes[m // 4]) / IQR_TO_SIGMA * pair_distance / SQRT2
+    increments: tuple[float, ...] = ()
+    if low > 0:
+        quarter = n // SEGMENTS
+        levels = [median(ys[j * quarter:(j + 1) * quarter]) for j in range(SEGMENTS)]
+        increments = (levels[1] - levels[0], levels[2] - levels[1], levels[3] - levels[2])
+    return Trend(slope, low, slopes[m - 1 - k], level, x_last, x_last - xs[0], sigma, increments)
+
+
+def level_at(xs: list[float], ys: list[float], slope: float) -> float:
+    """The line's value at the newest point: median intercept of the points under the given slope."""
+    return median([y - slope * x for x, y in zip(xs, ys)]) + slope * xs[-1]
+
+
+def with_level(trend: Trend, xs: list[float], ys: list[float]) -> Trend:
+    """The trend with its level filled in (fit_trend leaves it NaN when the slope's low edge is <= 0)."""
+    return trend if trend.level == trend.level else trend._replace(level=level_at(xs, ys, trend.slope))
+
+
+def largest_excursion(floors: list[float], peaks: list[float]) -> float:
+    """The highest transient above the floor: each bucket's peak over the floors on both sides of it.
+
+    A transient (activations, an eval buffer, a checkpoint spike) rises from the floor and falls
+    back to it, so its height is the same against the neighbouring buckets' floors. A bucket in
+    which the floor itself dropped (a freed cache, a workload leaving) or jumped has a peak-to-min
+    span that is no transient: against the higher floor next to it, it shrinks to what it is.
+    """
+    return max((excursion_at(floors, peaks, i) for i in range(len(floors))), default=0.0)
+
+
+def excursion_at(floors: list[float], peaks: list[float], i: int) -> float:
+    """Bucket i's peak over the higher of its own floor and its neighbours'."""
+    return peaks[i] - max(floors[max(0, i - 1):i + 2])
+
+
+def plateau_rise(trend: Trend) -> float:
+    """Growth still to come if the newest quarters keep slowing geometrically (inf when not slowing).
+
+    A cache that fills and stops approaches its size exponentially: each quarter adds a fixed
+    fraction q of the one before, so the rest adds up to d * q / (1 - q). Only the two newest
+    quarters are used, because the oldest may still hold the flat time before the growth began.
+    """
+    older, newest = trend.increments[-2], trend.increments[-1]
+    if newest <= 0:
+        return 0.0
+    if older <= newest:
+        return INF
+    q = newest / older
+    return newest * q / (1 - q)
+
+
+def window_sizes(n: int, smallest: int) -> list[int]:
+    """All of the history, then the newest half, quarter, ... down to `smallest` buckets."""
+    sizes = [n]
+    while sizes[-1] > smallest:
+        sizes.append(max(smallest, sizes[-1] // 2))
+    return sizes
+
+
+def crossing(x: float, room: float, slope: float) -> float:
+    """Where a line rising `slope` per step from `x` has used up `room` (x itself when none is left)."""
+    if room <= 0:
+        return x
+    return x + room / slope if slope > 0 else INF
