@@ -55,3 +55,21 @@ def run_cli():
                               env=env or hbm_watchdog_env())
 
     return run
+
+
+class ProcessInFastTest(AssertionError):
+    """A test that starts a process must be marked slow, so `pytest -m "not slow"` stays a fast loop."""
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_slow_tests(request, monkeypatch):
+    """Enforce the marker instead of trusting it: an unmarked test that starts a process fails."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    import multiprocessing.process
+
+    def refuse(*_args, **_kwargs):
+        raise ProcessInFastTest(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)

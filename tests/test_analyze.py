@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import run_python
 
 from watchdog.core.sample import Sample, write_trace
@@ -26,6 +27,7 @@ def _write(path: Path, steps: int, rate: int, limit: int | None = 16 * GiB) -> P
     return path
 
 
+@pytest.mark.slow
 def test_json_one_object_per_trace_with_the_design_fields(tmp_path):
     leak = _write(tmp_path / "leak.csv", 5500, 1 * MiB)
     clean = _write(tmp_path / "clean.csv", 3000, 0)
@@ -41,6 +43,7 @@ def test_json_one_object_per_trace_with_the_design_fields(tmp_path):
     assert rows[1]["leak"] is False and rows[1]["first_alarm_step"] is None
 
 
+@pytest.mark.slow
 def test_human_output_and_memory_limit_budget(tmp_path):
     trace = _write(tmp_path / "nolimit.csv", 5000, 512 * 1024, limit=None)
     proc = _cli("analyze", str(trace), "--memory-limit", "14GiB")
@@ -49,6 +52,7 @@ def test_human_output_and_memory_limit_budget(tmp_path):
     assert "14.0 GiB limit" in proc.stdout and "leak alarm first raised at step" in proc.stdout
 
 
+@pytest.mark.slow
 def test_bad_trace_exits_2_naming_file_and_line(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,100,,\n2,2.5,lots,,\n")
@@ -61,6 +65,7 @@ def test_bad_trace_exits_2_naming_file_and_line(tmp_path):
     assert size.returncode == 2 and "--memory-limit" in size.stderr
 
 
+@pytest.mark.slow
 def test_analyze_never_imports_torch(tmp_path):
     trace = _write(tmp_path / "t.csv", 500, 0)
     code = ("import sys; from watchdog.commands.cli import main; rc = main(['analyze', sys.argv[1], '--json']); "

@@ -16,7 +16,11 @@ import pytest
 import torch
 from conftest import REPO, run_python
 
-from watchdog.actions.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from watchdog.actions.checkpoint import (
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+)
 from watchdog.core.errors import ConfigError, InputError
 
 
@@ -172,6 +176,7 @@ print(json.dumps({"same_draws": expected == again,
 """
 
 
+@pytest.mark.slow
 def test_xla_tensors_and_xla_rng_round_trip_on_pjrt_cpu(tmp_path):
     result = json.loads(run_python(XLA_ROUND_TRIP, str(tmp_path), timeout=240).strip().splitlines()[-1])
     assert result == {"same_draws": True, "loaded_on": ["cpu"], "weights_equal": True}
@@ -214,6 +219,7 @@ def kill_during_a_write(directory: Path) -> tuple[Path, int] | None:
         child.stdout.close()
 
 
+@pytest.mark.slow
 def test_sigkill_in_the_middle_of_a_write_leaves_the_previous_checkpoint_loadable(tmp_path):
     for attempt in range(5):  # the kill can race the rename; try again rather than prove nothing
         directory = tmp_path / f"attempt{attempt}"

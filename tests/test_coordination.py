@@ -3,9 +3,15 @@
 import json
 import socket
 
+import pytest
 import torch.multiprocessing as mp
 
-from watchdog.actions.coordination import ActionCoordinator, agree_on_action, most_severe, severity
+from watchdog.actions.coordination import (
+    ActionCoordinator,
+    agree_on_action,
+    most_severe,
+    severity,
+)
 from watchdog.core.verdict import Action
 
 REINIT, RESTART, WARN = Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART, Action.WARN
@@ -65,6 +71,7 @@ def free_port():
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_real_ranks_take_the_same_action_at_the_same_step(tmp_path):
     mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -18,7 +18,13 @@ from watchdog.bench.memory_model import (
     StepwiseLeak,
     render,
 )
-from watchdog.bench.realtraces import DATA_ENV, default_data_path, load_machines, real_corpus, resolve_data_path
+from watchdog.bench.realtraces import (
+    DATA_ENV,
+    default_data_path,
+    load_machines,
+    real_corpus,
+    resolve_data_path,
+)
 from watchdog.core.errors import InputError
 
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from test_exporter import leaking_telemetry, names, scrape, served  # noqa: F401 - `served` is a fixture
 
@@ -19,6 +20,7 @@ PANELS = [p for p in dashboard_queries.all_panels(DASHBOARD) if p.get("type") !=
 VARIABLES = {v["name"]: v for v in DASHBOARD["templating"]["list"]}
 
 
+@pytest.mark.slow
 def test_committed_json_is_what_the_builder_writes():
     out = subprocess.run([sys.executable, str(GRAFANA / "build_dashboard.py"), "--check"],
                          capture_output=True, text=True, timeout=60)

@@ -178,6 +178,7 @@ def test_a_real_watchdog_run_is_exported_as_the_sidecar_sees_it(tmp_path, served
     assert value(samples, "hbmwatch_projected_oom_steps") == verdict.projected_oom_steps
 
 
+@pytest.mark.slow
 def test_serving_and_scraping_never_import_torch():
     """Scrapes read the cache only: the exporter must not even load torch or torch_xla."""
     code = (

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_RESTART_REQUESTED
@@ -41,6 +42,7 @@ def test_every_kind_is_shipped():
     assert {"JobSet", "PodMonitoring", "PodMonitor", "PrometheusRule", "Rules"} <= set(DOCS)
 
 
+@pytest.mark.slow
 def test_generated_rule_objects_are_up_to_date_and_match_rules_yml():
     out = subprocess.run([sys.executable, str(K8S / "render_rules.py"), "--check"],
                          capture_output=True, text=True, timeout=60)

@@ -45,6 +45,7 @@ def _scalar(prometheus, expr: str) -> float:
     return float(result[0]["value"][1]) if result else float("nan")
 
 
+@pytest.mark.slow
 def test_dashboard_and_alerts_against_a_real_prometheus_and_a_leaking_run(stack):
     run, prometheus = stack
     diagnostics = lambda: f"run output:\n{run.tail()}\nprometheus:\n{prometheus.log_tail(10)}"  # noqa: E731

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "watchdog"
 
 
-def tracked_text_files() -> list[Path]:
-    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    return [ROOT / n for n in names if not n.endswith((".png", ".gz")) and (ROOT / n).is_file()]
+SKIPPED_FOLDERS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", "runs", "build"}
+
+
+def repository_text_files() -> list[Path]:
+    return [p for p in ROOT.rglob("*") if p.is_file() and not p.name.endswith((".png", ".gz", ".pyc"))
+            and not SKIPPED_FOLDERS.intersection(p.relative_to(ROOT).parts)
+            and not any(part.endswith(".egg-info") for part in p.parts)]
 
 
 def test_nothing_points_outside_the_repository():
     outside = re.compile(r"\.\./shared|design\.md")
-    offenders = [str(p.relative_to(ROOT)) for p in tracked_text_files()
+    offenders = [str(p.relative_to(ROOT)) for p in repository_text_files()
                  if p.name != Path(__file__).name and outside.search(p.read_text(errors="replace"))]
     assert offenders == []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 PROMETHEUS_DIR = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
@@ -22,18 +23,21 @@ def alerts() -> list[dict]:
     return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"] if "alert" in rule]
 
 
+@pytest.mark.slow
 def test_promtool_check_rules_passes():
     out = promtool("check", "rules", str(RULES))
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(alerts())} rules found" in out.stdout
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass():
     out = promtool("test", "rules", "rules_test.yml")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
 
 
+@pytest.mark.slow
 def test_local_prometheus_config_is_valid_and_loads_the_rules():
     out = promtool("check", "config", "prometheus.yml")
     assert out.returncode == 0, out.stdout + out.stderr

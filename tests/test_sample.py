@@ -5,7 +5,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from watchdog.core.errors import TraceFormatError
-from watchdog.core.sample import TRACE_HEADER, Sample, TraceWriter, load_trace, write_trace
+from watchdog.core.sample import (
+    TRACE_HEADER,
+    Sample,
+    TraceWriter,
+    load_trace,
+    write_trace,
+)
 
 sizes = st.integers(min_value=0, max_value=1 << 50)
 samples = st.builds(

@@ -100,6 +100,7 @@ except SourceUnavailable as exc:
 """
 
 
+@pytest.mark.slow
 def test_xla_on_pjrt_cpu_falls_back_to_rss_and_says_why():
     out = run_python(XLA_FALLBACK, timeout=180)
     assert "SELECTED rss True" in out

@@ -90,6 +90,7 @@ def test_oom_scanner_finds_a_marker_split_across_chunks():
 
 # --- real processes -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_restarts_on_42_until_the_child_succeeds_with_the_count_going_up():
     out = supervise("sys.exit(42 if run < 2 else 0)", "--max-restarts", "3")
     assert out.returncode == 0, out.stderr
@@ -98,6 +99,7 @@ def test_restarts_on_42_until_the_child_succeeds_with_the_count_going_up():
     assert [(e["restart"], e["reason"]) for e in restarts] == [(1, "restart_requested"), (2, "restart_requested")]
 
 
+@pytest.mark.slow
 def test_gives_up_with_status_1_when_the_budget_is_spent():
     out = supervise("sys.exit(42)", "--max-restarts", "2")
     assert out.returncode == EXIT_BUDGET_EXHAUSTED
@@ -105,6 +107,7 @@ def test_gives_up_with_status_1_when_the_budget_is_spent():
     assert "restart budget of 2 spent" in out.stderr
 
 
+@pytest.mark.slow
 def test_restarts_after_an_out_of_memory_crash_seen_in_the_output():
     out = supervise("if run == 0:\n"
                     "    print('RuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 1GiB', file=sys.stderr)\n"
@@ -115,12 +118,14 @@ def test_restarts_after_an_out_of_memory_crash_seen_in_the_output():
     assert any(e["event"] == "child_restarting" and e["reason"] == "out_of_memory" for e in log_events(out))
 
 
+@pytest.mark.slow
 def test_an_ordinary_failure_is_not_restarted_and_its_status_is_passed_on():
     out = supervise("print('bad config', file=sys.stderr); sys.exit(3)")
     assert out.returncode == 3
     assert runs(out) == ["run 0"]
 
 
+@pytest.mark.slow
 def test_restarts_after_death_by_sigkill():
     out = supervise("if run == 0: os.kill(os.getpid(), signal.SIGKILL)")
     assert out.returncode == 0
@@ -141,6 +146,7 @@ SAVES_ON_SIGTERM = ("def on_term(signum, frame):\n"
                     "time.sleep(60)\n")
 
 
+@pytest.mark.slow
 def test_sigterm_is_forwarded_to_the_child_and_supervision_stops():
     sup = start_supervisor(SAVES_ON_SIGTERM)
     try:
@@ -155,6 +161,7 @@ def test_sigterm_is_forwarded_to_the_child_and_supervision_stops():
     assert sup.returncode == 42  # ...but passed on, so a cluster reschedules the job
 
 
+@pytest.mark.slow
 def test_a_child_without_a_handler_dies_of_the_forwarded_sigterm():
     sup = start_supervisor("print('ready', flush=True); time.sleep(60)")
     try:
@@ -167,6 +174,7 @@ def test_a_child_without_a_handler_dies_of_the_forwarded_sigterm():
     assert sup.returncode == 128 + signal.SIGTERM
 
 
+@pytest.mark.slow
 def test_sigterm_during_backoff_stops_without_another_run():
     sup = start_supervisor("sys.exit(42)", "--backoff", "30")
     try:
@@ -187,6 +195,7 @@ def test_sigterm_during_backoff_stops_without_another_run():
     (["--max-restarts", "-1", "--", "true"], "--max-restarts"),
     (["--", "/nonexistent/hbm-watchdog-child"], "cannot run"),
 ])
+@pytest.mark.slow
 def test_bad_usage_is_one_line_and_status_2(argv, message):
     out = subprocess.run([sys.executable, "-m", "watchdog", "supervise", *argv], cwd=REPO,
                          capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})

@@ -101,6 +101,7 @@ print(compiles["recompile:1000"], compiles["recompile:3"])
 """
 
 
+@pytest.mark.slow
 def test_recompile_leak_really_recompiles_on_xla():
     steady, leaking = map(int, run_python(XLA_RECOMPILE).split())
     assert steady == 1  # one shape, one graph

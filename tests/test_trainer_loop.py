@@ -106,6 +106,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_xla_optimizer_state_is_on_the_device_after_reinit_and_after_resume(tmp_path):
     assert run_python(XLA_STATE, str(tmp_path)).strip().endswith("ok")
 
@@ -122,6 +123,7 @@ def test_off_device_tensors_names_what_is_elsewhere():
         trainer.close()
 
 
+@pytest.mark.slow
 def test_sigterm_saves_at_the_step_boundary_exits_42_and_resumes(tmp_path):
     ckpt = tmp_path / "ckpt"
     args = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--device", "cpu",
@@ -170,6 +172,7 @@ def test_checkpoint_dir_that_cannot_be_a_directory_is_exit_2(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_train_flags_are_parsed_without_importing_torch():
     code = ("import sys; from watchdog.commands.cli import build_parser; "
             "build_parser().parse_args(['train', '--inject-leak', 'tensors:1MiB/step']); "

@@ -104,5 +104,6 @@ print("ok", loss_a)
 """
 
 
+@pytest.mark.slow
 def test_xla_checkpointing_uses_torch_xla_and_gives_the_same_loss():
     assert run_python(XLA_CHECKPOINT).startswith("ok")

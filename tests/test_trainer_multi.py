@@ -5,6 +5,7 @@ train here; what can be checked here is that the replicated machinery with one r
 exactly like the plain loop, through a reinit, and that two devices on PJRT CPU are refused clearly.
 """
 
+import pytest
 from conftest import run_python
 
 from watchdog.commands.cli import main
@@ -36,6 +37,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_replicated_machinery_trains_exactly_like_the_plain_loop(tmp_path):
     assert run_python(REPLICATED, str(tmp_path)).strip().endswith("ok")
 

@@ -7,6 +7,7 @@ compile and transfer counters of `torch_xla.debug.metrics` must be identical.
 
 import json
 
+import pytest
 from conftest import run_python
 
 LOOP = r"""
@@ -52,6 +53,7 @@ def run(mode: str) -> dict:
     return json.loads(run_python(LOOP, mode).strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_watchdog_adds_no_compilation_and_no_transfer():
     bare, watched = run("off"), run("on")
     assert watched["samples"] >= 6, "the watchdog must actually have sampled during the loop"

@@ -17,6 +17,7 @@ Heavy modules (torch, torch_xla) are imported lazily so that `hbm-watchdog analy
 from __future__ import annotations
 
 __version__ = "0.1.0"
+__hbm_watchdog__ = True  # tells this package apart from the file-events `watchdog` (commands/clash.py)
 
 __all__ = ["Watchdog", "WatchdogConfig", "Action", "Verdict", "Status", "Sample", "__version__"]
 

@@ -2,7 +2,9 @@
 
 Each subcommand lives in its own module exposing `configure(parser)` and `run(args) -> int`;
 this file only routes. Modules import heavy dependencies (torch) inside `run`, so `--help`
-and `analyze` start fast. Any `InputError` becomes one line on stderr and exit status 2.
+and `analyze` start fast. Any `InputError` becomes one line on stderr and exit status 2, and so
+does a `watchdog` package shared with the file-events package of that name (`clash.py`), which
+is checked before anything else is imported.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-from watchdog import __version__
+from watchdog.commands.clash import name_clash
 from watchdog.core.errors import EXIT_BAD_INPUT, InputError
 
 COMMANDS = {
@@ -23,12 +25,10 @@ COMMANDS = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on bad usage already; this keeps its message to one line plus usage."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hbm-watchdog", description=__doc__.splitlines()[0])
+    from watchdog import __version__
+
+    parser = argparse.ArgumentParser(prog="hbm-watchdog", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"hbm-watchdog {__version__}")
     parser.add_argument("--log-format", choices=("auto", "json", "console"), default="auto",
                         help="log rendering (default: console on a TTY, JSON lines otherwise)")
@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    clash = name_clash()
+    if clash:
+        print(f"hbm-watchdog: error: {clash}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     parser = build_parser()
     args = parser.parse_args(argv)
     from watchdog.logs import configure_logging
