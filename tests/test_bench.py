@@ -121,6 +121,7 @@ def test_bench_json_is_one_object_with_a_table_per_corpus(capsys):
     report = json.loads(out)
     assert set(report) >= {"synthetic", "anchors", "definitions", "seed"} and "real" not in report
     assert report["repeat"] == 1
+    assert report["baselines"] == {"threshold_90pct": "static alert at 90% of the limit"}
     (row,) = report["synthetic"]["scores"]
     assert row["detector"] == "threshold_90pct" and row["traces"] == report["synthetic"]["corpus"]["traces"]
     assert any("0.857" in a for a in report["anchors"]) and any("0.91" in a for a in report["anchors"])
@@ -140,6 +141,7 @@ def test_bench_prints_an_aligned_table_and_the_anchors(capsys):
     assert table[2].startswith("threshold_90pct") and table[3].startswith("lbr_r2_0.8")
     assert lines[header - 1].startswith("Real corpus: 48 traces (24 OOM-bound leaks")
     assert "PrecogMF" in out and "RESIN" in out
+    assert "  - lbr_r2_0.8: linear backward regression" in out
 
 
 def test_bench_says_clearly_when_the_real_traces_are_missing(tmp_path, monkeypatch, capsys):

@@ -238,7 +238,7 @@ BASELINES: dict[str, BaselineFactory] = {
     "lbr_r2_0.8": lambda limit: LinearBackwardRegression(memory_limit_bytes=limit),
 }
 
-BASELINE_NOTES = {
+BASELINE_NOTES = {  # what each baseline models, printed with the bench tables
     "threshold_90pct": "static alert at 90% of the limit",
     "predict_linear_mixin": "node-exporter mixin: predict_linear(x[6h], 24h) past the limit, >60% used, for: 1h",
     "predict_linear_1h": "the same rule rescaled for training jobs: [1h], 4h ahead, for: 15m",

@@ -96,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
 
     corpora = _load_corpora(args)
     runners = detectors(names)
-    report: dict = {"seed": args.seed, "repeat": args.repeat, "anchors": list(ANCHORS), "definitions": list(DEFINITIONS)}
+    from watchdog.bench.baselines import BASELINE_NOTES
+
+    report: dict = {"seed": args.seed, "repeat": args.repeat, "anchors": list(ANCHORS), "definitions": list(DEFINITIONS),
+                    "baselines": {name: BASELINE_NOTES[name] for name in runners if name in BASELINE_NOTES}}
     for corpus_name, traces in corpora.items():
         bar = _progress_bar(len(traces) * len(runners) * args.repeat, corpus_name)
         scores, outcomes = evaluate(traces, runners, args.repeat, progress=bar.update if bar else None)
@@ -117,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
         print("Anchors from the literature (different data, for scale):")
         for line in ANCHORS:
             print(f"  - {line}")
+        print("Baselines:")
+        for name, note in report["baselines"].items():
+            print(f"  - {name}: {note}")
         print("Definitions:")
         for line in DEFINITIONS:
             print(f"  - {line}")
