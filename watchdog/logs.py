@@ -1,22 +1,42 @@
 """Structured logging: library modules log through stdlib loggers; entry points choose the rendering.
 
 `get_logger(__name__)` gives a structlog logger wrapped around `logging.getLogger(name)`, so a
-user's logging setup (levels, handlers) applies. Only entry points (CLI, trainer) call
-`configure_logging`, which renders JSON lines by default and a readable console on a TTY.
+user's logging setup (levels, handlers) applies. Only entry points (the CLI) call
+`configure_logging`, which picks one of two renderings for the same events:
+
+- JSON lines (not a TTY, or `--log-format json`): every event with every field, raw numbers in
+  base units. This is the contract for log pipelines; nothing here changes its content.
+- The console (a TTY): what a person glancing at a ten-hour job wants. Routine start-up detail
+  (which memory source, where the trace goes) is shown only at `--log-level debug`; numbers carry
+  their units (`1.88 GiB`, `+4.0 MiB/step`, `8 s`); events that carry a pre-rendered `block`
+  (the watchdog's action report, the end-of-run summary) are printed as that block. A progress
+  bar, when one is drawn, cooperates through tqdm's logging redirection (`trainer/progress.py`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 
 import structlog
+
+from watchdog.core.units import format_bytes, format_duration
 
 _PRE_CHAIN = [
     structlog.stdlib.add_log_level,
     structlog.stdlib.add_logger_name,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
 ]
+
+LEVELS = ("debug", "info", "warning", "error")
+
+# Events a person does not need on a terminal unless debugging; JSON logs keep them all.
+ROUTINE_EVENTS = frozenset({
+    "memory_source_unavailable", "memory_source_selected", "watchdog_started", "watchdog_stopped",
+    "metrics_serving", "checkpoint_loaded", "checkpoint_saved", "checkpoint_stale_temporary_removed",
+    "child_started", "train_progress",
+})
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
@@ -28,26 +48,66 @@ def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     )
 
 
+def console_wanted(fmt: str = "auto") -> bool:
+    return fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+
+
 def configure_logging(fmt: str = "auto", level: int | str = logging.INFO) -> None:
     """Install one stderr handler on the root logger: `json`, `console`, or `auto` (console on a TTY)."""
-    if fmt == "auto":
-        fmt = "console" if sys.stderr.isatty() else "json"
-    renderer = (
-        structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-        if fmt == "console"
-        else structlog.processors.JSONRenderer()
-    )
+    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    console = console_wanted(fmt)
+    if console:
+        processors = [structlog.stdlib.ProcessorFormatter.remove_processors_meta, with_units,
+                      structlog.processors.format_exc_info, _render_blocks_or(
+                          structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))]
+    else:
+        processors = [structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                      structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                        structlog.processors.format_exc_info, renderer],
-            foreign_pre_chain=_PRE_CHAIN,
-        )
-    )
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=processors, foreign_pre_chain=_PRE_CHAIN))
+    if console and numeric > logging.DEBUG:
+        handler.addFilter(_without_routine_events)
     root = logging.getLogger()
     for old in list(root.handlers):  # an entry point owns the process's logging (torch_xla's import adds one)
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(level)
+    root.setLevel(numeric)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # it logs every run of every job at INFO
+
+
+def _without_routine_events(record: logging.LogRecord) -> bool:
+    event = record.msg.get("event") if isinstance(record.msg, dict) else None
+    return event not in ROUTINE_EVENTS
+
+
+# ---- the console's processors: pure functions of the event dict ---------------------------------
+
+def with_units(_logger, _name, event: dict) -> dict:
+    """Numbers a person reads, with units: `*_bytes`, `bytes_*`, `*_bytes_per_step`, `*_seconds` fields.
+
+    Only the console chain runs this; JSON keeps raw base units for machines.
+    """
+    for key, value in event.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if key.endswith("_bytes_per_step"):
+            event[key] = f"{'+' if value >= 0 else ''}{format_bytes(value)}/step"
+        elif key == "bytes" or key.endswith("_bytes") or key.startswith("bytes_"):
+            event[key] = format_bytes(value)
+        elif key.endswith("_seconds") and math.isfinite(value):
+            event[key] = format_duration(value)
+    return event
+
+
+def _render_blocks_or(renderer):
+    """Events that carry a ready `block` of text print as that block; the rest go to `renderer`."""
+
+    def render(logger, name, event: dict) -> str:
+        block = event.get("block")
+        if isinstance(block, str) and block:
+            return block
+        return renderer(logger, name, event)
+
+    return render
+
+

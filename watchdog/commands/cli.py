@@ -15,6 +15,7 @@ import sys
 
 from watchdog.commands.clash import name_clash
 from watchdog.core.errors import EXIT_BAD_INPUT, InputError
+from watchdog.logs import LEVELS, configure_logging
 
 COMMANDS = {
     "train": ("watchdog.trainer.cli", "run the instrumented trainer with the watchdog attached"),
@@ -32,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hbm-watchdog {__version__}")
     parser.add_argument("--log-format", choices=("auto", "json", "console"), default="auto",
                         help="log rendering (default: console on a TTY, JSON lines otherwise)")
+    parser.add_argument("--log-level", choices=LEVELS, default="info",
+                        help="least severe events shown (default: info; on a console, routine start-up "
+                             "detail appears only at debug)")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="warnings and errors only, and no progress bar (the end-of-run summary still prints)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         module = importlib.import_module(module_name)
@@ -48,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     parser = build_parser()
     args = parser.parse_args(argv)
-    from watchdog.logs import configure_logging
-
-    configure_logging(args.log_format)
+    configure_logging(args.log_format, "warning" if args.quiet else args.log_level)
     try:
         return int(args._run(args) or 0)
     except InputError as exc:

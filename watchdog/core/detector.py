@@ -56,7 +56,7 @@ from watchdog.core.trend import (
     window_sizes,
     with_level,
 )
-from watchdog.core.units import format_bytes
+from watchdog.core.units import format_bytes, format_duration
 from watchdog.core.verdict import Status, Verdict
 
 INF = math.inf
@@ -476,7 +476,7 @@ def explain(analysis: _Analysis, limit: float | None, oom_x: float) -> str:
         steps = max(0.0, oom_x - trend.x_last)
         when = f"at step {math.ceil(oom_x):,}, in {steps:,.0f} steps"
         if analysis.seconds_per_step > 0:
-            when += f" ({_duration(steps * analysis.seconds_per_step)})"
+            when += f" ({format_duration(steps * analysis.seconds_per_step)})"
         projection = f"peak reaches {limit_text} {when}"
     else:
         projection = f"peak {format_bytes(trend.level + analysis.excursion)} of {limit_text}"
@@ -485,10 +485,3 @@ def explain(analysis: _Analysis, limit: float | None, oom_x: float) -> str:
         text += f" [suspect: {analysis.reason}]"
     return text
 
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

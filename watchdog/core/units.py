@@ -51,3 +51,12 @@ def format_bytes(n: float | None) -> str:
         return f"{sign}{value:.0f} B"
     power = min(len(_UNITS) - 1, (int(value).bit_length() - 1) // 10)  # explanations format a few per bucket
     return f"{sign}{value / (1 << 10 * power):.1f} {_UNITS[power]}"
+
+
+def format_duration(seconds: float) -> str:
+    """`8.2` -> `8 s`, `300` -> `5 min`, `9000` -> `2.5 h`: a duration as a person reads it."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -104,6 +104,7 @@ def build_config(args: argparse.Namespace):
         text_file=args.text_file, leaks=tuple(parse_leak_spec(s) for s in args.inject_leak),
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
         log_every=args.log_every, forced_actions=tuple(_parse_forced(s) for s in args.force_action),
+        progress_bar=False if getattr(args, "quiet", False) else None,
         watchdog=watchdog,
     )
 

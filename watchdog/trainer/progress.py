@@ -3,15 +3,22 @@
 The loss is read only every `log_every` steps, after the step's sync: reading it is a
 device-to-host transfer, and on XLA one per step would cost more than the watchdog does.
 Memory and the watchdog's status come from its telemetry cache, never from the runtime.
+
+While the bar is drawn, log records go through `tqdm.write` (tqdm's logging redirection), so an
+event printed by the sidecar thread lands above the bar instead of inside its line, and the bar
+stays one line at the bottom.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 import time
 
 import torch
 
+from watchdog.core.units import format_bytes, format_duration
 from watchdog.logs import get_logger
 
 log = get_logger("watchdog.trainer")
@@ -23,12 +30,15 @@ class Progress:
         self.losses: dict[int, float] = {}
         self._last_time, self._last_step = time.perf_counter(), first_step
         self._bar = None
+        self._redirect = contextlib.ExitStack()
         if bar if bar is not None else sys.stderr.isatty():
             try:
                 from tqdm import tqdm  # the `progress` extra; without it, log lines on a terminal too
+                from tqdm.contrib.logging import logging_redirect_tqdm
             except ImportError:
                 return
             self._bar = tqdm(total=steps_total, initial=first_step, unit="step", dynamic_ncols=True)
+            self._redirect.enter_context(logging_redirect_tqdm())
 
     def update(self, step: int, loss: torch.Tensor, watchdog) -> None:
         if self._bar is not None:
@@ -41,20 +51,43 @@ class Progress:
         now = time.perf_counter()
         rate = (done - self._last_step) / (now - self._last_time) if now > self._last_time else 0.0
         self._last_time, self._last_step = now, done
-        fields = {"step": step, "loss": round(value, 4), "steps_per_second": round(rate, 2)}
-        fields.update(_watchdog_fields(watchdog))
         if self._bar is not None:
-            self._bar.set_postfix(loss=f"{value:.3f}", memory=fields.get("memory_mib"),
-                                  watchdog=fields.get("watchdog"), refresh=False)
+            self._bar.set_postfix_str(bar_text(value, watchdog), refresh=False)
         else:
-            log.info("train_progress", **fields)
+            log.info("train_progress", step=step, loss=round(value, 4), steps_per_second=round(rate, 2),
+                     **_watchdog_fields(watchdog))
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+        self._redirect.close()
+
+
+def bar_text(loss: float, watchdog) -> str:
+    """What the bar shows after the step count: `loss 0.912 | 1.88 GiB / 2.00 GiB | leaking, OOM in ~8 s (step 271)`."""
+    parts = [f"loss {loss:.3f}"]
+    if watchdog is None:
+        return parts[0]
+    sample, verdict = watchdog.telemetry.sample, watchdog.telemetry.verdict
+    if sample is not None:
+        limit = verdict.limit_bytes if verdict is not None else None
+        parts.append(format_bytes(sample.bytes_used) + (f" / {format_bytes(limit)}" if limit else ""))
+    if verdict is None:
+        parts.append("watchdog starting")
+        return " | ".join(parts)
+    status = verdict.status.value.replace("_", " ")
+    if verdict.projected_oom_step is not None and math.isfinite(verdict.projected_oom_steps):
+        when = (f"~{format_duration(verdict.projected_oom_seconds)}" if math.isfinite(verdict.projected_oom_seconds)
+                else f"{verdict.projected_oom_steps:,.0f} steps")
+        status += f", OOM in {when} (step {verdict.projected_oom_step:,})"
+    elif verdict.slope_bytes_per_step > 0 and status != "healthy":
+        status += f", +{format_bytes(verdict.slope_bytes_per_step)}/step"
+    parts.append(status)
+    return " | ".join(parts)
 
 
 def _watchdog_fields(watchdog) -> dict:
+    """Raw fields for the JSON progress line (base units: the log pipeline's contract)."""
     if watchdog is None:
         return {}
     telemetry = watchdog.telemetry

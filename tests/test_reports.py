@@ -1,0 +1,52 @@
+"""The terminal's two blocks: what the watchdog did, and how the run ended; every number has its unit."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from watchdog.core.verdict import Action, Status, Verdict
+from watchdog.runtime.reports import ActionReport, RunSummary
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def leaking_verdict() -> Verdict:
+    return Verdict(step=270, timestamp=0.0, status=Status.LEAKING, floor_bytes=1.5 * GiB, excursion_bytes=0.2 * GiB,
+                   limit_bytes=2 * GiB, slope_bytes_per_step=4 * MiB, projected_oom_step=271,
+                   projected_oom_steps=1.0, projected_oom_seconds=8.2)
+
+
+def test_the_action_block_says_what_was_seen_leaking_done_and_given_back():
+    report = ActionReport(step=270, action=Action.CHECKPOINT_REINIT, verdict=leaking_verdict(),
+                          suspects=["+301 tensors float32[1048576] (+1.2 GiB); held by list 'tensors'"],
+                          checkpoint="ckpt/ckpt-00000270.pt", outcome="reinitialised in process",
+                          recovered_bytes=1.2 * GiB, memory_after_bytes=780 * MiB)
+    lines = report.block().splitlines()
+    assert lines[0].startswith("── watchdog: checkpoint reinit at step 270 ")
+    text = "\n".join(lines)
+    assert "floor rising +4.0 MiB/step at 1.5 GiB; OOM in ~8 s (step 271)" in text
+    assert re.search(r"leaking\s+\+301 tensors", text)
+    assert "checkpoint ckpt/ckpt-00000270.pt, reinitialised in process" in text
+    assert "1.2 GiB given back (memory now 780.0 MiB)" in text
+
+
+def test_a_reinit_that_freed_nothing_says_what_comes_next():
+    report = ActionReport(step=9, action=Action.CHECKPOINT_REINIT, verdict=None, recovered_bytes=-3 * MiB)
+    text = report.block()
+    assert "nothing given back" in text and "restart" in text
+    assert "no growing group of live tensors found" in text
+
+
+def test_the_summary_table_has_units_and_the_command_to_draw_the_trace():
+    verdict = leaking_verdict()._replace(projected_oom_seconds=math.inf, projected_oom_steps=120.0)
+    summary = RunSummary(command="train", outcome="done", steps_done=600, steps_total=600, steps_per_second=9.6,
+                         reinits=1, peak_bytes=1.9 * GiB, limit_bytes=2 * GiB, verdict=verdict,
+                         trace_file="runs/demo/trace.csv", checkpoint_dir="runs/demo/ckpt", newest_checkpoint_step=600)
+    text = summary.block()
+    assert text.splitlines()[0].startswith("── hbm-watchdog train: done ")
+    assert "600 / 600, 9.6 steps/s" in text
+    assert "1.9 GiB of 2.0 GiB budget (95%)" in text
+    assert "leaking, floor +4.0 MiB/step; OOM in 120 steps (step 271)" in text
+    assert "runs/demo/ckpt (newest: step 600)" in text
+    assert "hbm-watchdog report runs/demo/trace.csv -o runs/demo/trace.png" in text
