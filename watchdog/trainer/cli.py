@@ -54,13 +54,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help="tensors:SIZE/step, graph:N/step, global:SIZE/step or recompile:K, "
                          "optionally @START (repeatable)")
     wd.add_argument("--memory-limit", help="memory budget (e.g. 2GiB); needed on PJRT CPU and CPU")
-    wd.add_argument("--sample-every", type=int, default=5, help="sample memory every N steps")
+    wd.add_argument("--sample-every", type=int, default=5,
+                    help="sample memory every N steps (default %(default)s: this trainer's steps are short and its "
+                         "runs a few hundred steps; the library's WatchdogConfig default is 10)")
     wd.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (0: any free port)")
     wd.add_argument("--trace-file", type=Path, help="append every sample to this trace CSV")
     wd.add_argument("--checkpoint-margin-steps", type=int, default=50,
                     help="steps a checkpoint needs before the OOM (the policy's margin)")
     wd.add_argument("--action-cooldown-steps", type=int, default=150,
-                    help="after a checkpoint action, no other for this many steps")
+                    help="after a checkpoint action, no other for this many steps (default %(default)s, sized for "
+                         "demo runs of a few hundred steps; the library's PolicyConfig default is 500)")
     wd.add_argument("--no-watchdog", action="store_true", help="train unwatched (for comparisons)")
     wd.add_argument("--force-action", action="append", default=[], metavar="ACTION@STEP",
                     help="drill: reinit@STEP or restart@STEP acts after STEP as if the watchdog asked")
