@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from watchdog import __version__
-from watchdog.core.errors import EXIT_BAD_INPUT, InputError
+from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InputError
 
 COMMANDS = {
     "train": ("watchdog.trainer.cli", "run the instrumented trainer with the watchdog attached"),
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"hbm-watchdog {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover
