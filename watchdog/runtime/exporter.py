@@ -9,16 +9,24 @@ local rank) never clash, and no default process/GC metrics sneak in.
 Labels are bounded on purpose: `device` and `rank` on every series, `action` on
 `hbmwatch_actions_total`, `version` and `source` on `hbmwatch_build_info`. Values are base
 units (bytes, seconds, steps); "no OOM in sight" is +Inf, which Prometheus and PromQL handle.
+
+The endpoint listens on loopback unless told otherwise (`--metrics-address`, like node-exporter's
+`--web.listen-address`): a workstation's training job should not serve the network; a pod sets
+all interfaces (deploy/k8s). It serves from a fixed pool of threads with an idle timeout, so no
+number of clients, slow or half-open, can grow its threads or file descriptors.
 """
 
 from __future__ import annotations
 
 import errno
 import math
+import queue
+import socket
 import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -27,7 +35,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import start_wsgi_server
+from prometheus_client.exposition import make_wsgi_app
 
 from watchdog import __version__
 from watchdog.core.errors import InputError
@@ -38,6 +46,10 @@ log = get_logger(__name__)
 
 PREFIX = "hbmwatch_"
 DEFAULT_PORT = 9400  # clear of libtpu's 8431, the TPU runtime's 8471 and 8476-8479
+DEFAULT_ADDRESS = "127.0.0.1"  # this machine only; a pod listens on all interfaces (deploy/k8s)
+SCRAPE_WORKERS = 4  # connections served at once; a scrape takes about a millisecond
+SCRAPE_BACKLOG = 16  # connections waiting for a worker; any more are closed at once
+IDLE_TIMEOUT_SECONDS = 5.0  # a client silent (or not reading) for this long is dropped
 BASE_LABELS = ("device", "rank")
 
 # Gauges read straight off the verdict: (name, help, how to get the value). Absent until the
@@ -131,8 +143,15 @@ class TelemetryCollector:
         yield from counter("restarts", "Restarts this job has had (carried across processes).", t.restarts_total)
         yield from counter("samples", "Memory samples taken.", t.samples_total)
         yield from counter("sample_errors", "Failed memory reads and sidecar errors.", t.sample_errors_total)
+        yield from counter("trace_errors", "Failed writes of the trace file (disk full, read-only); training goes on.",
+                           t.trace_errors_total)
         yield from counter("xla_compilations", "XLA graphs compiled in this process (absent off XLA).",
                            t.xla_compilations_total)
+
+        yield from gauge("checkpoint_disk_free_bytes", "Free bytes on the file system checkpoints are written to.",
+                         t.checkpoint_disk_free_bytes)
+        yield from gauge("checkpoint_size_bytes", "Size of the newest checkpoint: about what the next one needs.",
+                         t.checkpoint_size_bytes)
 
         bounds, counts, total, count = t.checkpoint_snapshot()
         histogram = HistogramMetricFamily(PREFIX + "checkpoint_seconds", "Time to write a checkpoint.",
@@ -153,29 +172,86 @@ def build_registry(telemetry: Telemetry) -> CollectorRegistry:
     return registry
 
 
+class _QuietHandler(WSGIRequestHandler):
+    timeout = IDLE_TIMEOUT_SECONDS  # set on the socket: a half-open client cannot hold a worker for long
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 - a scrape is not worth a log line
+        pass
+
+
+class PooledWSGIServer(WSGIServer):
+    """A WSGI server with one accepting thread and a fixed pool of workers.
+
+    prometheus_client's server starts a thread per connection and never times one out: 200
+    half-open clients made 219 threads and 206 fds. Here `workers` threads serve, at most
+    `backlog` accepted connections wait for one, any more are closed at once (a scraper retries
+    at its next interval), and a client idle for IDLE_TIMEOUT_SECONDS is dropped.
+    """
+
+    request_queue_size = 64  # the kernel's listen backlog
+
+    def __init__(self, address: tuple[str, int], family: socket.AddressFamily, *, workers: int = SCRAPE_WORKERS,
+                 backlog: int = SCRAPE_BACKLOG):
+        self.address_family = family
+        self._waiting: queue.Queue = queue.Queue(maxsize=backlog)
+        self._workers = [threading.Thread(target=self._work, name=f"hbm-watchdog-metrics-worker-{i}", daemon=True)
+                         for i in range(workers)]
+        for worker in self._workers:
+            worker.start()
+        super().__init__(address, _QuietHandler)  # a failed bind calls server_close, which stops the workers
+
+    def process_request(self, request, client_address) -> None:
+        try:
+            self._waiting.put_nowait((request, client_address))
+        except queue.Full:
+            self.shutdown_request(request)
+
+    def _work(self) -> None:
+        while (item := self._waiting.get()) is not None:
+            request, client_address = item
+            try:
+                self.finish_request(request, client_address)
+            except Exception:  # noqa: BLE001 - a client that hung up mid-response is its own problem
+                pass
+            finally:
+                self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        while True:  # connections still waiting are closed, then each worker gets its stop
+            try:
+                item = self._waiting.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                self.shutdown_request(item[0])
+        for _ in self._workers:
+            self._waiting.put(None)
+        for worker in self._workers:
+            worker.join(timeout=IDLE_TIMEOUT_SECONDS + 1)
+
+
 @dataclass
 class MetricsServer:
-    """A running endpoint. `port` is the one actually bound (useful when 0 was asked for)."""
+    """A running endpoint. `addr` and `port` are the ones actually bound (port 0 asks for any free one)."""
 
     addr: str
     port: int
     registry: CollectorRegistry
-    _httpd: object
+    _httpd: PooledWSGIServer
     _thread: threading.Thread
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.addr in ("", "0.0.0.0") else ("::1" if self.addr == "::" else self.addr)
-        if ":" in host:
-            host = f"[{host}]"
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
         """Stop serving and free the port. Idempotent."""
         if self._thread.is_alive():
-            self._httpd.shutdown()  # type: ignore[attr-defined]
+            self._httpd.shutdown()
             self._thread.join(timeout=5)
-        self._httpd.server_close()  # type: ignore[attr-defined]
+            self._httpd.server_close()
 
     def __enter__(self) -> "MetricsServer":
         return self
@@ -185,8 +261,8 @@ class MetricsServer:
 
 
 def serve_metrics(telemetry: Telemetry, port: int = DEFAULT_PORT, *, local_rank: int = 0,
-                  addr: str = "0.0.0.0") -> MetricsServer:
-    """Serve `/metrics` for `telemetry` on `port + local_rank` (port 0: any free port).
+                  addr: str = DEFAULT_ADDRESS) -> MetricsServer:
+    """Serve `/metrics` for `telemetry` on `addr`, port `port + local_rank` (port 0: any free port).
 
     One process per local rank shares a host (and, with hostNetwork on GKE, the node's ports),
     so each rank offsets the base port by its local rank; the actual URL is logged.
@@ -200,13 +276,17 @@ def serve_metrics(telemetry: Telemetry, port: int = DEFAULT_PORT, *, local_rank:
         raise InputError(f"metrics port {port} + local rank {local_rank} is above 65535")
     registry = build_registry(telemetry)
     try:
-        httpd, thread = start_wsgi_server(bind_port, addr=addr, registry=registry)
-    except OSError as exc:
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, bind_port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+        httpd = PooledWSGIServer(sockaddr[:2], family)
+    except OSError as exc:  # a name that does not resolve (gaierror) included
         if exc.errno == errno.EADDRINUSE:
             raise InputError(f"metrics port {bind_port} on {addr} is already in use "
                              f"(base {port} + local rank {local_rank}); pick another with --metrics-port") from None
         raise InputError(f"cannot serve metrics on {addr}:{bind_port}: {exc.strerror or exc}") from None
-    thread.name = f"hbm-watchdog-metrics-{local_rank}"
-    server = MetricsServer(addr, int(httpd.server_port), registry, httpd, thread)
-    log.info("metrics_serving", url=server.url, addr=addr, port=server.port, local_rank=local_rank)
+    httpd.set_app(make_wsgi_app(registry))
+    thread = threading.Thread(target=httpd.serve_forever, name=f"hbm-watchdog-metrics-{local_rank}", daemon=True)
+    thread.start()
+    server = MetricsServer(str(httpd.server_address[0]), int(httpd.server_port), registry, httpd, thread)
+    log.info("metrics_serving", url=server.url, addr=server.addr, port=server.port, local_rank=local_rank)
     return server
