@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import math
 import queue
+import selectors
 import socket
 import threading
 import time
@@ -48,8 +49,8 @@ PREFIX = "hbmwatch_"
 DEFAULT_PORT = 9400  # clear of libtpu's 8431, the TPU runtime's 8471 and 8476-8479
 DEFAULT_ADDRESS = "127.0.0.1"  # this machine only; a pod listens on all interfaces (deploy/k8s)
 SCRAPE_WORKERS = 4  # connections served at once; a scrape takes about a millisecond
-SCRAPE_BACKLOG = 16  # connections waiting for a worker; any more are closed at once
-IDLE_TIMEOUT_SECONDS = 5.0  # a client silent (or not reading) for this long is dropped
+MAX_SCRAPES_PER_SECOND = 10.0  # Prometheus scrapes every 15-60 s; more than this is a storm, paced
+IDLE_TIMEOUT_SECONDS = 3.0  # a client silent (or not reading) for this long is dropped
 BASE_LABELS = ("device", "rank")
 
 # Gauges read straight off the verdict: (name, help, how to get the value). Absent until the
@@ -180,34 +181,69 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class PooledWSGIServer(WSGIServer):
-    """A WSGI server with one accepting thread and a fixed pool of workers.
+    """A WSGI server that costs the training process a bounded share, whatever its clients do.
 
     prometheus_client's server starts a thread per connection and never times one out: 200
-    half-open clients made 219 threads and 206 fds. Here `workers` threads serve, at most
-    `backlog` accepted connections wait for one, any more are closed at once (a scraper retries
-    at its next interval), and a client idle for IDLE_TIMEOUT_SECONDS is dropped.
+    half-open clients made 219 threads and 206 fds. Here one thread accepts and `workers` serve.
+    The acceptor takes a connection only when a worker is free, and at most `max_rate` a second;
+    everything else waits in the kernel's listen backlog (or is refused by it) and costs this
+    process nothing. A client idle for IDLE_TIMEOUT_SECONDS is dropped. So the endpoint has
+    `workers + 1` threads and at most `workers` open connections, and a storm of clients cannot
+    take the interpreter from the training loop.
     """
 
     request_queue_size = 64  # the kernel's listen backlog
 
     def __init__(self, address: tuple[str, int], family: socket.AddressFamily, *, workers: int = SCRAPE_WORKERS,
-                 backlog: int = SCRAPE_BACKLOG):
+                 max_rate: float = MAX_SCRAPES_PER_SECOND):
         self.address_family = family
-        self._waiting: queue.Queue = queue.Queue(maxsize=backlog)
+        self._free = threading.BoundedSemaphore(workers)
+        self._handoff: queue.SimpleQueue = queue.SimpleQueue()
+        self._interval = 1.0 / max_rate
+        self._stopping = threading.Event()
+        self._wake_reader, self._wake_writer = socket.socketpair()
         self._workers = [threading.Thread(target=self._work, name=f"hbm-watchdog-metrics-worker-{i}", daemon=True)
                          for i in range(workers)]
         for worker in self._workers:
             worker.start()
         super().__init__(address, _QuietHandler)  # a failed bind calls server_close, which stops the workers
 
-    def process_request(self, request, client_address) -> None:
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Accept, paced and only for a free worker, until `shutdown`."""
+        next_accept = 0.0
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            selector.register(self._wake_reader, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                if not self._free.acquire(timeout=poll_interval):
+                    continue
+                handed_over = False
+                try:
+                    pause = next_accept - time.monotonic()
+                    if (pause > 0 and self._stopping.wait(pause)) or not selector.select():
+                        continue
+                    if self._stopping.is_set():
+                        break
+                    try:
+                        request, client_address = self.socket.accept()
+                    except OSError:  # the client gave up between select and accept
+                        continue
+                    next_accept = time.monotonic() + self._interval
+                    self._handoff.put((request, client_address))
+                    handed_over = True
+                finally:
+                    if not handed_over:
+                        self._free.release()
+
+    def shutdown(self) -> None:
+        self._stopping.set()
         try:
-            self._waiting.put_nowait((request, client_address))
-        except queue.Full:
-            self.shutdown_request(request)
+            self._wake_writer.send(b"x")
+        except OSError:
+            pass
 
     def _work(self) -> None:
-        while (item := self._waiting.get()) is not None:
+        while (item := self._handoff.get()) is not None:
             request, client_address = item
             try:
                 self.finish_request(request, client_address)
@@ -215,20 +251,17 @@ class PooledWSGIServer(WSGIServer):
                 pass
             finally:
                 self.shutdown_request(request)
+                self._free.release()
 
     def server_close(self) -> None:
+        self.shutdown()
         super().server_close()
-        while True:  # connections still waiting are closed, then each worker gets its stop
-            try:
-                item = self._waiting.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                self.shutdown_request(item[0])
         for _ in self._workers:
-            self._waiting.put(None)
+            self._handoff.put(None)
         for worker in self._workers:
             worker.join(timeout=IDLE_TIMEOUT_SECONDS + 1)
+        self._wake_reader.close()
+        self._wake_writer.close()
 
 
 @dataclass
