@@ -215,6 +215,15 @@ def _run_child(command: list[str], restarts: int, stop: _StopRequest, stdout: Bi
     return ChildOutcome(returncode, saw_oom=marker is not None)
 
 
+def check_options(max_restarts: int, backoff: float, max_backoff: float) -> None:
+    """InputError unless the budget is a count and the waits are finite seconds (a NaN wait is no wait)."""
+    if max_restarts < 0:
+        raise InputError(f"--max-restarts must be >= 0, got {max_restarts}")
+    for flag, seconds in (("--backoff", backoff), ("--max-backoff", max_backoff)):
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise InputError(f"{flag} must be a finite number of seconds >= 0, got {seconds}")
+
+
 def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float = 1.0,
               max_backoff: float = 60.0, stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> int:
     """Run `command` until it finishes, restarting it as `decide` says; returns the supervisor's exit status.
@@ -224,11 +233,7 @@ def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float =
     command = list(command)
     if not command:
         raise InputError("no command to supervise: hbm-watchdog supervise [options] -- CMD ...")
-    if max_restarts < 0:
-        raise InputError(f"--max-restarts must be >= 0, got {max_restarts}")
-    for flag, seconds in (("--backoff", backoff), ("--max-backoff", max_backoff)):
-        if not (math.isfinite(seconds) and seconds >= 0):
-            raise InputError(f"{flag} must be a finite number of seconds >= 0, got {seconds}")
+    check_options(max_restarts, backoff, max_backoff)
     stdout = stdout or sys.stdout.buffer
     stderr = stderr or sys.stderr.buffer
     restarts = 0

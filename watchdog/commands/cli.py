@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except InputError as exc:
-        print(f"hbm-watchdog {args.command}: error: {exc}", file=sys.stderr)
+        one_line = str(exc).replace("\r", "\\r").replace("\n", "\\n")  # a path may hold a newline
+        print(f"hbm-watchdog {args.command}: error: {one_line}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"hbm-watchdog {args.command}: interrupted", file=sys.stderr)
