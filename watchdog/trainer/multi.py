@@ -19,10 +19,11 @@ import tempfile
 from pathlib import Path
 
 from watchdog.core.errors import EXIT_OK, InputError
+from watchdog.runtime.exporter import DEFAULT_ADDRESS
 
 
 def train_replicated(config, num_devices: int, *, metrics_port: int | None = None,
-                     metrics_address: str = "127.0.0.1") -> int:
+                     metrics_address: str = DEFAULT_ADDRESS) -> int:
     """Run `num_devices` replicas; print each one's summary; the most urgent exit status wins (42 > 0)."""
     from watchdog.trainer.loop import _has_tpu
 
