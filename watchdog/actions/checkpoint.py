@@ -155,10 +155,8 @@ class CheckpointManager:
             raise InputError(f"checkpoint step must be >= 0, got {step}")
         self._remove_stale_temporaries()
         final = self.directory / checkpoint_name(step)
-        if final.name not in self._own and final in self._to_replace:
-            pass  # another run's file of the same step: --overwrite-checkpoints allowed replacing it
-        elif final.exists() and final.name not in self._own:
-            self._set_aside(final)  # never overwrite a file this run did not write
+        if final.exists() and final.name not in self._own and final not in self._to_replace:
+            self._set_aside(final)  # never overwrite a file this run did not write (unless told to replace it)
         temp = self.directory / f"{_TEMP_PREFIX}{step:08d}.{os.getpid()}{_TEMP_SUFFIX}"
         cpu_state = tensors_to_cpu(state)
         try:
@@ -169,7 +167,11 @@ class CheckpointManager:
             os.replace(temp, final)
         except (OSError, RuntimeError) as exc:  # torch turns its writer's ENOSPC into a RuntimeError
             temp.unlink(missing_ok=True)  # a failed save leaves no debris, and the older checkpoints intact
-            raise CheckpointSaveError(final, _save_failure(exc), max(payload_bytes(cpu_state), self._newest_size()),
+            disk_error = _os_error_in(exc)
+            if disk_error is None:
+                raise  # not the disk: a bug, with its traceback
+            raise CheckpointSaveError(final, disk_error.strerror or type(disk_error).__name__,
+                                      max(payload_bytes(cpu_state), self._newest_size()),
                                       _free_bytes(self.directory)) from exc
         except BaseException:
             temp.unlink(missing_ok=True)  # an interrupt mid-save: no debris either
@@ -302,15 +304,15 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _save_failure(exc: BaseException) -> str:
-    """The OS's reason for a failed save. torch reports its writer's ENOSPC as an opaque
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OS's error behind a failed save. torch reports its writer's ENOSPC as an opaque
     `[enforce fail at inline_container.cc] unexpected pos`; the OSError is in the chain."""
-    seen = exc
+    seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, OSError):
-            return seen.strerror or type(seen).__name__
+            return seen
         seen = seen.__cause__ or seen.__context__
-    return _one_line(exc)
+    return None
 
 
 def _load_failure(exc: BaseException) -> str:
