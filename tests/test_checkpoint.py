@@ -67,13 +67,15 @@ def test_keeps_only_the_last_k_and_loads_the_newest(tmp_path):
     assert mgr.load_latest()["step"] == 50
 
 
-def test_saving_an_earlier_step_drops_the_abandoned_later_ones_never_itself(tmp_path):
-    mgr = CheckpointManager(tmp_path, keep_last=2)
+def test_pruning_touches_only_this_runs_own_checkpoints(tmp_path):
+    first = CheckpointManager(tmp_path, keep_last=2)
     for step in (10, 20, 30):
-        mgr.save({"step": step}, step)
-    mgr.save({"step": 5, "run": "new"}, 5)  # e.g. a run started over with --resume never
-    assert [p.name for p in mgr.list()] == ["ckpt-00000005.pt"]
-    assert mgr.load_latest() == {"step": 5, "run": "new"}
+        first.save({"step": step}, step)
+    second = CheckpointManager(tmp_path, keep_last=2)  # did not resume from them: not its timeline
+    for step in (1, 2, 3):
+        second.save({"step": step}, step)
+    assert [p.name for p in second.list()] == ["ckpt-00000002.pt", "ckpt-00000003.pt",
+                                               "ckpt-00000020.pt", "ckpt-00000030.pt"]
 
 
 def test_empty_directory_has_nothing_to_load(tmp_path):
@@ -115,7 +117,8 @@ def test_a_file_needing_arbitrary_unpickling_is_refused_and_skipped(tmp_path, ca
     torch.save({"step": 2, "evil": ArbitraryObject("x")}, tmp_path / "ckpt-00000002.pt")
     with caplog.at_level(logging.WARNING, logger="watchdog.actions.checkpoint"):
         assert mgr.load_latest() == {"step": 1}
-    assert "ckpt-00000002.pt" in caplog.text and "UnpicklingError" in caplog.text
+    assert "ckpt-00000002.pt" in caplog.text and "refused by the safe loader" in caplog.text
+    assert "weights_only=False" not in caplog.text and "weights_only` set to `False`" not in caplog.text
 
 
 def test_unusable_directory_or_settings_are_input_errors(tmp_path):

@@ -65,6 +65,7 @@ def test_metrics_ports_are_named_one_per_local_rank_and_clear_of_the_tpu_runtime
     local_ranks = int(ARGS["num-devices"])
     assert numbers == [base + rank for rank in range(local_ranks)]  # serve_metrics binds base + local rank
     assert names[0] == "metrics"
+    assert ARGS["metrics-address"] == "0.0.0.0"  # Prometheus scrapes the pod IP; the default is loopback
 
 
 def test_tpu_slice_scheduling():

@@ -42,7 +42,7 @@ def test_report_writes_a_png_picture(tmp_path, trace_file, capsys):
 
 
 def test_report_writes_a_self_contained_html_page(tmp_path, trace_file):
-    out = tmp_path / "sub" / "leak.html"
+    out = tmp_path / "leak.html"
     assert main(["report", str(trace_file), "-o", str(out), "--memory-limit", "12GiB"]) == 0
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>")

@@ -11,6 +11,14 @@ Why `weights_only=True`: a checkpoint directory is often shared storage; loading
 arbitrary pickled code. Everything saved therefore has to be tensors and plain Python values,
 which is why the RNG helpers below convert python's and numpy's generator states to tensors.
 
+Nothing lost: a run deletes only checkpoints of its own timeline, the ones it wrote and the ones
+it resumed from (keep-last-k). `open_run` settles what is already in the directory before the
+first step: continue it, or refuse to start over another run's checkpoints unless told to
+replace them. A checkpoint that does not load is never deleted: when the run continues from an
+older one, the unusable newer files are renamed aside (`*.unreadable`), out of its timeline.
+A save that fails (disk full) raises `CheckpointSaveError` with the bytes needed and free, and
+leaves the older checkpoints as they were.
+
 One writer per directory (rank 0 in a multi-rank job): a save removes every stale temporary.
 """
 
@@ -19,6 +27,9 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +41,7 @@ log = get_logger(__name__)
 _CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
 _TEMP_PREFIX = ".ckpt-"
 _TEMP_SUFFIX = ".tmp"
+UNREADABLE_SUFFIX = ".unreadable"
 
 
 def checkpoint_name(step: int) -> str:
@@ -42,14 +54,48 @@ def step_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-class CheckpointManager:
-    """Saves `ckpt-{step:08d}.pt` atomically in `directory`, keeps the newest `keep_last`, loads the newest good one."""
+class CheckpointSaveError(Exception):
+    """A checkpoint could not be written (disk full, quota, I/O error); the older ones are intact."""
 
-    def __init__(self, directory: str | os.PathLike, keep_last: int = 3):
+    def __init__(self, path: Path, reason: str, bytes_needed: int, bytes_free: int | None):
+        free = "unknown" if bytes_free is None else f"{bytes_free:,}"
+        super().__init__(f"cannot save {path}: {reason} (needs about {bytes_needed:,} bytes, {free} free)")
+        self.path, self.reason, self.bytes_needed, self.bytes_free = path, reason, bytes_needed, bytes_free
+
+
+@dataclass(frozen=True)
+class DiskSpace:
+    """Free space where checkpoints go, against the size of the newest one (None: none yet)."""
+
+    free_bytes: int | None
+    checkpoint_bytes: int | None
+
+    @property
+    def short(self) -> bool:
+        """The next checkpoint will probably not fit."""
+        return None not in (self.free_bytes, self.checkpoint_bytes) and self.free_bytes < self.checkpoint_bytes
+
+
+class CheckpointManager:
+    """Saves `ckpt-{step:08d}.pt` atomically in `directory`, keeps the newest `keep_last` of this run's
+    timeline, loads the newest good one.
+
+    `format` and `required_keys` describe a usable checkpoint: a dict that lacks one of the keys or
+    carries another `format` is skipped like a torn file (None: no check).
+    """
+
+    def __init__(self, directory: str | os.PathLike, keep_last: int = 3, *, format: int | None = None,
+                 required_keys: tuple[str, ...] = ()):
         if keep_last < 1:
             raise ConfigError("keep_last", f"must be at least 1, got {keep_last}")
         self.directory = Path(directory)
         self.keep_last = keep_last
+        self.format = format
+        self.required_keys = required_keys
+        self._own: set[str] = set()  # names on this run's timeline: written by it, or resumed from
+        self._to_replace: list[Path] = []  # another run's, replaced (deleted) after this run's first save
+        self._skipped: list[Path] = []  # files the last load_latest could not use
+        self._loaded: Path | None = None  # the file the last load_latest returned
         _ensure_writable_directory(self.directory)
 
     def list(self) -> list[Path]:
@@ -62,12 +108,46 @@ class CheckpointManager:
         files = self.list()
         return step_of(files[-1]) if files else None
 
+    def open_run(self, *, resume: bool, overwrite: bool = False, writer: bool = True) -> dict | None:
+        """Settle what is already in the directory, before the first step; returns the state to resume from.
+
+        - nothing there: None, start fresh;
+        - `resume` and one loads: that one (the run continues its timeline; newer unusable files
+          are renamed aside when `writer`);
+        - otherwise another run's checkpoints are there: InputError (exit 2) naming the directory
+          and the ways out, unless `overwrite`, which replaces them once this run has saved its own.
+        """
+        existing = self.list()
+        if not existing:
+            return None
+        if resume:
+            state = self.load_latest()
+            if state is not None:
+                loaded = self._loaded
+                self._own.update(p.name for p in existing if step_of(p) <= step_of(loaded))
+                if writer:
+                    for path in self._skipped:
+                        if step_of(path) > step_of(loaded):
+                            self._set_aside(path)
+                return state
+            problem = (f"none of its {len(existing)} checkpoint(s) loads (newest: {existing[-1].name}); "
+                       "refusing to train from step 0 over them")
+        else:
+            problem = (f"holds {len(existing)} checkpoint(s) of another run (newest: {existing[-1].name}); "
+                       "refusing to start over it (--resume auto continues it)")
+        if not overwrite:
+            raise InputError(f"--checkpoint-dir {self.directory}: {problem}; use a fresh --checkpoint-dir, "
+                             "or --overwrite-checkpoints to replace them")
+        self._to_replace = existing
+        log.warning("checkpoints_to_be_replaced", directory=str(self.directory), count=len(existing),
+                    newest=existing[-1].name, note="deleted after this run's first checkpoint (--overwrite-checkpoints)")
+        return None
+
     def save(self, state: dict, step: int) -> Path:
-        """Write `state` for `step` atomically, then prune to the newest `keep_last`. Returns the final path.
+        """Write `state` for `step` atomically, then prune this run's timeline to the newest `keep_last`.
 
-        Checkpoints of later steps than `step` are removed (see `_prune`).
-
-        Tensors are moved to CPU first, so a checkpoint taken on XLA or CUDA loads anywhere.
+        Tensors are moved to CPU first, so a checkpoint taken on XLA or CUDA loads anywhere. A
+        failure raises CheckpointSaveError and leaves every older checkpoint as it was.
         """
         import torch
 
@@ -75,58 +155,117 @@ class CheckpointManager:
             raise InputError(f"checkpoint step must be >= 0, got {step}")
         self._remove_stale_temporaries()
         final = self.directory / checkpoint_name(step)
+        if final.exists() and final.name not in self._own and final not in self._to_replace:
+            self._set_aside(final)  # never overwrite a file this run did not write (unless told to replace it)
         temp = self.directory / f"{_TEMP_PREFIX}{step:08d}.{os.getpid()}{_TEMP_SUFFIX}"
+        cpu_state = tensors_to_cpu(state)
         try:
             with open(temp, "xb") as handle:
-                torch.save(tensors_to_cpu(state), handle)
+                torch.save(cpu_state, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temp, final)
+        except (OSError, RuntimeError) as exc:  # torch turns its writer's ENOSPC into a RuntimeError
+            temp.unlink(missing_ok=True)  # a failed save leaves no debris, and the older checkpoints intact
+            disk_error = _os_error_in(exc)
+            if disk_error is None:
+                raise  # not the disk: a bug, with its traceback
+            raise CheckpointSaveError(final, disk_error.strerror or type(disk_error).__name__,
+                                      max(payload_bytes(cpu_state), self._newest_size()),
+                                      _free_bytes(self.directory)) from exc
         except BaseException:
-            temp.unlink(missing_ok=True)  # a failed save (disk full, interrupt) leaves no debris
+            temp.unlink(missing_ok=True)  # an interrupt mid-save: no debris either
             raise
         _fsync_directory(self.directory)
-        self._prune(step)
+        self._own.add(final.name)
+        self._replace_another_runs()
+        self._prune()
         log.info("checkpoint_saved", path=str(final), step=step, bytes=final.stat().st_size)
         return final
 
     def load_latest(self, map_location: Any = "cpu") -> dict | None:
-        """The newest checkpoint that loads, or None when there is none.
+        """The newest checkpoint that loads and is usable, or None when there is none.
 
-        A torn, corrupt or unsafe (needs arbitrary unpickling) file is skipped with a warning naming
-        the file and the reason, and the one before it is tried.
+        A torn, corrupt, unsafe (needs arbitrary unpickling) or unusable (no model, another format)
+        file is skipped with a warning naming the file and the reason, and the one before it is tried.
         """
         import torch
 
+        self._skipped = []
         for path in reversed(self.list()):
             try:
-                state = torch.load(path, map_location=map_location, weights_only=True)
+                with warnings.catch_warnings():  # torch's pickle-protocol advice is noise for a file we refuse
+                    warnings.simplefilter("ignore")
+                    state = torch.load(path, map_location=map_location, weights_only=True)
             except Exception as exc:  # any failure to read means "not usable", never "crash the resume"
-                log.warning("checkpoint_skipped", path=str(path), reason=_one_line(exc))
+                self._skip(path, _load_failure(exc))
                 continue
-            if not isinstance(state, dict):
-                log.warning("checkpoint_skipped", path=str(path),
-                            reason=f"holds a {type(state).__name__}, not a dict")
+            problem = self._unusable(state)
+            if problem is not None:
+                self._skip(path, problem)
                 continue
             log.info("checkpoint_loaded", path=str(path), step=step_of(path))
+            self._loaded = path
             return state
         return None
 
-    def _prune(self, saved_step: int) -> None:
-        """Keep the newest `keep_last` up to `saved_step`; drop any beyond it.
+    def disk_space(self) -> DiskSpace:
+        """Free bytes under the directory and the newest checkpoint's size; logs a warning when short."""
+        space = DiskSpace(_free_bytes(self.directory), self._newest_size() or None)
+        if space.short:
+            log.warning("checkpoint_disk_low", directory=str(self.directory), bytes_free=space.free_bytes,
+                        checkpoint_bytes=space.checkpoint_bytes,
+                        note="the next checkpoint will probably not fit; free space or move --checkpoint-dir")
+        return space
 
-        A file with a later step than the one just saved belongs to an abandoned timeline (it was
-        unreadable at resume, or the run started over with `--resume never`); left there, the next
-        resume would jump into it.
-        """
-        files = self.list()
-        later = [path for path in files if step_of(path) > saved_step]
-        for path in later:
-            log.warning("checkpoint_superseded", path=str(path), saved_step=saved_step)
+    def _unusable(self, state: Any) -> str | None:
+        if not isinstance(state, dict):
+            return f"holds a {type(state).__name__}, not a dict"
+        if self.format is not None and state.get("format") != self.format:
+            found = "no format field" if "format" not in state else f"format {state['format']!r}"
+            return f"{found}, expected format {self.format}"
+        missing = [key for key in self.required_keys if key not in state]
+        return f"no {', '.join(repr(k) for k in missing)} in it" if missing else None
+
+    def _skip(self, path: Path, reason: str) -> None:
+        log.warning("checkpoint_skipped", path=str(path), reason=reason)
+        self._skipped.append(path)
+
+    def _set_aside(self, path: Path) -> None:
+        """Rename a file out of the timeline (never delete it): it stays for a person to look at."""
+        target = path.with_name(path.name + UNREADABLE_SUFFIX)
+        serial = 1
+        while target.exists():
+            target = path.with_name(f"{path.name}{UNREADABLE_SUFFIX}-{serial}")
+            serial += 1
+        try:
+            os.replace(path, target)
+        except FileNotFoundError:
+            return
+        log.warning("checkpoint_set_aside", path=str(path), renamed_to=target.name,
+                    reason="not usable, and newer than the checkpoint this run continues from")
+
+    def _replace_another_runs(self) -> None:
+        for path in self._to_replace:
+            if path.name not in self._own and path.exists():
+                path.unlink()
+                log.warning("checkpoint_replaced", path=str(path), note="--overwrite-checkpoints")
+        self._to_replace = []
+
+    def _prune(self) -> None:
+        """Keep the newest `keep_last` of this run's timeline; never touch a file it did not write or resume from."""
+        own = [path for path in self.list() if path.name in self._own]
+        for path in own[:-self.keep_last]:
             path.unlink(missing_ok=True)
-        kept = [path for path in files if step_of(path) <= saved_step]
-        for path in kept[:-self.keep_last]:
-            path.unlink(missing_ok=True)
+            self._own.discard(path.name)
+
+    def _newest_size(self) -> int:
+        for path in reversed(self.list()):
+            try:
+                return path.stat().st_size
+            except OSError:
+                continue
+        return 0
 
     def _remove_stale_temporaries(self) -> None:
         """Temporaries left by a writer that died mid-save (SIGKILL, OOM killer, power loss)."""
@@ -147,6 +286,13 @@ def _ensure_writable_directory(directory: Path) -> None:
                          f"{exc.strerror or type(exc).__name__}") from None
 
 
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
 def _fsync_directory(directory: Path) -> None:
     """Make the rename durable; some filesystems cannot fsync a directory, which is not an error."""
     fd = os.open(directory, os.O_RDONLY)
@@ -158,9 +304,46 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OS's error behind a failed save. torch reports its writer's ENOSPC as an opaque
+    `[enforce fail at inline_container.cc] unexpected pos`; the OSError is in the chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _load_failure(exc: BaseException) -> str:
+    """Why a file did not load, in one line. torch's advice to retry with weights_only=False is
+    left out: it is wrong for a torn or garbage file and unsafe for a malicious one."""
+    text = str(exc)
+    if "Weights only load failed" in text:
+        detail = text.partition("WeightsUnpickler error:")[2].strip().splitlines()
+        first = detail[0].split(" Please use")[0].strip() if detail else ""
+        return "refused by the safe loader (weights_only=True)" + (f": {first}" if first else "")
+    if isinstance(exc, EOFError):
+        return "empty or cut short (EOFError)"
+    return _one_line(exc)
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def payload_bytes(value: Any) -> int:
+    """Bytes of tensor data in a nested state: what a checkpoint of it needs, give or take its pickle."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(payload_bytes(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(payload_bytes(item) for item in value)
+    return 0
 
 
 def tensors_to_cpu(value: Any) -> Any:

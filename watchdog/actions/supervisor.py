@@ -15,10 +15,16 @@ Exit status of the supervisor:
   status is then the child's (42 when it saved on SIGTERM, which tells a cluster to reschedule).
 
 The child sees `HBMWATCH_RESTART_COUNT` = restarts so far (0 for the first run).
+
+The child's life is tied to the supervisor's: on Linux it is started with PR_SET_PDEATHSIG, so
+if the supervisor dies, even by SIGKILL, the kernel sends the child SIGTERM (the trainer saves a
+checkpoint and exits) instead of leaving it running unsupervised under PID 1.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
 import os
 import signal
 import subprocess
@@ -26,7 +32,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import BinaryIO, Sequence
+from typing import BinaryIO, Callable, Sequence
 
 from watchdog.core.errors import EXIT_RESTART_REQUESTED, InputError
 from watchdog.logs import get_logger
@@ -37,6 +43,7 @@ RESTART_COUNT_ENV = "HBMWATCH_RESTART_COUNT"
 EXIT_BUDGET_EXHAUSTED = 1
 OOM_MARKERS = (b"RESOURCE_EXHAUSTED", b"CUDA out of memory", b"OutOfMemoryError")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 # --- pure decisions -------------------------------------------------------------------------------
@@ -143,6 +150,29 @@ class _StopRequest:
         return self.signal is not None
 
 
+def _die_with_supervisor() -> Callable[[], None] | None:
+    """A preexec function that asks the kernel for SIGTERM when the supervisor dies (Linux; None elsewhere).
+
+    Runs in the forked child before exec, while the supervisor has no other thread (the output
+    pumps of the previous child are joined), so it is safe there. A supervisor that died between
+    fork and prctl would never send the signal: the child checks its parent and stops itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    supervisor = os.getpid()
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != supervisor:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
 def _pump(source: BinaryIO, sink: BinaryIO | None, scanner: OomScanner) -> None:
     """Copy the child's output through as it comes (progress bars have no newline) while scanning it."""
     fd = source.fileno()
@@ -163,7 +193,7 @@ def _run_child(command: list[str], restarts: int, stop: _StopRequest, stdout: Bi
     try:
         # Its own session: a terminal's Ctrl-C reaches only us, and we forward it exactly once.
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=_die_with_supervisor())
     except OSError as exc:
         raise InputError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
     stop.child = child
@@ -185,6 +215,15 @@ def _run_child(command: list[str], restarts: int, stop: _StopRequest, stdout: Bi
     return ChildOutcome(returncode, saw_oom=marker is not None)
 
 
+def check_options(max_restarts: int, backoff: float, max_backoff: float) -> None:
+    """InputError unless the budget is a count and the waits are finite seconds (a NaN wait is no wait)."""
+    if max_restarts < 0:
+        raise InputError(f"--max-restarts must be >= 0, got {max_restarts}")
+    for flag, seconds in (("--backoff", backoff), ("--max-backoff", max_backoff)):
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise InputError(f"{flag} must be a finite number of seconds >= 0, got {seconds}")
+
+
 def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float = 1.0,
               max_backoff: float = 60.0, stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> int:
     """Run `command` until it finishes, restarting it as `decide` says; returns the supervisor's exit status.
@@ -194,10 +233,7 @@ def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float =
     command = list(command)
     if not command:
         raise InputError("no command to supervise: hbm-watchdog supervise [options] -- CMD ...")
-    if max_restarts < 0:
-        raise InputError(f"--max-restarts must be >= 0, got {max_restarts}")
-    if backoff < 0 or max_backoff < 0:
-        raise InputError("--backoff and --max-backoff must be >= 0 seconds")
+    check_options(max_restarts, backoff, max_backoff)
     stdout = stdout or sys.stdout.buffer
     stderr = stderr or sys.stderr.buffer
     restarts = 0

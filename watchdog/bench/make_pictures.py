@@ -21,6 +21,7 @@ def make_pictures(out_dir: str | Path = DEFAULT_DIR, leak: str = LEAK_TRACE, cle
                   seed: int = 0) -> list[Path]:
     traces = {t.name: t for t in synthetic_corpus(seed)}
     written = []
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     for name, file_name in ((leak, "report_leak.png"), (clean, "report_clean.png")):
         trace = traces[name]
         written.append(render_report(trace.samples, Path(out_dir) / file_name,

@@ -14,7 +14,7 @@ import importlib
 import sys
 
 from watchdog.commands.clash import name_clash
-from watchdog.core.errors import EXIT_BAD_INPUT, InputError
+from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InputError
 from watchdog.logs import LEVELS, configure_logging
 
 COMMANDS = {
@@ -58,11 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except InputError as exc:
-        print(f"hbm-watchdog {args.command}: error: {exc}", file=sys.stderr)
+        one_line = str(exc).replace("\r", "\\r").replace("\n", "\\n")  # a path may hold a newline
+        print(f"hbm-watchdog {args.command}: error: {one_line}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"hbm-watchdog {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

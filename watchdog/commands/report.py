@@ -15,6 +15,7 @@ import base64
 import html
 import io
 import math
+import os
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,8 +190,7 @@ def render_report(samples: list[Sample], output: str | Path, *, name: str = "tra
                   memory_limit_bytes: int | None = None, true_oom_step: int | None = None) -> Path:
     """Replay, draw and write `output` (.png or .html). Returns the path written."""
     output = Path(output)
-    if output.suffix.lower() not in SUFFIXES:
-        raise InputError(f"{output}: output must end in .png or .html")
+    check_output(output)
     if not samples:
         raise InputError(f"{name}: the trace has no samples")
     try:
@@ -204,12 +204,37 @@ def render_report(samples: list[Sample], output: str | Path, *, name: str = "tra
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     png = buffer.getvalue()
-    output.parent.mkdir(parents=True, exist_ok=True)
     if output.suffix.lower() == ".png":
-        output.write_bytes(png)
+        _write_atomically(output, png)
     else:
-        output.write_text(_html_page(name, png, summary_rows(name, samples, picture)), encoding="utf-8")
+        _write_atomically(output, _html_page(name, png, summary_rows(name, samples, picture)).encode("utf-8"))
     return output
+
+
+def check_output(output: Path) -> None:
+    """Refuse an output the report could not be written to, before the replay and drawing."""
+    if output.suffix.lower() not in SUFFIXES:
+        raise InputError(f"{output}: output must end in .png or .html")
+    folder = output.parent
+    if output.is_dir():
+        raise InputError(f"{output}: is a directory")
+    if not folder.exists():
+        raise InputError(f"{output}: folder {folder} does not exist")
+    if not folder.is_dir():
+        raise InputError(f"{output}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK) or (output.exists() and not os.access(output, os.W_OK)):
+        raise InputError(f"{output}: not writable (read-only file system or no permission)")
+
+
+def _write_atomically(output: Path, data: bytes) -> None:
+    """All of the new report or, on a failure (disk full), the old one untouched and one line why."""
+    temporary = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_bytes(data)
+        os.replace(temporary, output)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise InputError(f"{output}: cannot write it: {exc.strerror or exc}") from None
 
 
 def _html_page(name: str, png: bytes, rows: list[tuple[str, str]]) -> str:
@@ -237,8 +262,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if Path(args.output).suffix.lower() not in SUFFIXES:
-        raise InputError(f"{args.output}: output must end in .png or .html")
+    check_output(Path(args.output))
     limit = memory_limit_option(args.memory_limit)
     samples = load_trace(args.trace)
     path = render_report(samples, args.output, name=Path(args.trace).name, memory_limit_bytes=limit)

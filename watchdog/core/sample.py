@@ -3,20 +3,35 @@
 Format (watchdog/ARCHITECTURE.md): header `step,timestamp,bytes_used,bytes_limit,peak_bytes_used`;
 `timestamp` is Unix seconds as a float; `bytes_limit` and `peak_bytes_used` may be empty.
 A writer appends to an existing trace, so a resumed run continues the same file.
+
+A writer killed mid-row (SIGKILL, the OOM killer, a full disk) leaves a last line without its
+newline. Readers skip that torn line with a warning (a row cut inside its last field can still
+have five fields, so only the missing newline tells), and a writer cuts it off before appending,
+so the next row never glues onto it. Lines are read with a bound, so `/dev/zero` or a file with
+no newline is a one-line error, not a MemoryError.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
+import logging
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from watchdog.core.errors import TraceFormatError
+from watchdog.core.errors import InputError, TraceFormatError
 
 TRACE_HEADER = ("step", "timestamp", "bytes_used", "bytes_limit", "peak_bytes_used")
+MAX_LINE_CHARS = 4096  # a row is about 100 characters; a longer line is not a trace
+_LINE_ENDS = ("\n", "\r")
+# open() failures that are the configuration's fault (exit 2), not the disk's (best effort, retried)
+_NOT_APPENDABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.ENOENT,
+                   errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}
+
+_log = logging.getLogger(__name__)  # core stays free of our logging layer; stdlib records render the same
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +105,26 @@ def parse_rows(rows: Iterable[list[str]], path: str) -> Iterator[Sample]:
         )
 
 
+def bounded_lines(handle: IO[str], path: str) -> Iterator[str]:
+    """The lines of `handle`, none longer than MAX_LINE_CHARS; a torn last line is skipped with a warning.
+
+    Only the last line can lack its newline, and only a writer that died mid-row leaves one. The
+    header is exempt: a trace with no rows may end right after it.
+    """
+    readline = handle.readline
+    number = 0
+    while line := readline(MAX_LINE_CHARS):
+        number += 1
+        if not line.endswith(_LINE_ENDS):
+            if len(line) >= MAX_LINE_CHARS:
+                raise TraceFormatError(path, number, f"line longer than {MAX_LINE_CHARS} characters: not a trace CSV")
+            if number > 1:
+                _log.warning("%s:%d: skipped a torn last line (no newline: its writer stopped mid-row): %r",
+                             path, number, line[:80])
+                return
+        yield line
+
+
 def read_trace(path: str | os.PathLike[str]) -> Iterator[Sample]:
     """Stream the samples of a trace file, one at a time (1M-sample traces stay cheap)."""
     name = str(path)
@@ -99,11 +134,13 @@ def read_trace(path: str | os.PathLike[str]) -> Iterator[Sample]:
         raise TraceFormatError(name, 0, f"cannot read: {exc.strerror or exc}") from None
     with handle:
         try:
-            yield from parse_rows(csv.reader(handle), name)
+            yield from parse_rows(csv.reader(bounded_lines(handle, name)), name)
         except UnicodeDecodeError:
             raise TraceFormatError(name, 1, "not a text CSV file") from None
         except csv.Error as exc:
             raise TraceFormatError(name, 0, f"malformed CSV: {exc}") from None
+        except OSError as exc:  # a directory, a device that fails mid-read
+            raise TraceFormatError(name, 0, f"cannot read: {exc.strerror or exc}") from None
 
 
 def load_trace(path: str | os.PathLike[str]) -> list[Sample]:
@@ -113,16 +150,24 @@ def load_trace(path: str | os.PathLike[str]) -> list[Sample]:
 class TraceWriter:
     """Appends samples to a trace CSV; writes the header only into a new or empty file.
 
-    Used from the sidecar thread only, never from the training step.
+    Used from the sidecar thread only, never from the training step. `write` and `flush` raise
+    the disk's OSError (the sidecar decides what a failure means); a path that cannot be appended
+    to at all (a directory, a read-only file system, no permission) is an InputError.
     """
 
     def __init__(self, path: str | os.PathLike[str], flush_every: int = 64):
         self.path = Path(path)
         self.flush_every = flush_every
         self._pending = 0
-        self._check_existing_header()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle: IO[str] = open(self.path, "a", newline="", encoding="utf-8")
+        try:
+            self._check_existing_header()
+            self._drop_torn_tail()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle: IO[str] = open(self.path, "a", newline="", encoding="utf-8")
+        except OSError as exc:
+            if exc.errno in _NOT_APPENDABLE:
+                raise InputError(f"trace file {self.path}: cannot append to it: {exc.strerror or exc}") from None
+            raise
         self._writer = csv.writer(self._handle)
         if self._handle.tell() == 0:
             self._writer.writerow(TRACE_HEADER)
@@ -131,10 +176,39 @@ class TraceWriter:
     def _check_existing_header(self) -> None:
         if not self.path.exists() or self.path.stat().st_size == 0:
             return
-        with open(self.path, newline="", encoding="utf-8") as handle:
-            first = handle.readline().strip()
+        with open(self.path, newline="", encoding="utf-8", errors="replace") as handle:
+            first = handle.readline(MAX_LINE_CHARS).strip()
         if tuple(first.split(",")) != TRACE_HEADER:
             raise TraceFormatError(str(self.path), 1, "exists but is not a trace CSV; refusing to append")
+
+    def _drop_torn_tail(self) -> None:
+        """Cut off a last row its writer never finished, so the next row starts on a line of its own.
+
+        The fragment is a row that was never complete (its last field may be cut short and still
+        parse), so it carries nothing to keep; it is logged, not silently dropped.
+        """
+        if not self.path.is_file():
+            return
+        with open(self.path, "rb+") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            if end == 0:
+                return
+            handle.seek(end - 1)
+            if handle.read(1) in (b"\n", b"\r"):
+                return
+            start = max(0, end - 4 * MAX_LINE_CHARS)
+            handle.seek(start)
+            tail = handle.read()
+            cut = max(tail.rfind(b"\n"), tail.rfind(b"\r"))
+            if cut < 0:
+                if start > 0:
+                    raise TraceFormatError(str(self.path), 0, f"last line longer than {MAX_LINE_CHARS} "
+                                           "characters: not a trace CSV; refusing to append")
+                handle.write(b"\n")  # the header alone, its newline missing: end it
+                return
+            handle.truncate(start + cut + 1)
+        _log.warning("%s: cut off a torn last row before appending (its writer stopped mid-row): %r",
+                     self.path, tail[cut + 1:cut + 81].decode("utf-8", "replace"))
 
     def write(self, sample: Sample) -> None:
         self._writer.writerow(sample.to_row())
@@ -145,6 +219,17 @@ class TraceWriter:
     def flush(self) -> None:
         self._handle.flush()
         self._pending = 0
+
+    def abandon(self) -> int:
+        """After a failed write: let go of the file without raising. Returns the rows that may not
+        have reached it; a row left half-written is cut off by the next writer."""
+        unflushed = self._pending
+        try:
+            self._handle.close()  # tries one last flush, and closes the file whether or not it works
+        except OSError:
+            pass
+        self._pending = 0
+        return unflushed
 
     def close(self) -> None:
         if not self._handle.closed:

@@ -9,16 +9,25 @@ local rank) never clash, and no default process/GC metrics sneak in.
 Labels are bounded on purpose: `device` and `rank` on every series, `action` on
 `hbmwatch_actions_total`, `version` and `source` on `hbmwatch_build_info`. Values are base
 units (bytes, seconds, steps); "no OOM in sight" is +Inf, which Prometheus and PromQL handle.
+
+The endpoint listens on loopback unless told otherwise (`--metrics-address`, like node-exporter's
+`--web.listen-address`): a workstation's training job should not serve the network; a pod sets
+all interfaces (deploy/k8s). It serves from a fixed pool of threads with an idle timeout, so no
+number of clients, slow or half-open, can grow its threads or file descriptors.
 """
 
 from __future__ import annotations
 
 import errno
 import math
+import queue
+import selectors
+import socket
 import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -27,7 +36,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import start_wsgi_server
+from prometheus_client.exposition import make_wsgi_app
 
 from watchdog import __version__
 from watchdog.core.errors import InputError
@@ -38,6 +47,10 @@ log = get_logger(__name__)
 
 PREFIX = "hbmwatch_"
 DEFAULT_PORT = 9400  # clear of libtpu's 8431, the TPU runtime's 8471 and 8476-8479
+DEFAULT_ADDRESS = "127.0.0.1"  # this machine only; a pod listens on all interfaces (deploy/k8s)
+SCRAPE_WORKERS = 4  # connections served at once; a scrape takes about a millisecond
+MAX_SCRAPES_PER_SECOND = 10.0  # Prometheus scrapes every 15-60 s; more than this is a storm, paced
+IDLE_TIMEOUT_SECONDS = 3.0  # a client silent (or not reading) for this long is dropped
 BASE_LABELS = ("device", "rank")
 
 # Gauges read straight off the verdict: (name, help, how to get the value). Absent until the
@@ -131,8 +144,15 @@ class TelemetryCollector:
         yield from counter("restarts", "Restarts this job has had (carried across processes).", t.restarts_total)
         yield from counter("samples", "Memory samples taken.", t.samples_total)
         yield from counter("sample_errors", "Failed memory reads and sidecar errors.", t.sample_errors_total)
+        yield from counter("trace_errors", "Failed writes of the trace file (disk full, read-only); training goes on.",
+                           t.trace_errors_total)
         yield from counter("xla_compilations", "XLA graphs compiled in this process (absent off XLA).",
                            t.xla_compilations_total)
+
+        yield from gauge("checkpoint_disk_free_bytes", "Free bytes on the file system checkpoints are written to.",
+                         t.checkpoint_disk_free_bytes)
+        yield from gauge("checkpoint_size_bytes", "Size of the newest checkpoint: about what the next one needs.",
+                         t.checkpoint_size_bytes)
 
         bounds, counts, total, count = t.checkpoint_snapshot()
         histogram = HistogramMetricFamily(PREFIX + "checkpoint_seconds", "Time to write a checkpoint.",
@@ -153,29 +173,118 @@ def build_registry(telemetry: Telemetry) -> CollectorRegistry:
     return registry
 
 
+class _QuietHandler(WSGIRequestHandler):
+    timeout = IDLE_TIMEOUT_SECONDS  # set on the socket: a half-open client cannot hold a worker for long
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 - a scrape is not worth a log line
+        pass
+
+
+class PooledWSGIServer(WSGIServer):
+    """A WSGI server that costs the training process a bounded share, whatever its clients do.
+
+    prometheus_client's server starts a thread per connection and never times one out: 200
+    half-open clients made 219 threads and 206 fds. Here one thread accepts and `workers` serve.
+    The acceptor takes a connection only when a worker is free, and at most `max_rate` a second;
+    everything else waits in the kernel's listen backlog (or is refused by it) and costs this
+    process nothing. A client idle for IDLE_TIMEOUT_SECONDS is dropped. So the endpoint has
+    `workers + 1` threads and at most `workers` open connections, and a storm of clients cannot
+    take the interpreter from the training loop.
+    """
+
+    request_queue_size = 64  # the kernel's listen backlog
+
+    def __init__(self, address: tuple[str, int], family: socket.AddressFamily, *, workers: int = SCRAPE_WORKERS,
+                 max_rate: float = MAX_SCRAPES_PER_SECOND):
+        self.address_family = family
+        self._free = threading.BoundedSemaphore(workers)
+        self._handoff: queue.SimpleQueue = queue.SimpleQueue()
+        self._interval = 1.0 / max_rate
+        self._stopping = threading.Event()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._workers = [threading.Thread(target=self._work, name=f"hbm-watchdog-metrics-worker-{i}", daemon=True)
+                         for i in range(workers)]
+        for worker in self._workers:
+            worker.start()
+        super().__init__(address, _QuietHandler)  # a failed bind calls server_close, which stops the workers
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Accept, paced and only for a free worker, until `shutdown`."""
+        next_accept = 0.0
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            selector.register(self._wake_reader, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                if not self._free.acquire(timeout=poll_interval):
+                    continue
+                handed_over = False
+                try:
+                    pause = next_accept - time.monotonic()
+                    if (pause > 0 and self._stopping.wait(pause)) or not selector.select():
+                        continue
+                    if self._stopping.is_set():
+                        break
+                    try:
+                        request, client_address = self.socket.accept()
+                    except OSError:  # the client gave up between select and accept
+                        continue
+                    next_accept = time.monotonic() + self._interval
+                    self._handoff.put((request, client_address))
+                    handed_over = True
+                finally:
+                    if not handed_over:
+                        self._free.release()
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        try:
+            self._wake_writer.send(b"x")
+        except OSError:
+            pass
+
+    def _work(self) -> None:
+        while (item := self._handoff.get()) is not None:
+            request, client_address = item
+            try:
+                self.finish_request(request, client_address)
+            except Exception:  # noqa: BLE001 - a client that hung up mid-response is its own problem
+                pass
+            finally:
+                self.shutdown_request(request)
+                self._free.release()
+
+    def server_close(self) -> None:
+        self.shutdown()
+        super().server_close()
+        for _ in self._workers:
+            self._handoff.put(None)
+        for worker in self._workers:
+            worker.join(timeout=IDLE_TIMEOUT_SECONDS + 1)
+        self._wake_reader.close()
+        self._wake_writer.close()
+
+
 @dataclass
 class MetricsServer:
-    """A running endpoint. `port` is the one actually bound (useful when 0 was asked for)."""
+    """A running endpoint. `addr` and `port` are the ones actually bound (port 0 asks for any free one)."""
 
     addr: str
     port: int
     registry: CollectorRegistry
-    _httpd: object
+    _httpd: PooledWSGIServer
     _thread: threading.Thread
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.addr in ("", "0.0.0.0") else ("::1" if self.addr == "::" else self.addr)
-        if ":" in host:
-            host = f"[{host}]"
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
         """Stop serving and free the port. Idempotent."""
         if self._thread.is_alive():
-            self._httpd.shutdown()  # type: ignore[attr-defined]
+            self._httpd.shutdown()
             self._thread.join(timeout=5)
-        self._httpd.server_close()  # type: ignore[attr-defined]
+            self._httpd.server_close()
 
     def __enter__(self) -> "MetricsServer":
         return self
@@ -185,8 +294,8 @@ class MetricsServer:
 
 
 def serve_metrics(telemetry: Telemetry, port: int = DEFAULT_PORT, *, local_rank: int = 0,
-                  addr: str = "0.0.0.0") -> MetricsServer:
-    """Serve `/metrics` for `telemetry` on `port + local_rank` (port 0: any free port).
+                  addr: str = DEFAULT_ADDRESS) -> MetricsServer:
+    """Serve `/metrics` for `telemetry` on `addr`, port `port + local_rank` (port 0: any free port).
 
     One process per local rank shares a host (and, with hostNetwork on GKE, the node's ports),
     so each rank offsets the base port by its local rank; the actual URL is logged.
@@ -200,13 +309,17 @@ def serve_metrics(telemetry: Telemetry, port: int = DEFAULT_PORT, *, local_rank:
         raise InputError(f"metrics port {port} + local rank {local_rank} is above 65535")
     registry = build_registry(telemetry)
     try:
-        httpd, thread = start_wsgi_server(bind_port, addr=addr, registry=registry)
-    except OSError as exc:
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, bind_port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+        httpd = PooledWSGIServer(sockaddr[:2], family)
+    except OSError as exc:  # a name that does not resolve (gaierror) included
         if exc.errno == errno.EADDRINUSE:
             raise InputError(f"metrics port {bind_port} on {addr} is already in use "
                              f"(base {port} + local rank {local_rank}); pick another with --metrics-port") from None
         raise InputError(f"cannot serve metrics on {addr}:{bind_port}: {exc.strerror or exc}") from None
-    thread.name = f"hbm-watchdog-metrics-{local_rank}"
-    server = MetricsServer(addr, int(httpd.server_port), registry, httpd, thread)
-    log.info("metrics_serving", url=server.url, addr=addr, port=server.port, local_rank=local_rank)
+    httpd.set_app(make_wsgi_app(registry))
+    thread = threading.Thread(target=httpd.serve_forever, name=f"hbm-watchdog-metrics-{local_rank}", daemon=True)
+    thread.start()
+    server = MetricsServer(str(httpd.server_address[0]), int(httpd.server_port), registry, httpd, thread)
+    log.info("metrics_serving", url=server.url, addr=server.addr, port=server.port, local_rank=local_rank)
     return server

@@ -13,6 +13,10 @@ hold, reads no tensor and does no I/O, so it adds no XLA compilation and no devi
 transfer.
 Actions are carried out by the training thread between steps; the sidecar only asks.
 
+The trace file is best-effort telemetry: an I/O error writing it (disk full, read-only file
+system) is logged once per kind and counted (`hbmwatch_trace_errors_total`), the file is reopened
+a while later (its torn last row cut off), and nothing of it ever reaches training or its exit status.
+
 An APScheduler background job watches the step counter: a loop that stops stepping for longer
 than `stall_after_seconds` is reported as stalled (a hung collective, a dead input pipeline).
 """
@@ -29,6 +33,7 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from watchdog.core.config import WatchdogConfig
+from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge
 from watchdog.core.sample import Sample, TraceWriter
 from watchdog.core.verdict import Action, Verdict
@@ -45,6 +50,8 @@ _SAMPLE_REQUEST = (_SAMPLE, None)  # the step to sample is read from `_requested
 
 class Watchdog:
     """Watches device memory from a sidecar thread; see the module docstring for the flow."""
+
+    trace_retry_seconds = 30.0  # after a trace I/O error, wait this long before reopening the file
 
     def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None,
                  telemetry: Telemetry | None = None):
@@ -67,6 +74,8 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._trace: TraceWriter | None = None
+        self._trace_retry_at = 0.0
+        self._trace_samples_missed = 0
         self._failed_kinds: set[str] = set()
         self._stall_seen_step = -1
         self._stall_seen_at = time.monotonic()
@@ -85,7 +94,7 @@ class Watchdog:
         self.telemetry.source = self._source.name
         self._track_compilations = device_kind(device) == "xla"
         if self.config.trace_file is not None:
-            self._trace = TraceWriter(self.config.trace_file)
+            self._open_trace(at_start=True)
         self._thread = threading.Thread(target=self._run, name="hbm-watchdog", daemon=True)
         self._thread.start()
         self._start_stall_watch()
@@ -104,11 +113,10 @@ class Watchdog:
         self._post((_STOP, None))
         self._thread.join(timeout=30)
         self._thread = None
-        if self._trace is not None:
-            self._trace.close()
-            self._trace = None
+        self._close_trace()
         log.info("watchdog_stopped", samples=self.telemetry.samples_total,
-                 sample_errors=self.telemetry.sample_errors_total)
+                 sample_errors=self.telemetry.sample_errors_total, trace_errors=self.telemetry.trace_errors_total,
+                 samples_missing_from_trace=self._trace_samples_missed)
 
     def __enter__(self) -> "Watchdog":
         return self.start()
@@ -190,8 +198,8 @@ class Watchdog:
             return
         sample = Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used)
         self.history.append(sample)
-        if self._trace is not None:
-            self._trace.write(sample)
+        if self.config.trace_file is not None:
+            self._record(sample)
         telemetry = self.telemetry
         telemetry.sample = sample
         telemetry.samples_total += 1
@@ -220,6 +228,59 @@ class Watchdog:
             log.info("reinit_measured", floor_before_bytes=recovery.floor_before_bytes,
                      bytes_after=recovery.bytes_after, recovered_bytes=recovery.recovered_bytes,
                      recovered=recovery.recovered)
+
+    # ---- the trace: best effort ---------------------------------------------------------------
+
+    def _open_trace(self, *, at_start: bool = False) -> bool:
+        """Open (or reopen) the trace file. At start, a path that cannot be a trace is the user's
+        error (InputError, exit 2); a disk that fails is not, there or later."""
+        try:
+            self._trace = TraceWriter(self.config.trace_file)  # type: ignore[arg-type]
+            return True
+        except InputError:
+            if at_start:
+                raise
+            self._trace_failed("trace_open", None)
+        except OSError as exc:
+            self._trace_failed("trace_open", exc)
+        return False
+
+    def _record(self, sample: Sample) -> None:
+        if self._trace is None:
+            if time.monotonic() < self._trace_retry_at or not self._open_trace():
+                self._trace_samples_missed += 1
+                return
+            log.info("trace_resumed", path=str(self.config.trace_file), step=sample.step,
+                     samples_missing=self._trace_samples_missed)
+        try:
+            self._trace.write(sample)  # type: ignore[union-attr]
+        except OSError as exc:
+            self._trace_failed("trace_write", exc)
+
+    def _close_trace(self) -> None:
+        """Flush and close; never raises (a full disk at the end must not turn a finished run into a failure)."""
+        if self._trace is None:
+            return
+        try:
+            self._trace.close()
+            self._trace = None
+        except OSError as exc:
+            self._trace_failed("trace_close", exc)
+
+    def _trace_failed(self, kind: str, exc: OSError | None) -> None:
+        if self._trace is not None:
+            self._trace_samples_missed += self._trace.abandon()
+            self._trace = None
+        self._trace_retry_at = time.monotonic() + self.trace_retry_seconds
+        self.telemetry.trace_errors_total += 1
+        reason = "cannot append to it" if exc is None else (exc.strerror or type(exc).__name__)
+        key = f"{kind}:{reason}"
+        if key not in self._failed_kinds:
+            self._failed_kinds.add(key)
+            log.error("trace_write_failed", path=str(self.config.trace_file), kind=kind, error=reason,
+                      errno=getattr(exc, "errno", None),
+                      note=f"training goes on; the trace is retried every {self.trace_retry_seconds:g} s, "
+                           "and further errors of this kind are counted, not logged")
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         self.telemetry.sample_errors_total += 1

@@ -52,9 +52,12 @@ class Telemetry:
     actions_total: Counter = field(default_factory=Counter)
     restarts_total: int = 0
     sample_errors_total: int = 0
+    trace_errors_total: int = 0
     samples_total: int = 0
     xla_compilations_total: int | None = None
     checkpoint_seconds: Histogram = field(default_factory=Histogram)
+    checkpoint_disk_free_bytes: int | None = None  # free space where checkpoints go (the trainer fills it)
+    checkpoint_size_bytes: int | None = None  # the newest checkpoint's size: what the next one needs
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count_action(self, action: Action) -> None:

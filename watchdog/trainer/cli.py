@@ -7,12 +7,14 @@ minute of start-up. torch is imported inside `run` only.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 
 from watchdog.core.errors import InputError
 from watchdog.core.units import memory_limit_option
+from watchdog.runtime.exporter import DEFAULT_ADDRESS
 from watchdog.trainer.leaks import parse_leak_spec
 
 DEFAULT_STEPS = 600
@@ -48,6 +50,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="also checkpoint every N steps (default: only on actions, SIGTERM and at the end)")
     ckpt.add_argument("--resume", choices=("auto", "never"), default="auto",
                       help="auto: continue from the newest checkpoint in --checkpoint-dir if there is one")
+    ckpt.add_argument("--overwrite-checkpoints", action="store_true",
+                      help="start over a --checkpoint-dir holding another run's checkpoints (with --resume never, "
+                           "or when none of them loads); they are deleted after this run's first checkpoint")
 
     wd = parser.add_argument_group("watchdog")
     wd.add_argument("--inject-leak", action="append", default=[], metavar="SPEC",
@@ -58,6 +63,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help="sample memory every N steps (default %(default)s: this trainer's steps are short and its "
                          "runs a few hundred steps; the library's WatchdogConfig default is 10)")
     wd.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (0: any free port)")
+    wd.add_argument("--metrics-address", default=DEFAULT_ADDRESS, metavar="HOST",
+                    help="interface the metrics endpoint listens on (default %(default)s: this machine only; "
+                         "0.0.0.0 or :: for all, as in a pod)")
     wd.add_argument("--trace-file", type=Path, help="append every sample to this trace CSV")
     wd.add_argument("--checkpoint-margin-steps", type=int, default=50,
                     help="steps a checkpoint needs before the OOM (the policy's margin)")
@@ -83,8 +91,8 @@ def build_config(args: argparse.Namespace):
     for flag in ("batch_size", "log_every", "sample_every", "num_devices"):
         if getattr(args, flag) < 1:
             raise InputError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    if not args.lr > 0:
-        raise InputError(f"--lr must be positive, got {args.lr}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise InputError(f"--lr must be a positive finite number, got {args.lr}")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise InputError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
     limit = memory_limit_option(args.memory_limit)
@@ -92,6 +100,8 @@ def build_config(args: argparse.Namespace):
         raise InputError(f"--text-file {args.text_file}: not a readable file")
     if args.checkpoint_dir is not None:
         _check_checkpoint_dir(args.checkpoint_dir)
+    if args.trace_file is not None and not args.no_watchdog:
+        _check_trace_file(args.trace_file)
     watchdog = None
     if not args.no_watchdog:
         watchdog = WatchdogConfig(
@@ -106,6 +116,7 @@ def build_config(args: argparse.Namespace):
         batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed, device=args.device,
         text_file=args.text_file, leaks=tuple(parse_leak_spec(s) for s in args.inject_leak),
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
+        overwrite_checkpoints=args.overwrite_checkpoints,
         log_every=args.log_every, forced_actions=tuple(_parse_forced(s) for s in args.force_action),
         progress_bar=False if getattr(args, "quiet", False) else None,
         watchdog=watchdog,
@@ -121,6 +132,23 @@ def _check_checkpoint_dir(directory: Path) -> None:
         raise InputError(f"--checkpoint-dir {directory}: {existing} is not a directory")
     if not os.access(existing, os.R_OK | os.W_OK | os.X_OK):
         raise InputError(f"--checkpoint-dir {directory}: {existing} is not readable and writable by this user")
+
+
+def _check_trace_file(path: Path) -> None:
+    """A trace that cannot be appended to is the user's mistake, said now; a disk filling up later is not."""
+    if path.is_dir():
+        raise InputError(f"--trace-file {path}: is a directory")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise InputError(f"--trace-file {path}: not writable (read-only file system or no permission)")
+        return
+    existing = path.absolute().parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"--trace-file {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"--trace-file {path}: cannot create it in {existing} (read-only file system or no permission)")
 
 
 def _parse_forced(text: str):
@@ -140,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     if args.num_devices > 1:
         from watchdog.trainer.multi import train_replicated
 
-        return train_replicated(config, args.num_devices, metrics_port=args.metrics_port)
+        return train_replicated(config, args.num_devices, metrics_port=args.metrics_port,
+                                metrics_address=args.metrics_address)
     from watchdog.runtime.telemetry import Telemetry
     from watchdog.trainer.loop import train
 
@@ -149,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None and config.watchdog is not None:
         from watchdog.runtime.exporter import serve_metrics
 
-        server = serve_metrics(telemetry, args.metrics_port)
+        server = serve_metrics(telemetry, args.metrics_port, addr=args.metrics_address)
         print(f"metrics: {server.url}", flush=True)
     try:
         result = train(config, telemetry=telemetry)

@@ -8,6 +8,9 @@
                                  from the checkpoint, tell the watchdog (it re-measures the floor)
           checkpoint-and-restart: save, exit 42 (a supervisor or the cluster restarts the job)
           SIGTERM (preemption): save at the next step boundary, exit 42
+          SIGINT (Ctrl-C): save at the next step boundary, exit 130 (a second Ctrl-C stops at once)
+    -> a checkpoint the disk refuses is logged (path, bytes needed, bytes free) and training goes
+       on; if an action or a signal needed it, a restart is still requested (exit 42)
 
 A step depends only on the state, the RNG and the data position, and all three are in the
 checkpoint, so a reinit or a restart continues bit for bit where the run would have been.
@@ -32,11 +35,16 @@ from typing import Callable
 
 import torch
 
-from watchdog.actions.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from watchdog.actions.checkpoint import (
+    CheckpointManager,
+    CheckpointSaveError,
+    capture_rng_state,
+    restore_rng_state,
+)
 from watchdog.actions.coordination import agree_on_action
 from watchdog.actions.supervisor import RESTART_COUNT_ENV
 from watchdog.core.config import WatchdogConfig
-from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED, InputError
+from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUESTED, InputError
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.runtime import forensics
@@ -50,6 +58,7 @@ from watchdog.trainer.progress import Progress
 log = get_logger(__name__)
 
 CHECKPOINT_FORMAT = 1
+CHECKPOINT_KEYS = ("step", "data_position", "model", "optimizer", "scheduler", "rng")  # what a resume reads
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0: only when an action asks, on SIGTERM and at the end
     keep_checkpoints: int = 3
     resume: str = "auto"
+    overwrite_checkpoints: bool = False  # start over another run's checkpoints (deleted after the first save)
     log_every: int = 50
     progress_bar: bool | None = None  # None: on a TTY
     forced_actions: tuple[tuple[int, Action], ...] = ()  # drills: (step, action) as if the watchdog asked
@@ -102,7 +112,8 @@ class TrainResult:
 
     def summary(self) -> str:
         loss = "n/a" if self.final_loss is None else f"{self.final_loss:.4f}"
-        outcome = "done" if self.exit_code == EXIT_OK else f"restart requested (exit {self.exit_code})"
+        outcome = {EXIT_OK: "done", EXIT_INTERRUPTED: "interrupted (exit 130)"}.get(
+            self.exit_code, f"restart requested (exit {self.exit_code})")
         return (f"train: {outcome}: steps {self.step}/{self.steps_total} (this run from {self.first_step}), "
                 f"reinits {self.reinits}, restarts {self.restarts}, final loss {loss}, "
                 f"{self.steps_per_second:.1f} steps/s, watchdog {self.verdict} (source {self.source})")
@@ -218,7 +229,7 @@ def restore_state(payload: dict, config: TrainConfig, device: torch.device) -> T
     if saved_model is not None and saved_model != dataclasses.asdict(config.model):
         changed = sorted(k for k in saved_model if saved_model[k] != dataclasses.asdict(config.model).get(k))
         raise InputError(f"the checkpoint was written for a different model ({', '.join(changed)} differ); "
-                         "use the same model flags, another --checkpoint-dir, or --resume never")
+                         "use the same model flags, or a fresh --checkpoint-dir")
     state = build_state(config, device)
     state.model.load_state_dict(payload["model"])
     state.optimizer.load_state_dict(payload["optimizer"])  # casts state to each parameter's device
@@ -297,7 +308,8 @@ class Trainer:
         if config.checkpoint_dir is None:
             self._temporary_dir = tempfile.TemporaryDirectory(prefix="hbm-watchdog-ckpt-")
         directory = config.checkpoint_dir or Path(self._temporary_dir.name)
-        self.checkpoints = CheckpointManager(directory, keep_last=config.keep_checkpoints)
+        self.checkpoints = CheckpointManager(directory, keep_last=config.keep_checkpoints,
+                                             format=CHECKPOINT_FORMAT, required_keys=CHECKPOINT_KEYS)
         self.data = TokenSource(batch_size=config.batch_size, seq_len=config.model.seq_len,
                                 vocab_size=config.model.vocab_size, seed=config.seed,
                                 text_file=config.text_file, shard=replica.rank, num_shards=replica.world)
@@ -317,8 +329,9 @@ class Trainer:
         self.state = self._start_state()
         first_step = self.state.step
         self.watchdog = self._start_watchdog()
+        self._check_disk()
         progress = Progress(self.config.steps, first_step, self.config.log_every, self.config.progress_bar)
-        previous_handler = self._catch_sigterm()
+        previous_handlers = self._catch_stop_signals()
         exit_code, loss = EXIT_OK, None
         started = time.perf_counter()
         try:
@@ -331,26 +344,30 @@ class Trainer:
                 if action is not None and action.needs_checkpoint:
                     self._name_the_leak(step)
                 if self._stop_signal is not None:
-                    log.warning("preempted", signal=signal.Signals(self._stop_signal).name, step=step)
+                    interrupted = self._stop_signal == signal.SIGINT
+                    log.warning("interrupted" if interrupted else "preempted",
+                                signal=signal.Signals(self._stop_signal).name, step=step)
                     self._save()
-                    exit_code = EXIT_RESTART_REQUESTED
+                    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_RESTART_REQUESTED
                 elif action is Action.CHECKPOINT_RESTART:
                     self._save(restart=True)
                     exit_code = EXIT_RESTART_REQUESTED
                 elif action is Action.CHECKPOINT_REINIT:
-                    self._reinit()
+                    if not self._reinit():  # no checkpoint to rebuild from: only a new process frees memory
+                        exit_code = EXIT_RESTART_REQUESTED
                 elif self.config.checkpoint_every and self.state.step % self.config.checkpoint_every == 0:
-                    self._save()
+                    self._save()  # a failure is logged; the next one may fit
                 progress.update(step, loss, self.watchdog)
                 if exit_code != EXIT_OK:
                     break
             else:
                 if self.state.step > first_step or self.checkpoints.latest_step() is None:
-                    self._save()
+                    if not self._save():  # the finished state is not on disk: redo it from the last one
+                        exit_code = EXIT_RESTART_REQUESTED
         finally:
             elapsed = time.perf_counter() - started
             progress.close()
-            self._restore_sigterm(previous_handler)
+            self._restore_signals(previous_handlers)
             if self.watchdog is not None:
                 self.watchdog.drain()
                 self.watchdog.stop()
@@ -372,7 +389,9 @@ class Trainer:
 
     def _start_state(self) -> TrainerState:
         self.restarts_so_far = _restarts_so_far_from_env()
-        payload = self.checkpoints.load_latest() if self.config.resume == "auto" else None
+        payload = self.checkpoints.open_run(resume=self.config.resume == "auto",
+                                            overwrite=self.config.overwrite_checkpoints,
+                                            writer=self.replica.rank == 0)
         if payload is None:
             seed_everything(self.config.seed, self.device)
             state = build_state(self.config, self.device)
@@ -438,23 +457,52 @@ class Trainer:
         log.warning("leak_suspects", step=step, suspects=suspects or ["no growing group of live tensors"],
                     census_seconds=round(time.perf_counter() - started, 3))
 
-    def _save(self, *, restart: bool = False) -> None:
-        """A checkpoint of the state as it is now; a restart's records the restart it asks for."""
+    def _save(self, *, restart: bool = False) -> bool:
+        """A checkpoint of the state as it is now; a restart's records the restart it asks for.
+
+        False when the disk refused it (logged with path, bytes needed and bytes free; the older
+        checkpoints are intact). Every rank gets the same answer.
+        """
         started = time.perf_counter()
+        saved = True
         if self.replica.rank == 0:  # one writer; the replicas' states are identical
             payload = checkpoint_payload(self.state, self.config, self.device,
                                          restarts_so_far=self.restarts_so_far + int(restart), reinits=self.reinits)
-            self.checkpoints.save(payload, self.state.step)
+            try:
+                self.checkpoints.save(payload, self.state.step)
+            except CheckpointSaveError as exc:
+                saved = False
+                log.error("checkpoint_save_failed", path=str(exc.path), step=self.state.step, error=exc.reason,
+                          bytes_needed=exc.bytes_needed, bytes_free=exc.bytes_free,
+                          note="older checkpoints are intact; training goes on")
             del payload
         self.replica.barrier(f"checkpoint-{self.state.step}")
-        if self.watchdog is not None:
+        saved = agree_on_action(None if saved else Action.CHECKPOINT_RESTART) is None
+        if saved and self.watchdog is not None:
             self.watchdog.observe_checkpoint(time.perf_counter() - started)
+        self._check_disk()
+        return saved
 
-    def _reinit(self) -> None:
-        """Save, drop every reference to the state (its leaks included), collect, rebuild from disk."""
+    def _check_disk(self) -> None:
+        """Free space against the newest checkpoint's size: logged when short, exported always."""
+        if self.replica.rank != 0:
+            return
+        space = self.checkpoints.disk_space()
+        telemetry = self.watchdog.telemetry if self.watchdog is not None else self.telemetry
+        if telemetry is not None:
+            telemetry.checkpoint_disk_free_bytes = space.free_bytes
+            telemetry.checkpoint_size_bytes = space.checkpoint_bytes
+
+    def _reinit(self) -> bool:
+        """Save, drop every reference to the state (its leaks included), collect, rebuild from disk.
+
+        False, with the state untouched, when the checkpoint could not be saved.
+        """
         step = self.state.step
         self.reinits += 1
-        self._save()
+        if not self._save():
+            self.reinits -= 1
+            return False
         self.state = self._loader = self._census = None
         gc.collect()
         self._sync()
@@ -468,22 +516,25 @@ class Trainer:
         log.warning("reinitialised", step=step, reinits=self.reinits)
         if self.watchdog is not None:
             self.watchdog.reinit_finished()
+        return True
 
     # -- signals --
 
-    def _catch_sigterm(self):
+    def _catch_stop_signals(self) -> dict:
         if threading.current_thread() is not threading.main_thread():
-            return None
+            return {}
 
         def remember(signum, _frame):
+            if signum == signal.SIGINT and self._stop_signal == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now (a save in flight leaves no debris)
             self._stop_signal = signum  # acted on at the next step boundary, never mid-step
 
-        return signal.signal(signal.SIGTERM, remember)
+        return {signum: signal.signal(signum, remember) for signum in (signal.SIGTERM, signal.SIGINT)}
 
     @staticmethod
-    def _restore_sigterm(previous) -> None:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    def _restore_signals(previous: dict) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _restarts_so_far_from_env() -> int:

@@ -19,9 +19,11 @@ import tempfile
 from pathlib import Path
 
 from watchdog.core.errors import EXIT_OK, InputError
+from watchdog.runtime.exporter import DEFAULT_ADDRESS
 
 
-def train_replicated(config, num_devices: int, *, metrics_port: int | None = None) -> int:
+def train_replicated(config, num_devices: int, *, metrics_port: int | None = None,
+                     metrics_address: str = DEFAULT_ADDRESS) -> int:
     """Run `num_devices` replicas; print each one's summary; the most urgent exit status wins (42 > 0)."""
     from watchdog.trainer.loop import _has_tpu
 
@@ -38,7 +40,7 @@ def train_replicated(config, num_devices: int, *, metrics_port: int | None = Non
     with tempfile.TemporaryDirectory(prefix="hbm-watchdog-replicas-") as results:
         if config.checkpoint_dir is None:  # one directory all replicas share (rank 0 writes, all read)
             config = dataclasses.replace(config, checkpoint_dir=Path(results, "checkpoints"))
-        torch_xla.launch(_replica, args=(config, metrics_port, results))
+        torch_xla.launch(_replica, args=(config, metrics_port, metrics_address, results))
         outcomes = [json.loads(p.read_text()) for p in sorted(Path(results).glob("rank-*.json"))]
     if len(outcomes) != num_devices:
         raise InputError(f"--num-devices {num_devices}: the runtime launched {len(outcomes)} replicas "
@@ -48,7 +50,7 @@ def train_replicated(config, num_devices: int, *, metrics_port: int | None = Non
     return max(outcome["exit_code"] for outcome in outcomes) or EXIT_OK
 
 
-def _replica(index: int, config, metrics_port: int | None, results: str) -> None:
+def _replica(index: int, config, metrics_port: int | None, metrics_address: str, results: str) -> None:
     import torch.distributed as dist
     import torch_xla.runtime as xr
 
@@ -65,7 +67,7 @@ def _replica(index: int, config, metrics_port: int | None, results: str) -> None
     if metrics_port is not None and config.watchdog is not None:
         from watchdog.runtime.exporter import serve_metrics
 
-        server = serve_metrics(telemetry, metrics_port, local_rank=xr.local_ordinal())
+        server = serve_metrics(telemetry, metrics_port, local_rank=xr.local_ordinal(), addr=metrics_address)
         print(f"metrics (rank {replica.rank}): {server.url}", flush=True)
     trainer = Trainer(config, telemetry=telemetry, replica=replica)
     try:

@@ -1,0 +1,186 @@
+"""Training steps/s with and without a storm of metrics clients, in one run.
+
+    python -m watchdog.bench.scrape_storm [--clients 200] [--phase-seconds 20]
+
+One process trains the trainer's model (tiny, plain CPU, one torch thread) with the watchdog
+sampling every step and its endpoint serving. Phases of equal length follow each other in the
+same run: quiet, `--clients` scrapers fetching /metrics back to back, `--clients` half-open
+clients (connect, send nothing, reconnect when dropped), quiet again. The clients run in a
+child process (asyncio), so the figures are what the storm costs the training process: its
+steps/s, and the most threads and file descriptors it had during the phase. It prints figures;
+it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+PHASES = (("quiet", None), ("scrapers", "scrape"), ("half-open", "half-open"), ("quiet again", None))
+REFUSED_PAUSE_SECONDS = 0.05  # a scraper turned away tries again this much later, as a real one would (later still)
+
+
+# ---- the clients (a child process) -----------------------------------------------------------------
+
+async def _scrape(host: str, port: int, counts: collections.Counter) -> None:
+    request = f"GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n".encode()
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(request)
+            await writer.drain()
+            answer = await reader.read()
+            writer.close()
+        except OSError:
+            answer = b""
+        if answer.startswith(b"HTTP/1.0 200"):
+            counts["served"] += 1
+        else:
+            counts["turned away"] += 1
+            await asyncio.sleep(REFUSED_PAUSE_SECONDS)
+
+
+async def _hold_half_open(host: str, port: int, counts: collections.Counter) -> None:
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            counts["connections"] += 1
+            await reader.read()  # returns when the server drops us
+            counts["dropped by the server"] += 1
+            writer.close()
+        except OSError:
+            counts["refused"] += 1
+            await asyncio.sleep(REFUSED_PAUSE_SECONDS)
+
+
+async def _clients(host: str, port: int, mode: str, clients: int) -> None:
+    counts: collections.Counter = collections.Counter()
+    client = _scrape if mode == "scrape" else _hold_half_open
+    tasks = [asyncio.create_task(client(host, port, counts)) for _ in range(clients)]
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # the parent says stop
+    for task in tasks:
+        task.cancel()
+    print(json.dumps(dict(counts)), flush=True)
+
+
+# ---- the training process --------------------------------------------------------------------------
+
+@dataclass
+class Phase:
+    name: str
+    steps: int
+    seconds: float
+    max_threads: int
+    max_fds: int
+    clients: dict
+
+    @property
+    def rate(self) -> float:
+        return self.steps / self.seconds
+
+
+class _Peaks:
+    """The most threads and fds this process had while watching (sampled every 50 ms)."""
+
+    def __init__(self) -> None:
+        self.threads = self.fds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        process = psutil.Process()
+        while not self._stop.wait(0.05):
+            self.threads = max(self.threads, process.num_threads())
+            self.fds = max(self.fds, process.num_fds())
+
+    def stop(self) -> "_Peaks":
+        self._stop.set()
+        self._thread.join()
+        return self
+
+
+def storm(clients: int, phase_seconds: float) -> list[Phase]:
+    import torch
+
+    from watchdog.core.config import WatchdogConfig
+    from watchdog.runtime.exporter import serve_metrics
+    from watchdog.runtime.sidecar import Watchdog
+    from watchdog.trainer.data import TokenSource
+    from watchdog.trainer.loop import TrainConfig, build_state, train_step
+    from watchdog.trainer.model import ModelConfig
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = TrainConfig(batch_size=1, device="cpu",
+                         model=ModelConfig(depth=1, width=16, heads=1, seq_len=8, activation_checkpointing="none"))
+    state = build_state(config, torch.device("cpu"))
+    data = TokenSource(batch_size=1, seq_len=8, vocab_size=config.model.vocab_size, seed=0)
+    step = 0
+    phases = []
+    with Watchdog(WatchdogConfig(sample_every=1, memory_limit_bytes=64 << 30)) as watchdog, \
+            serve_metrics(watchdog.telemetry, 0) as server:
+        for name, mode in PHASES:
+            child = None
+            if mode is not None:
+                child = subprocess.Popen([sys.executable, "-m", "watchdog.bench.scrape_storm", "--serve-as-clients",
+                                          server.addr, str(server.port), mode, str(clients)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                assert child.stdout.readline().strip() == "ready"
+                time.sleep(1.0)  # let every client reach the server before counting
+            peaks = _Peaks()
+            first, started = step, time.perf_counter()
+            while time.perf_counter() - started < phase_seconds:
+                batch = data.batch_at(step)
+                train_step(state, batch.tokens, batch.targets, lambda optimizer: optimizer.step())
+                watchdog.step(step)
+                step += 1
+            seconds = time.perf_counter() - started
+            peaks.stop()
+            counts = {}
+            if child is not None:
+                counts = json.loads(child.communicate("stop\n", timeout=60)[0].strip().splitlines()[-1])
+            phases.append(Phase(name, step - first, seconds, peaks.threads, peaks.fds, counts))
+            print(f"{name:12s} {phases[-1].rate:7.1f} steps/s  threads <= {peaks.threads:3d}  fds <= {peaks.fds:3d}"
+                  + (f"  clients: {counts}" if counts else ""), flush=True)
+    return phases
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--serve-as-clients"]:
+        host, port, mode, clients = argv[1:5]
+        asyncio.run(_clients(host, int(port), mode, int(clients)))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=200)
+    parser.add_argument("--phase-seconds", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    if args.clients < 1 or not args.phase_seconds > 0:
+        parser.error("--clients must be at least 1 and --phase-seconds positive")
+    from watchdog.logs import configure_logging
+
+    configure_logging("json", level="WARNING")
+    phases = storm(args.clients, args.phase_seconds)
+    quiet = sum(p.steps for p in phases if p.name.startswith("quiet")) / sum(
+        p.seconds for p in phases if p.name.startswith("quiet"))
+    for phase in phases:
+        if not phase.name.startswith("quiet"):
+            print(f"{phase.name}: {phase.rate:.1f} steps/s against {quiet:.1f} quiet "
+                  f"({phase.rate / quiet:.1%} of it) with {args.clients} clients")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
