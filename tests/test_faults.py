@@ -31,9 +31,25 @@ from conftest import REPO, hbm_watchdog_env, json_lines, run_python
 from watchdog.actions.checkpoint import CheckpointManager, DiskSpace
 from watchdog.commands.cli import main
 from watchdog.core.config import WatchdogConfig
-from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUESTED, InputError
-from watchdog.core.sample import TRACE_HEADER, Sample, TraceWriter, load_trace, write_trace
-from watchdog.runtime.exporter import IDLE_TIMEOUT_SECONDS, SCRAPE_WORKERS, serve_metrics
+from watchdog.core.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_RESTART_REQUESTED,
+    InputError,
+)
+from watchdog.core.sample import (
+    TRACE_HEADER,
+    Sample,
+    TraceWriter,
+    load_trace,
+    write_trace,
+)
+from watchdog.runtime.exporter import (
+    IDLE_TIMEOUT_SECONDS,
+    SCRAPE_WORKERS,
+    serve_metrics,
+)
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.runtime.telemetry import Telemetry
 from watchdog.trainer.loop import TrainConfig, Trainer
@@ -298,6 +314,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_a_save_past_the_file_size_limit_says_path_bytes_needed_and_free_and_keeps_the_old_one(tmp_path):
     out = subprocess.run([sys.executable, "-c", SAVE_ON_A_FULL_DISK, str(tmp_path)], capture_output=True, text=True,
                          timeout=300, cwd=REPO, env=hbm_watchdog_env(), preexec_fn=file_size_limit(MiB))
@@ -307,6 +324,7 @@ def test_a_save_past_the_file_size_limit_says_path_bytes_needed_and_free_and_kee
     assert int(figures.split()[0]) >= 16 << 20 and ok == "ok"
 
 
+@pytest.mark.slow
 def test_a_save_on_a_full_tmpfs_says_no_space_and_keeps_the_old_one(tmp_path):
     with tmpfs(tmp_path / "small", "2m") as mount:
         out = run_python(SAVE_ON_A_FULL_DISK, str(mount))
@@ -349,6 +367,7 @@ def test_free_space_and_checkpoint_size_are_exported(tmp_path):
     assert "hbmwatch_checkpoint_disk_free_bytes{" in text
 
 
+@pytest.mark.slow
 def test_free_space_below_one_checkpoint_is_a_warning_at_start_and_after_each_save(tmp_path, caplog):
     assert DiskSpace(free_bytes=100, checkpoint_bytes=200).short
     assert not DiskSpace(free_bytes=300, checkpoint_bytes=200).short and not DiskSpace(100, None).short
@@ -485,6 +504,7 @@ def test_an_impossible_trace_file_is_one_line(tmp_path, capsys, where, fragment)
     one_error_line(capsys.readouterr().err, f"--trace-file {path}", fragment)
 
 
+@pytest.mark.slow
 def test_a_trace_file_on_a_read_only_mount_is_one_line(tmp_path, capsys):
     with tmpfs(tmp_path / "ro", "1m", read_only=True) as mount:
         assert main(["train", *TINY, "--trace-file", str(mount / "trace.csv")]) == EXIT_BAD_INPUT
@@ -509,6 +529,7 @@ def test_report_to_an_impossible_output_is_one_line(tmp_path, capsys, small_trac
     one_error_line(capsys.readouterr().err, str(path), fragment)
 
 
+@pytest.mark.slow
 def test_report_to_a_read_only_mount_is_one_line(tmp_path, capsys, small_trace):
     with tmpfs(tmp_path / "ro", "1m", read_only=True) as mount:
         assert main(["report", str(small_trace), "-o", str(mount / "report.png")]) == EXIT_BAD_INPUT

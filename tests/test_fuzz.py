@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from watchdog.commands.cli import build_parser
 from watchdog.core.errors import InputError, TraceFormatError
-from watchdog.core.sample import TRACE_HEADER, Sample, TraceWriter, load_trace, write_trace
+from watchdog.core.sample import (
+    TRACE_HEADER,
+    Sample,
+    TraceWriter,
+    load_trace,
+    write_trace,
+)
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
