@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from watchdog.actions.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from watchdog.actions.coordination import agree_on_action
+from watchdog.actions.coordination import ActionCoordinator
 from watchdog.actions.supervisor import RESTART_COUNT_ENV
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED, InputError
@@ -42,7 +42,7 @@ from watchdog.logs import get_logger
 from watchdog.runtime import forensics
 from watchdog.runtime.telemetry import Telemetry
 from watchdog.trainer import leaks
-from watchdog.trainer.data import TokenSource
+from watchdog.trainer.data import Batch, TokenSource
 from watchdog.trainer.leaks import LeakSinks, LeakSpec
 from watchdog.trainer.model import ModelConfig, TransformerLM
 from watchdog.trainer.progress import Progress
@@ -212,15 +212,25 @@ def checkpoint_payload(state: TrainerState, config: TrainConfig, device: torch.d
     }
 
 
-def restore_state(payload: dict, config: TrainConfig, device: torch.device) -> TrainerState:
-    """Rebuild from a checkpoint onto `device`: every parameter and optimizer tensor lands there."""
+def check_same_model(payload: dict, config: TrainConfig) -> None:
     saved_model = payload.get("model_config")
     if saved_model is not None and saved_model != dataclasses.asdict(config.model):
         changed = sorted(k for k in saved_model if saved_model[k] != dataclasses.asdict(config.model).get(k))
         raise InputError(f"the checkpoint was written for a different model ({', '.join(changed)} differ); "
                          "use the same model flags, another --checkpoint-dir, or --resume never")
-    state = build_state(config, device)
-    state.model.load_state_dict(payload["model"])
+
+
+def restore_state(payload: dict, config: TrainConfig, device: torch.device,
+                  state: TrainerState | None = None) -> TrainerState:
+    """Rebuild from a checkpoint onto `device`: every parameter and optimizer tensor lands there.
+
+    `state`: a sharded checkpoint was already read into this state's own tensors (the payload's
+    tensors are those); what remains is the host side.
+    """
+    check_same_model(payload, config)
+    if state is None:
+        state = build_state(config, device)
+        state.model.load_state_dict(payload["model"])
     state.optimizer.load_state_dict(payload["optimizer"])  # casts state to each parameter's device
     state.scheduler.load_state_dict(payload["scheduler"])
     state.step, state.data_position = int(payload["step"]), int(payload["data_position"])
@@ -265,11 +275,43 @@ def release_host_memory() -> None:
         pass
 
 
+# ---- where the state lives ----------------------------------------------------------------------
+
+class SingleDevice:
+    """The state on one device per process (one replica per device under torch_xla.launch).
+
+    The strategy object is what the loop asks where the state lives, how a batch gets there and
+    how checkpoints are kept; `--spmd` swaps in watchdog/trainer/spmd.py's sharded one.
+    """
+
+    sharded_checkpoints = False  # one writer (rank 0), one file per checkpoint
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def build_state(self, config: TrainConfig) -> TrainerState:
+        return build_state(config, self.device)
+
+    def to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch.tokens.to(self.device), batch.targets.to(self.device)
+
+    def shard_new_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def checkpoint_manager(self, directory: Path, keep_last: int) -> CheckpointManager:
+        return CheckpointManager(directory, keep_last=keep_last)
+
+    def load_latest(self, checkpoints: CheckpointManager, config: TrainConfig) -> tuple[TrainerState, dict] | None:
+        payload = checkpoints.load_latest()
+        return None if payload is None else (restore_state(payload, config, self.device), payload)
+
+
 # ---- the run -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Replica:
-    """This replica's place in a data-parallel run (torch_xla.launch); one replica by default."""
+    """This process's place in a multi-process run: a data-parallel replica (torch_xla.launch), or a
+    host of an SPMD job (not replicated: one sharded program). One process by default."""
 
     rank: int = 0
     world: int = 1
@@ -286,21 +328,28 @@ class Trainer:
     """Runs one replica's share of the training; `run()` returns how it ended."""
 
     def __init__(self, config: TrainConfig, *, telemetry: Telemetry | None = None,
-                 on_watchdog_started: Callable[[object], None] | None = None, replica: Replica = Replica()):
+                 on_watchdog_started: Callable[[object], None] | None = None, replica: Replica = Replica(),
+                 strategy=None):
         self.config = config
         self.telemetry = telemetry
         self.on_watchdog_started = on_watchdog_started
         self.replica = replica
-        self.device = select_device(config.device)  # once per process; every rebuild reuses it
+        # The device is created once per process; every rebuild reuses it.
+        self.strategy = strategy or SingleDevice(select_device(config.device))
+        self.device = self.strategy.device
         self._sync = _sync_function(self.device)
         self._temporary_dir: tempfile.TemporaryDirectory | None = None
         if config.checkpoint_dir is None:
             self._temporary_dir = tempfile.TemporaryDirectory(prefix="hbm-watchdog-ckpt-")
         directory = config.checkpoint_dir or Path(self._temporary_dir.name)
-        self.checkpoints = CheckpointManager(directory, keep_last=config.keep_checkpoints)
+        self.checkpoints = self.strategy.checkpoint_manager(directory, config.keep_checkpoints)
+        # Replicas read disjoint shards of the data; SPMD processes all feed the same global batch.
+        shard, shards = (replica.rank, replica.world) if replica.replicated else (0, 1)
         self.data = TokenSource(batch_size=config.batch_size, seq_len=config.model.seq_len,
                                 vocab_size=config.model.vocab_size, seed=config.seed,
-                                text_file=config.text_file, shard=replica.rank, num_shards=replica.world)
+                                text_file=config.text_file, shard=shard, num_shards=shards)
+        # One agreement across processes per sampling step (the watchdog decides no more often).
+        self._coordinator = ActionCoordinator(every=config.watchdog.sample_every if config.watchdog else 1)
         self._optimizer_step = _optimizer_step_function(replica.replicated)
         self._loader = None  # several replicas: MpDeviceLoader batches, rebuilt with the state
         self.forced = dict(config.forced_actions)
@@ -327,15 +376,16 @@ class Trainer:
                 loss = self._one_step(step)
                 if self._census is None:  # after one step, so the optimizer state is in the baseline
                     self._census = forensics.census()
-                action = agree_on_action(self._ask(step))
-                if action is not None and action.needs_checkpoint:
+                proposal = self._ask(step)
+                if self._stop_signal is not None:  # preempted: save and exit 42, every process at the same step
+                    proposal = Action.CHECKPOINT_RESTART
+                action = self._coordinator.agree(proposal, step)
+                if action is not None and action.needs_checkpoint and self._stop_signal is None:
                     self._name_the_leak(step)
-                if self._stop_signal is not None:
-                    log.warning("preempted", signal=signal.Signals(self._stop_signal).name, step=step)
-                    self._save()
-                    exit_code = EXIT_RESTART_REQUESTED
-                elif action is Action.CHECKPOINT_RESTART:
-                    self._save(restart=True)
+                if action is Action.CHECKPOINT_RESTART:
+                    if self._stop_signal is not None:
+                        log.warning("preempted", signal=signal.Signals(self._stop_signal).name, step=step)
+                    self._save(restart=self._stop_signal is None)  # a preemption is not the watchdog's restart
                     exit_code = EXIT_RESTART_REQUESTED
                 elif action is Action.CHECKPOINT_REINIT:
                     self._reinit()
@@ -372,13 +422,13 @@ class Trainer:
 
     def _start_state(self) -> TrainerState:
         self.restarts_so_far = _restarts_so_far_from_env()
-        payload = self.checkpoints.load_latest() if self.config.resume == "auto" else None
-        if payload is None:
+        loaded = self.strategy.load_latest(self.checkpoints, self.config) if self.config.resume == "auto" else None
+        if loaded is None:
             seed_everything(self.config.seed, self.device)
-            state = build_state(self.config, self.device)
+            state = self.strategy.build_state(self.config)
             self._sync()
             return state
-        state = restore_state(payload, self.config, self.device)
+        state, payload = loaded
         self.restarts_so_far = max(self.restarts_so_far, int(payload.get("restarts_so_far", 0)))
         self.reinits = int(payload.get("reinits", 0))
         self._sync()
@@ -403,15 +453,14 @@ class Trainer:
         tokens, targets = self._next_batch(state)
         loss = train_step(state, tokens, targets, self._optimizer_step)
         leaks.inject(self.config.leaks, step, state.sinks, self.device,
-                     forward_loss=lambda: self._extra_forward(state))
+                     forward_loss=lambda: self._extra_forward(state), place=self.strategy.shard_new_tensor)
         self._sync()  # XLA: the step's graph runs here, leaks materialised with it
         state.step, state.data_position = step + 1, state.data_position + 1
         return loss
 
     def _next_batch(self, state: TrainerState) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.replica.replicated:
-            batch = self.data.batch_at(state.data_position)
-            return batch.tokens.to(self.device), batch.targets.to(self.device)
+            return self.strategy.to_device(self.data.batch_at(state.data_position))
         if self._loader is None:  # prefetches onto the device from the state's data position on
             from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
@@ -420,8 +469,7 @@ class Trainer:
         return next(self._loader)
 
     def _extra_forward(self, state: TrainerState) -> torch.Tensor:
-        batch = self.data.batch_at(state.data_position)
-        return state.model(batch.tokens.to(self.device), batch.targets.to(self.device))[1]
+        return state.model(*self.strategy.to_device(self.data.batch_at(state.data_position)))[1]
 
     def _ask(self, step: int) -> Action | None:
         action = self.watchdog.step(step) if self.watchdog is not None else None
@@ -441,12 +489,15 @@ class Trainer:
     def _save(self, *, restart: bool = False) -> None:
         """A checkpoint of the state as it is now; a restart's records the restart it asks for."""
         started = time.perf_counter()
-        if self.replica.rank == 0:  # one writer; the replicas' states are identical
+        # Sharded: every process writes its own shards (a collective save). Else one writer, rank 0:
+        # the replicas' states are identical.
+        if self.strategy.sharded_checkpoints or self.replica.rank == 0:
             payload = checkpoint_payload(self.state, self.config, self.device,
                                          restarts_so_far=self.restarts_so_far + int(restart), reinits=self.reinits)
             self.checkpoints.save(payload, self.state.step)
             del payload
-        self.replica.barrier(f"checkpoint-{self.state.step}")
+        if not self.strategy.sharded_checkpoints:
+            self.replica.barrier(f"checkpoint-{self.state.step}")
         if self.watchdog is not None:
             self.watchdog.observe_checkpoint(time.perf_counter() - started)
 
@@ -459,11 +510,11 @@ class Trainer:
         gc.collect()
         self._sync()
         release_host_memory()
-        payload = self.checkpoints.load_latest()
-        if payload is None or int(payload["step"]) != step:
+        loaded = self.strategy.load_latest(self.checkpoints, self.config)
+        if loaded is None or loaded[0].step != step:
             raise RuntimeError(f"reinit: the checkpoint just saved for step {step} does not load back")
-        self.state = restore_state(payload, self.config, self.device)
-        del payload
+        self.state, _ = loaded
+        del loaded
         self._sync()
         log.warning("reinitialised", step=step, reinits=self.reinits)
         if self.watchdog is not None:
