@@ -74,3 +74,44 @@ def test_two_real_ranks_take_the_same_action_at_the_same_step(tmp_path):
     assert taken["max_wins"] == {"2": "checkpoint_restart"}
     assert taken["every_4"] == {"8": "checkpoint_reinit"}  # held from steps 5 and 6, agreed at the next multiple of 4
     assert taken["every_3_function"] == {"6": "checkpoint_restart"}
+
+
+def _trainer_rank(rank, port, out_dir):
+    """One of two real trainer processes (plain CPU, gloo): only rank 1 is asked to reinit, at step 7."""
+    import torch.distributed as dist
+
+    from watchdog.core.config import WatchdogConfig
+    from watchdog.trainer.loop import Replica, TrainConfig, Trainer
+    from watchdog.trainer.model import ModelConfig
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    talks = []
+    all_reduce = dist.all_reduce
+
+    def counted(tensor, *args, **kwargs):
+        talks.append(trainer.state.step - 1)  # the step just done, whose agreement this is
+        return all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted
+    config = TrainConfig(steps=17, model=ModelConfig(depth=1, width=16, heads=2, seq_len=8), batch_size=2,
+                         device="cpu", checkpoint_dir=f"{out_dir}/ckpt", resume="never", log_every=100,
+                         progress_bar=False, forced_actions=((7, REINIT),) if rank == 1 else (),
+                         watchdog=WatchdogConfig(sample_every=5, memory_limit_bytes=1 << 40))
+    trainer = Trainer(config, replica=Replica(rank=rank, world=2))
+    try:
+        result = trainer.run()
+    finally:
+        trainer.close()
+        dist.destroy_process_group()
+    with open(f"{out_dir}/trainer{rank}.json", "w") as handle:
+        json.dump({"reinits": result.reinits, "step": result.step, "talks": talks}, handle)
+
+
+def test_two_trainer_processes_agree_once_per_sampling_step_and_reinit_together(tmp_path):
+    mp.spawn(_trainer_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"trainer{r}.json").read_text()) for r in (0, 1)]
+    for outcome in ranks:
+        assert outcome["step"] == 17 and outcome["reinits"] == 1  # rank 0 reinitialised too
+        assert outcome["talks"] == [0, 5, 10, 15]  # one all_reduce per sampling step, none in between
+    checkpoints = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert "ckpt-00000011.pt" in checkpoints  # the reinit came at step 10, the first sampling step after 7

@@ -318,7 +318,15 @@ class Replica:
     replicated: bool = False  # MpDeviceLoader + xm.optimizer_step (launched replicas, even just one)
 
     def barrier(self, tag: str) -> None:
-        if self.world > 1:
+        """Wait for every process: over torch.distributed when the processes share a group (the
+        one they agree on actions over), else at an XLA rendezvous."""
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+        else:
             import torch_xla.core.xla_model as xm
 
             xm.rendezvous(tag)
