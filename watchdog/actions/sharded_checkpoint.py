@@ -95,10 +95,12 @@ class ShardedCheckpointManager:
         """
         import torch
         import torch.distributed.checkpoint as dcp
+        import torch_xla.core.xla_model as xm
         from torch_xla.experimental.distributed_checkpoint import SPMDSavePlanner
 
         if step < 0:
             raise InputError(f"checkpoint step must be >= 0, got {step}")
+        xm.wait_device_ops()  # the step's sync runs asynchronously; the planner reads the shards' data
         device_tree, host_tree = split_device_tensors(payload)
         final = self.directory / step_dir_name(step)
         temp = self.directory / f"{_TEMP_PREFIX}{step:08d}"  # the same name on every host
@@ -168,6 +170,7 @@ class ShardedCheckpointManager:
         """
         import torch
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner
 
         device_tree, _ = split_device_tensors(into)
@@ -178,16 +181,27 @@ class ShardedCheckpointManager:
                     raise TypeError(f"{HOST_FILE} holds a {type(host).__name__}, not a dict")
                 if check is not None:
                     check(host)
+                load_metadata(path)  # read it first: DCP turns a refused or missing one into a bare assert
                 with _quiet_dcp():
                     dcp.load(device_tree, storage_reader=allow_list_reader(path), planner=SPMDLoadPlanner())
             except InputError:
                 raise
-            except Exception as exc:  # any failure to read means "not usable", never "crash the resume"
-                log.warning("checkpoint_skipped", path=str(path), reason=_one_line(exc))
+            # Any failure to read means "not usable", never "crash the resume". DCP reports its
+            # failures as CheckpointException, which derives from BaseException, not Exception.
+            except (Exception, CheckpointException) as exc:
+                log.warning("checkpoint_skipped", path=str(path), reason=_one_line(_first_cause(exc)))
                 continue
             log.info("checkpoint_loaded", path=str(path), step=step_of(path), format="dcp")
             return merge_trees(host, device_tree)
         return None
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    """DCP wraps each rank's failure in a CheckpointException: the reason is the first rank's."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return next(iter(failures.values()))[0]
+    return exc
 
 
 # ---- the payload: device tensors to DCP, everything else to host.pt ---------------------------------
