@@ -1,6 +1,6 @@
 """What agreeing on an action costs across processes: per decision, and per training step.
 
-    python -m watchdog.bench.agreement_cost [--worlds 2 4] [--steps 4000] [--every 5 10]
+    python -m watchdog.bench.agreement_cost [--worlds 2 4] [--steps 4000] [--every 5 10] [--rounds 3]
 
 Spawns real processes that join a gloo group over 127.0.0.1, as ranks of a multi-host job do,
 and times in each of them, in the same run:
@@ -10,8 +10,9 @@ and times in each of them, in the same run:
   against `ActionCoordinator(every=N).agree`, which talks only on sampling steps, and an empty
   loop as the floor.
 
-Figures are medians over ranks of each rank's mean; on a shared machine the processes also
-compete for the cores, so read ratios measured in one run rather than absolute times.
+Figures are medians over rounds (fresh processes each) of the median over ranks of each rank's
+mean; on a shared machine the processes also compete for the cores, so read the ratios measured
+in one run rather than absolute times (the load average is printed with them).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def _rank_main(rank: int, world: int, port: int, steps: int, everies: list[int],
 
     from watchdog.actions.coordination import ActionCoordinator, agree_on_action
 
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # gloo prints its connection report on stdout, into the table
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         for _ in range(200):  # warm up the connections
@@ -71,14 +74,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def measure(world: int, steps: int, everies: list[int]) -> dict[str, float]:
-    """Seconds: median over ranks of each rank's per-step (or per-decision) mean."""
+def measure(world: int, steps: int, everies: list[int], rounds: int) -> dict[str, float]:
+    """Seconds: median over rounds of the median over ranks of each rank's per-step (or per-decision) mean."""
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory(prefix="agreement-cost-") as out_dir:
-        mp.spawn(_rank_main, args=(world, _free_port(), steps, everies, out_dir), nprocs=world, join=True)
-        ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
-    return {key: statistics.median(rank[key] for rank in ranks) for key in ranks[0]}
+    results = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="agreement-cost-") as out_dir:
+            mp.spawn(_rank_main, args=(world, _free_port(), steps, everies, out_dir), nprocs=world, join=True)
+            ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+        results.append({key: statistics.median(rank[key] for rank in ranks) for key in ranks[0]})
+    return {key: statistics.median(result[key] for result in results) for key in results[0]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--every", type=int, nargs="+", default=[5, 10])
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     us = lambda seconds: f"{seconds * 1e6:.1f} µs"
@@ -94,11 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for world in args.worlds:
-        figures = measure(world, args.steps, args.every)
+        figures = measure(world, args.steps, args.every, args.rounds)
         cadence = " | ".join(f"{us(figures[f'every_{e}'])} ({figures['every_step'] / figures[f'every_{e}']:.1f}x less)"
                              for e in args.every)
         print(f"| {world} | {us(figures['decision'])} | {us(figures['every_step'])} | {cadence} | "
               f"{figures['empty'] * 1e9:.0f} ns |", flush=True)
+    print(f"\n({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)")
     return 0
 
 
