@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -277,12 +277,22 @@ def release_host_memory() -> None:
 
 # ---- where the state lives ----------------------------------------------------------------------
 
-class SingleDevice:
-    """The state on one device per process (one replica per device under torch_xla.launch).
+class Strategy(Protocol):
+    """What the loop asks about where the state lives: `SingleDevice` below, or `--spmd`'s sharded
+    one (watchdog/trainer/spmd.py). The story of the loop is the same for both."""
 
-    The strategy object is what the loop asks where the state lives, how a batch gets there and
-    how checkpoints are kept; `--spmd` swaps in watchdog/trainer/spmd.py's sharded one.
-    """
+    device: torch.device
+    sharded_checkpoints: bool  # every process writes its own shards (else rank 0 writes one file)
+
+    def build_state(self, config: TrainConfig) -> TrainerState: ...
+    def to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def shard_new_tensor(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def checkpoint_manager(self, directory: Path, keep_last: int): ...
+    def load_latest(self, checkpoints, config: TrainConfig) -> tuple[TrainerState, dict] | None: ...
+
+
+class SingleDevice:
+    """The state on one device per process (one replica per device under torch_xla.launch)."""
 
     sharded_checkpoints = False  # one writer (rank 0), one file per checkpoint
 
@@ -337,7 +347,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, telemetry: Telemetry | None = None,
                  on_watchdog_started: Callable[[object], None] | None = None, replica: Replica = Replica(),
-                 strategy=None):
+                 strategy: Strategy | None = None):
         self.config = config
         self.telemetry = telemetry
         self.on_watchdog_started = on_watchdog_started
