@@ -17,6 +17,9 @@ Memory: under SPMD `xm.get_memory_info` raises, so the watchdog reads every chip
 runtime metrics (the `tpu` source) and decides on the fullest. On PJRT CPU the devices are
 virtual (`CPU_NUM_DEVICES=4`) and live in host memory: the `rss` source stands in, and says so.
 
+Injected leaks (`--inject-leak`) are sharded like the batch, so SIZE/step is what the job leaks,
+not SIZE on each device.
+
 Checkpoints are sharded (watchdog/actions/sharded_checkpoint.py): each process writes its own
 shards, and a resume reads them into a freshly built sharded state, primed so the optimizer state
 exists to be read into.
