@@ -6,12 +6,8 @@ import socket
 import pytest
 import torch.multiprocessing as mp
 
-from watchdog.actions.coordination import (
-    ActionCoordinator,
-    agree_on_action,
-    most_severe,
-    severity,
-)
+from watchdog.actions.coordination import ActionCoordinator, agree_on_action, most_severe, severity
+from watchdog.core.errors import EXIT_RESTART_REQUESTED
 from watchdog.core.verdict import Action
 
 REINIT, RESTART, WARN = Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART, Action.WARN
@@ -81,3 +77,61 @@ def test_two_real_ranks_take_the_same_action_at_the_same_step(tmp_path):
     assert taken["max_wins"] == {"2": "checkpoint_restart"}
     assert taken["every_4"] == {"8": "checkpoint_reinit"}  # held from steps 5 and 6, agreed at the next multiple of 4
     assert taken["every_3_function"] == {"6": "checkpoint_restart"}
+
+
+def _trainer_rank(rank, port, out_dir):
+    """One of two real trainer processes (plain CPU, gloo). Only rank 1 is asked to reinit (at step 7),
+    then, in a second run, only rank 1 is preempted (SIGTERM at step 7)."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    from watchdog.core.config import WatchdogConfig
+    from watchdog.trainer.loop import Replica, TrainConfig, Trainer
+    from watchdog.trainer.model import ModelConfig
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    talks = []
+    all_reduce = dist.all_reduce
+
+    def counted(tensor, *args, **kwargs):
+        talks.append(trainer.state.step - 1)  # the step just done, whose agreement this is
+        return all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted
+    outcomes = {}
+    for run in ("reinit", "preempted"):
+        config = TrainConfig(steps=17, model=ModelConfig(depth=1, width=16, heads=2, seq_len=8), batch_size=2,
+                             device="cpu", checkpoint_dir=f"{out_dir}/{run}", resume="never", log_every=100,
+                             progress_bar=False,
+                             forced_actions=((7, REINIT),) if rank == 1 and run == "reinit" else (),
+                             watchdog=WatchdogConfig(sample_every=5, memory_limit_bytes=1 << 40))
+        trainer = Trainer(config, replica=Replica(rank=rank, world=2))
+        if rank == 1 and run == "preempted":
+            ask = trainer._ask
+            trainer._ask = lambda step: (os.kill(os.getpid(), signal.SIGTERM) if step == 7 else None, ask(step))[1]
+        talks.clear()
+        try:
+            result = trainer.run()
+        finally:
+            trainer.close()
+        outcomes[run] = {"reinits": result.reinits, "step": result.step, "exit": result.exit_code,
+                         "talks": list(talks)}
+    dist.destroy_process_group()
+    with open(f"{out_dir}/trainer{rank}.json", "w") as handle:
+        json.dump(outcomes, handle)
+
+
+def test_two_trainer_processes_agree_once_per_sampling_step_and_act_together(tmp_path):
+    mp.spawn(_trainer_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"trainer{r}.json").read_text()) for r in (0, 1)]
+    for outcome in ranks:
+        reinit, preempted = outcome["reinit"], outcome["preempted"]
+        assert reinit["step"] == 17 and reinit["reinits"] == 1 and reinit["exit"] == 0  # rank 0 reinitialised too
+        assert reinit["talks"] == [0, 5, 10, 15]  # one all_reduce per sampling step, none in between
+        # one host preempted at step 7: both save at the next sampling step and exit 42 together
+        assert preempted["step"] == 11 and preempted["exit"] == EXIT_RESTART_REQUESTED
+        assert preempted["talks"] == [0, 5, 10]
+    assert "ckpt-00000011.pt" in {p.name for p in (tmp_path / "reinit").iterdir()}  # the reinit came at step 10
+    assert "ckpt-00000011.pt" in {p.name for p in (tmp_path / "preempted").iterdir()}

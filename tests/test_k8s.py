@@ -35,7 +35,7 @@ JOBSET = DOCS["JobSet"]
 JOB = REPLICATED["template"]["spec"]
 POD = JOB["template"]
 (TRAINER,) = POD["spec"]["containers"]
-ARGS = dict(a.removeprefix("--").split("=", 1) for a in TRAINER["args"])
+ARGS = dict((a.removeprefix("--").split("=", 1) + [""])[:2] for a in TRAINER["args"])  # a bare flag: ""
 
 
 def test_every_kind_is_shipped():
@@ -54,7 +54,7 @@ def test_generated_rule_objects_are_up_to_date_and_match_rules_yml():
     assert all(g["interval"] for g in gmp)
 
 
-def test_metrics_ports_are_named_one_per_local_rank_and_clear_of_the_tpu_runtime():
+def test_metrics_ports_are_named_one_per_process_and_clear_of_the_tpu_runtime():
     ports = TRAINER["ports"]
     names = [p["name"] for p in ports]
     numbers = [p["containerPort"] for p in ports]
@@ -62,8 +62,8 @@ def test_metrics_ports_are_named_one_per_local_rank_and_clear_of_the_tpu_runtime
     assert all(len(n) <= 15 and IANA_SVC_NAME.match(n) for n in names), names
     assert not set(numbers) & TPU_RESERVED_PORTS
     base = int(ARGS["metrics-port"])
-    local_ranks = int(ARGS["num-devices"])
-    assert numbers == [base + rank for rank in range(local_ranks)]  # serve_metrics binds base + local rank
+    processes_per_host = 1 if "spmd" in ARGS else int(ARGS.get("num-devices", 1))
+    assert numbers == [base + rank for rank in range(processes_per_host)]  # serve_metrics binds base + local rank
     assert names[0] == "metrics"
     assert ARGS["metrics-address"] == "0.0.0.0"  # Prometheus scrapes the pod IP; the default is loopback
 
@@ -75,7 +75,20 @@ def test_tpu_slice_scheduling():
     chips_per_host = int(TRAINER["resources"]["limits"]["google.com/tpu"])
     assert TRAINER["resources"]["requests"]["google.com/tpu"] == chips_per_host
     assert JOB["parallelism"] == JOB["completions"] == rows * cols // chips_per_host  # one pod per host
-    assert int(ARGS["num-devices"]) == chips_per_host
+
+
+def test_spmd_one_process_per_host_joined_from_the_jobsets_environment():
+    """--spmd drives every chip of a host from one process; the hosts find each other through the
+    JobSet: rank = completion index, world size = parallelism, address = the coordinator pod."""
+    assert "spmd" in ARGS and "num-devices" not in ARGS
+    env = {e["name"]: e for e in TRAINER["env"]}
+    assert int(env["WORLD_SIZE"]["value"]) == JOB["parallelism"]
+    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"].endswith("['batch.kubernetes.io/job-completion-index']")
+    assert env["MASTER_ADDR"]["valueFrom"]["fieldRef"]["fieldPath"].endswith("['jobset.sigs.k8s.io/coordinator']")
+    coordinator = JOBSET["spec"]["coordinator"]
+    assert coordinator["replicatedJob"] == REPLICATED["name"] and coordinator["podIndex"] == 0
+    assert int(env["MASTER_PORT"]["value"]) not in TPU_RESERVED_PORTS | {int(ARGS["metrics-port"])}
+    assert "$(HOST_INDEX)" in ARGS["trace-file"]  # one trace per host: every host watches its own chips
 
 
 def test_trainer_resumes_from_checkpoints_on_the_persistent_volume():

@@ -31,7 +31,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from watchdog.core.errors import ConfigError, InputError
 from watchdog.logs import get_logger
@@ -75,6 +75,91 @@ class DiskSpace:
         """The next checkpoint will probably not fit."""
         return None not in (self.free_bytes, self.checkpoint_bytes) and self.free_bytes < self.checkpoint_bytes
 
+    @classmethod
+    def measure(cls, directory: Path, checkpoint_bytes: int | None) -> "DiskSpace":
+        """Measured now; logs a warning when the next checkpoint will probably not fit."""
+        space = cls(disk_free_bytes(directory), checkpoint_bytes)
+        if space.short:
+            log.warning("checkpoint_disk_low", directory=str(directory), bytes_free=space.free_bytes,
+                        checkpoint_bytes=space.checkpoint_bytes,
+                        note="the next checkpoint will probably not fit; free space or move --checkpoint-dir")
+        return space
+
+
+class Timeline:
+    """Which checkpoints in a directory are this run's: the "nothing lost" rules, for any layout.
+
+    A run owns what it wrote and what it resumed from (and the older ones of that timeline); it
+    prunes only those. Another run's checkpoints are refused at start (`refuse_or_replace`: exit 2
+    naming the directory and the ways out), or, when told to replace them, deleted only after this
+    run's first save. An unusable checkpoint newer than the resume point, or one in the way of a
+    save, is renamed aside (`*.unreadable`), never deleted. Checkpoints are keyed by step; `paths`
+    are files (`ckpt-*.pt`) or directories (sharded `step-*/`), `remove` deletes one.
+    """
+
+    def __init__(self, directory: Path, keep_last: int, step_of: Callable[[Path], int | None],
+                 remove: Callable[[Path], None]):
+        self.directory, self.keep_last = directory, keep_last
+        self._step_of, self._remove = step_of, remove
+        self._own: set[str] = set()  # names on this run's timeline: written by it, or resumed from
+        self._to_replace: list[Path] = []  # another run's, deleted after this run's first save
+
+    def resumed(self, existing: list[Path], loaded: Path, skipped: list[Path], writer: bool = True) -> None:
+        """This run continues from `loaded`: the timeline up to it is ours; newer unusable ones go aside."""
+        step = self._step_of(loaded)
+        self._own.update(p.name for p in existing if self._step_of(p) <= step)
+        if writer:
+            for path in skipped:
+                if self._step_of(path) > step:
+                    set_aside(path, "not usable, and newer than the checkpoint this run continues from")
+
+    def refuse_or_replace(self, existing: list[Path], *, resumed_none: bool, overwrite: bool) -> None:
+        """Nothing of `existing` is being continued: refuse (InputError), or replace them after the first save."""
+        if resumed_none:
+            problem = (f"none of its {len(existing)} checkpoint(s) loads (newest: {existing[-1].name}); "
+                       "refusing to train from step 0 over them")
+        else:
+            problem = (f"holds {len(existing)} checkpoint(s) of another run (newest: {existing[-1].name}); "
+                       "refusing to start over it (--resume auto continues it)")
+        if not overwrite:
+            raise InputError(f"--checkpoint-dir {self.directory}: {problem}; use a fresh --checkpoint-dir, "
+                             "or --overwrite-checkpoints to replace them")
+        self._to_replace = existing
+        log.warning("checkpoints_to_be_replaced", directory=str(self.directory), count=len(existing),
+                    newest=existing[-1].name, note="deleted after this run's first checkpoint (--overwrite-checkpoints)")
+
+    def before_write(self, final: Path) -> None:
+        """Never overwrite a checkpoint this run did not write (unless told to replace it)."""
+        if final.exists() and final.name not in self._own and final not in self._to_replace:
+            set_aside(final, "another run's checkpoint in the way of this run's save")
+
+    def written(self, final: Path, listing: list[Path]) -> None:
+        """`final` is committed: it is ours; replaced runs go; this timeline is pruned to `keep_last`."""
+        self._own.add(final.name)
+        for path in self._to_replace:
+            if path.name not in self._own and path.exists():
+                self._remove(path)
+                log.warning("checkpoint_replaced", path=str(path), note="--overwrite-checkpoints")
+        self._to_replace = []
+        own = [path for path in listing if path.name in self._own]
+        for path in own[:-self.keep_last]:
+            self._remove(path)
+            self._own.discard(path.name)
+
+
+def set_aside(path: Path, reason: str) -> None:
+    """Rename a checkpoint out of the timeline (never delete it): it stays for a person to look at."""
+    target = path.with_name(path.name + UNREADABLE_SUFFIX)
+    serial = 1
+    while target.exists():
+        target = path.with_name(f"{path.name}{UNREADABLE_SUFFIX}-{serial}")
+        serial += 1
+    try:
+        os.replace(path, target)
+    except FileNotFoundError:
+        return
+    log.warning("checkpoint_set_aside", path=str(path), renamed_to=target.name, reason=reason)
+
 
 class CheckpointManager:
     """Saves `ckpt-{step:08d}.pt` atomically in `directory`, keeps the newest `keep_last` of this run's
@@ -92,11 +177,10 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.format = format
         self.required_keys = required_keys
-        self._own: set[str] = set()  # names on this run's timeline: written by it, or resumed from
-        self._to_replace: list[Path] = []  # another run's, replaced (deleted) after this run's first save
+        self.timeline = Timeline(self.directory, keep_last, step_of, lambda path: path.unlink(missing_ok=True))
         self._skipped: list[Path] = []  # files the last load_latest could not use
         self._loaded: Path | None = None  # the file the last load_latest returned
-        _ensure_writable_directory(self.directory)
+        ensure_writable_directory(self.directory)
 
     def list(self) -> list[Path]:
         """Checkpoint files, oldest step first. Temporaries and foreign files are not listed."""
@@ -123,24 +207,9 @@ class CheckpointManager:
         if resume:
             state = self.load_latest()
             if state is not None:
-                loaded = self._loaded
-                self._own.update(p.name for p in existing if step_of(p) <= step_of(loaded))
-                if writer:
-                    for path in self._skipped:
-                        if step_of(path) > step_of(loaded):
-                            self._set_aside(path)
+                self.timeline.resumed(existing, self._loaded, self._skipped, writer)
                 return state
-            problem = (f"none of its {len(existing)} checkpoint(s) loads (newest: {existing[-1].name}); "
-                       "refusing to train from step 0 over them")
-        else:
-            problem = (f"holds {len(existing)} checkpoint(s) of another run (newest: {existing[-1].name}); "
-                       "refusing to start over it (--resume auto continues it)")
-        if not overwrite:
-            raise InputError(f"--checkpoint-dir {self.directory}: {problem}; use a fresh --checkpoint-dir, "
-                             "or --overwrite-checkpoints to replace them")
-        self._to_replace = existing
-        log.warning("checkpoints_to_be_replaced", directory=str(self.directory), count=len(existing),
-                    newest=existing[-1].name, note="deleted after this run's first checkpoint (--overwrite-checkpoints)")
+        self.timeline.refuse_or_replace(existing, resumed_none=resume, overwrite=overwrite)
         return None
 
     def save(self, state: dict, step: int) -> Path:
@@ -155,8 +224,7 @@ class CheckpointManager:
             raise InputError(f"checkpoint step must be >= 0, got {step}")
         self._remove_stale_temporaries()
         final = self.directory / checkpoint_name(step)
-        if final.exists() and final.name not in self._own and final not in self._to_replace:
-            self._set_aside(final)  # never overwrite a file this run did not write (unless told to replace it)
+        self.timeline.before_write(final)
         temp = self.directory / f"{_TEMP_PREFIX}{step:08d}.{os.getpid()}{_TEMP_SUFFIX}"
         cpu_state = tensors_to_cpu(state)
         try:
@@ -172,14 +240,12 @@ class CheckpointManager:
                 raise  # not the disk: a bug, with its traceback
             raise CheckpointSaveError(final, disk_error.strerror or type(disk_error).__name__,
                                       max(payload_bytes(cpu_state), self._newest_size()),
-                                      _free_bytes(self.directory)) from exc
+                                      disk_free_bytes(self.directory)) from exc
         except BaseException:
             temp.unlink(missing_ok=True)  # an interrupt mid-save: no debris either
             raise
-        _fsync_directory(self.directory)
-        self._own.add(final.name)
-        self._replace_another_runs()
-        self._prune()
+        fsync_directory(self.directory)
+        self.timeline.written(final, self.list())
         log.info("checkpoint_saved", path=str(final), step=step, bytes=final.stat().st_size)
         return final
 
@@ -211,12 +277,7 @@ class CheckpointManager:
 
     def disk_space(self) -> DiskSpace:
         """Free bytes under the directory and the newest checkpoint's size; logs a warning when short."""
-        space = DiskSpace(_free_bytes(self.directory), self._newest_size() or None)
-        if space.short:
-            log.warning("checkpoint_disk_low", directory=str(self.directory), bytes_free=space.free_bytes,
-                        checkpoint_bytes=space.checkpoint_bytes,
-                        note="the next checkpoint will probably not fit; free space or move --checkpoint-dir")
-        return space
+        return DiskSpace.measure(self.directory, self._newest_size() or None)
 
     def _unusable(self, state: Any) -> str | None:
         if not isinstance(state, dict):
@@ -231,50 +292,9 @@ class CheckpointManager:
         log.warning("checkpoint_skipped", path=str(path), reason=reason)
         self._skipped.append(path)
 
-    def _set_aside(self, path: Path) -> None:
-        """Rename a file out of the timeline (never delete it): it stays for a person to look at."""
-        target = path.with_name(path.name + UNREADABLE_SUFFIX)
-        serial = 1
-        while target.exists():
-            target = path.with_name(f"{path.name}{UNREADABLE_SUFFIX}-{serial}")
-            serial += 1
-        try:
-            os.replace(path, target)
-        except FileNotFoundError:
-            return
-        log.warning("checkpoint_set_aside", path=str(path), renamed_to=target.name,
-                    reason="not usable, and newer than the checkpoint this run continues from")
-
-    def _replace_another_runs(self) -> None:
-        for path in self._to_replace:
-            if path.name not in self._own and path.exists():
-                path.unlink()
-                log.warning("checkpoint_replaced", path=str(path), note="--overwrite-checkpoints")
-        self._to_replace = []
-
-    def _prune(self) -> None:
-        """Keep the newest `keep_last` of this run's timeline; never touch a file it did not write or resume from."""
-        own = [path for path in self.list() if path.name in self._own]
-        for path in own[:-self.keep_last]:
-            path.unlink(missing_ok=True)
-            self._own.discard(path.name)
-
-    def _newest_size(self) -> int:
-        for path in reversed(self.list()):
-            try:
-                return path.stat().st_size
-            except OSError:
-                continue
-        return 0
-
-    def _remove_stale_temporaries(self) -> None:
-        """Temporaries left by a writer that died mid-save (SIGKILL, OOM killer, power loss)."""
-        for path in self.directory.glob(f"{_TEMP_PREFIX}*{_TEMP_SUFFIX}"):
-            log.info("checkpoint_stale_temporary_removed", path=str(path))
-            path.unlink(missing_ok=True)
 
 
-def _ensure_writable_directory(directory: Path) -> None:
+def ensure_writable_directory(directory: Path) -> None:
     """Create the directory and prove it writable now, not at the first save an hour into training."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -286,14 +306,14 @@ def _ensure_writable_directory(directory: Path) -> None:
                          f"{exc.strerror or type(exc).__name__}") from None
 
 
-def _free_bytes(directory: Path) -> int | None:
+def disk_free_bytes(directory: Path) -> int | None:
     try:
         return shutil.disk_usage(directory).free
     except OSError:
         return None
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     """Make the rename durable; some filesystems cannot fsync a directory, which is not an error."""
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -325,10 +345,10 @@ def _load_failure(exc: BaseException) -> str:
         return "refused by the safe loader (weights_only=True)" + (f": {first}" if first else "")
     if isinstance(exc, EOFError):
         return "empty or cut short (EOFError)"
-    return _one_line(exc)
+    return one_line(exc)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 

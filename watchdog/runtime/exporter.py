@@ -116,6 +116,7 @@ class TelemetryCollector:
                              sample.peak_bytes_used)
             yield from gauge("last_sample_timestamp_seconds", "Unix time of the newest memory sample.",
                              sample.timestamp)
+        yield from _chip_gauges(t, str(t.rank))
         yield from gauge("memory_limit_bytes", "Effective memory limit: the smaller of the device's and the configured budget.",
                          verdict.limit_bytes if verdict is not None else None)
         yield from gauge("leak_detected", "1 while the detector's leak alarm is up, else 0.",
@@ -160,6 +161,28 @@ class TelemetryCollector:
         buckets = [(_bucket_label(b), float(c)) for b, c in zip(bounds, counts)] + [("+Inf", float(count))]
         histogram.add_metric(labels, buckets, total)
         yield histogram
+
+
+def _chip_gauges(t: Telemetry, rank: str) -> Iterator[Metric]:
+    """Every chip a multi-chip source reads (the `tpu` source under SPMD), each with its own `device`.
+
+    The decision follows the fullest chip (`memory_used_bytes`); these say which one that is
+    and how close the others are.
+    """
+    chips = t.chips  # replaced whole by the sidecar: one read gives a consistent set
+    if not chips:
+        return
+    used = GaugeMetricFamily(PREFIX + "chip_memory_used_bytes",
+                             "Memory in use on each local chip at the newest sample.", labels=BASE_LABELS)
+    limit = GaugeMetricFamily(PREFIX + "chip_memory_limit_bytes",
+                              "Memory capacity of each local chip, as its runtime reports it.", labels=BASE_LABELS)
+    for chip in chips:
+        used.add_metric([chip.device, rank], float(chip.bytes_used))
+        if chip.bytes_limit is not None:
+            limit.add_metric([chip.device, rank], float(chip.bytes_limit))
+    yield used
+    if limit.samples:
+        yield limit
 
 
 def _bucket_label(bound: float) -> str:

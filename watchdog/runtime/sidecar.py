@@ -202,6 +202,7 @@ class Watchdog:
             self._record(sample)
         telemetry = self.telemetry
         telemetry.sample = sample
+        telemetry.chips = reading.devices
         telemetry.samples_total += 1
         if self._track_compilations:
             telemetry.xla_compilations_total = xla_stats.compilations()

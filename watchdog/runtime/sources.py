@@ -5,7 +5,9 @@ Sources, most precise first:
 - `xla`:  `xm.get_memory_info(device)`; per device, with limit and peak. Raises on PJRT CPU
           (UNIMPLEMENTED) and under SPMD, so it is probed, not assumed.
 - `tpu`:  libtpu's runtime metrics (the in-process `libtpu.sdk.tpumonitoring`, else the gRPC
-          endpoint tpu-info reads on localhost:8431). The fullest chip is reported: OOM happens there.
+          endpoint tpu-info reads on localhost:8431): every local chip, so it works under SPMD,
+          where one process drives all of them. The fullest chip drives the decision (an OOM
+          happens there first); every chip is kept in the reading for the exporter.
 - `cuda`: the caching allocator's stats, limit from `mem_get_info`.
 - `rss`:  resident set size of this process: PJRT CPU keeps device buffers in host memory.
           The limit comes from `--memory-limit`.
@@ -33,10 +35,35 @@ log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """One chip's memory, as a source that sees several chips reports it (`device` is its label)."""
+
+    device: str
+    bytes_used: int
+    bytes_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryReading:
     bytes_used: int
     bytes_limit: int | None = None
     peak_bytes_used: int | None = None
+    devices: tuple[DeviceMemory, ...] = ()  # every chip, when the source sees more than one
+
+
+def fullest(devices: list[DeviceMemory] | tuple[DeviceMemory, ...]) -> MemoryReading:
+    """The reading of the chip closest to its limit (the most used when limits are unknown), with all chips.
+
+    That chip runs out first, so it is the one the detector must watch: on a sharded job one
+    chip can fill faster than the rest (uneven shards, a replicated leak on top of its shard).
+    """
+    if not devices:
+        raise SourceUnavailable("no chips reported")
+    if all(d.bytes_limit is not None for d in devices):
+        chip = min(devices, key=lambda d: (d.bytes_limit - d.bytes_used, -d.bytes_used))
+    else:
+        chip = max(devices, key=lambda d: d.bytes_used)
+    return MemoryReading(chip.bytes_used, chip.bytes_limit, devices=tuple(devices))
 
 
 class SourceUnavailable(RuntimeError):
@@ -82,54 +109,57 @@ class XlaSource:
 
 
 class TpuRuntimeSource:
-    """libtpu runtime metrics: works under SPMD, where `get_memory_info` raises."""
+    """libtpu runtime metrics for every local chip: works under SPMD, where `get_memory_info` raises.
+
+    Two readers of the same numbers: the in-process `libtpu.sdk` when libtpu ships it, else
+    tpu-info's client for libtpu's gRPC metric service (`grpc_addr`, localhost:8431 by default).
+    `chip_type` (a `tpu_info.device.TpuChip`) tells tpu-info how many devices a chip has; by
+    default it is detected from the PCI bus, as tpu-info does.
+    """
 
     name = "tpu"
 
-    def __init__(self, grpc_addr: str = "localhost:8431"):
-        self._read = self._sdk_reader() or self._grpc_reader(grpc_addr)
-        if self._read is None:
+    def __init__(self, grpc_addr: str | None = None, chip_type: object | None = None):
+        reader = None if grpc_addr is not None else self._sdk_reader()
+        self._read_chips = reader or self._grpc_reader(grpc_addr or "localhost:8431", chip_type)
+        if self._read_chips is None:
             raise SourceUnavailable("neither libtpu.sdk nor tpu_info is installed")
 
     @staticmethod
-    def _sdk_reader() -> Callable[[], MemoryReading] | None:
+    def _sdk_reader() -> Callable[[], list[DeviceMemory]] | None:
         try:
             from libtpu.sdk import tpumonitoring  # type: ignore[import-not-found]
         except ImportError:
             return None
 
-        def read() -> MemoryReading:
+        def read() -> list[DeviceMemory]:
             usage = [int(float(v)) for v in tpumonitoring.get_metric("hbm_capacity_usage").data()]
             total = [int(float(v)) for v in tpumonitoring.get_metric("hbm_capacity_total").data()]
-            if not usage:
-                raise SourceUnavailable("libtpu reports no chips")
-            fullest = max(range(len(usage)), key=usage.__getitem__)
-            return MemoryReading(usage[fullest], total[fullest] if fullest < len(total) else None)
+            return [DeviceMemory(f"tpu:{chip}", used, total[chip] if chip < len(total) else None)
+                    for chip, used in enumerate(usage)]
 
         return read
 
     @staticmethod
-    def _grpc_reader(addr: str) -> Callable[[], MemoryReading] | None:
+    def _grpc_reader(addr: str, chip_type: object | None) -> Callable[[], list[DeviceMemory]] | None:
         try:
             from tpu_info import device as tpu_device  # type: ignore[import-not-found]
             from tpu_info import metrics as tpu_metrics  # type: ignore[import-not-found]
         except ImportError:
             return None
+        if chip_type is None:
+            chip_type, _count = tpu_device.get_local_chips()
+            if chip_type is None:
+                raise SourceUnavailable("no local TPU chips on the PCI bus")
 
-        def read() -> MemoryReading:
-            chips = tpu_device.get_local_chips()
-            if not chips or chips[0] is None:
-                raise SourceUnavailable("no local TPU chips")
-            usages = tpu_metrics.get_chip_usage(chips[0], addr=addr)
-            if not usages:
-                raise SourceUnavailable(f"libtpu metrics server at {addr} reported no chips")
-            fullest = max(usages, key=lambda u: u.memory_usage)
-            return MemoryReading(int(fullest.memory_usage), int(fullest.total_memory))
+        def read() -> list[DeviceMemory]:
+            return [DeviceMemory(f"tpu:{usage.device_id}", int(usage.memory_usage), int(usage.total_memory))
+                    for usage in tpu_metrics.get_chip_usage(chip_type, addr=addr)]
 
         return read
 
     def read(self) -> MemoryReading:
-        return self._read()
+        return fullest(self._read_chips())
 
 
 class CudaSource:
@@ -261,6 +291,12 @@ def select_source(kind: str, device: str, memory_limit_bytes: int | None = None,
             reasons.append(f"{name} ({reason})")
             continue
         log.info("memory_source_selected", source=name, device=device,
-                 bytes_used=reading.bytes_used, bytes_limit=reading.bytes_limit)
+                 bytes_used=reading.bytes_used, bytes_limit=reading.bytes_limit, chips=len(reading.devices) or None)
+        if name == "rss" and device_kind(device) == "xla":
+            # PJRT CPU (SPMD's virtual devices included): device buffers live in host memory, so the
+            # process's RSS is the one honest number, for all devices together. Said once, loudly.
+            log.warning("memory_source_stand_in", source=name, device=device,
+                        note="no per-device memory on this backend: this process's resident memory "
+                             "stands in for every XLA device, against --memory-limit")
         return source, reading
     raise SourceUnavailable(f"no memory source works for device {device!r}: " + "; ".join(reasons))

@@ -11,9 +11,13 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
+
+if TYPE_CHECKING:
+    from watchdog.runtime.sources import DeviceMemory
 
 CHECKPOINT_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -45,6 +49,7 @@ class Telemetry:
     rank: int = 0
     source: str = "none"
     sample: Sample | None = None
+    chips: tuple[DeviceMemory, ...] = ()  # every chip of a multi-chip source (SPMD on TPU), newest sample
     verdict: Verdict | None = None
     training_step: int = 0
     last_step_monotonic: float = field(default_factory=time.monotonic)

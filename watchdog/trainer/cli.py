@@ -27,6 +27,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                            help="auto: XLA on a TPU, else CUDA, else XLA on PJRT CPU, else CPU")
     run_group.add_argument("--num-devices", type=int, default=1,
                            help="data-parallel replicas through torch_xla.launch (XLA only; default 1)")
+    run_group.add_argument("--spmd", action="store_true",
+                           help="shard the model, optimizer state and batch over every device of this "
+                                "process (XLA SPMD, FSDPv2-style; one process per host); on PJRT CPU set "
+                                "CPU_NUM_DEVICES")
     run_group.add_argument("--seed", type=int, default=0)
     run_group.add_argument("--batch-size", type=int, default=8)
     run_group.add_argument("--lr", type=float, default=3e-3, help="peak learning rate of AdamW")
@@ -91,6 +95,10 @@ def build_config(args: argparse.Namespace):
     for flag in ("batch_size", "log_every", "sample_every", "num_devices"):
         if getattr(args, flag) < 1:
             raise InputError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.spmd and args.num_devices > 1:
+        raise InputError("--spmd drives every device from one process; it does not combine with --num-devices")
+    if args.spmd and args.device not in ("auto", "xla"):
+        raise InputError(f"--spmd needs XLA (--device xla or auto), got --device {args.device}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise InputError(f"--lr must be a positive finite number, got {args.lr}")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
@@ -171,9 +179,15 @@ def run(args: argparse.Namespace) -> int:
         return train_replicated(config, args.num_devices, metrics_port=args.metrics_port,
                                 metrics_address=args.metrics_address)
     from watchdog.runtime.telemetry import Telemetry
-    from watchdog.trainer.loop import train
+    from watchdog.trainer.loop import Replica, train
 
-    telemetry = Telemetry()
+    strategy, replica = None, Replica()
+    if args.spmd:
+        from watchdog.trainer.spmd import Spmd
+
+        strategy = Spmd()
+        replica = strategy.replica  # this host among the job's hosts
+    telemetry = Telemetry(rank=replica.rank)
     server = None
     if args.metrics_port is not None and config.watchdog is not None:
         from watchdog.runtime.exporter import serve_metrics
@@ -181,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         server = serve_metrics(telemetry, args.metrics_port, addr=args.metrics_address)
         print(f"metrics: {server.url}", flush=True)
     try:
-        result = train(config, telemetry=telemetry)
+        result = train(config, telemetry=telemetry, replica=replica, strategy=strategy)
     finally:
         if server is not None:
             server.close()

@@ -89,19 +89,24 @@ def global_leak_bytes() -> int:
 
 
 def inject(specs: list[LeakSpec], step: int, sinks: LeakSinks, device: torch.device,
-           forward_loss: Callable[[], torch.Tensor]) -> None:
+           forward_loss: Callable[[], torch.Tensor],
+           place: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
     """Leak what the specs ask for at this step. `forward_loss` runs one more forward pass
     (with autograd recording) for the graph leak. Call before the step's sync on XLA, so the
-    new tensors are materialised with the step and not as a graph of their own."""
+    new tensors are materialised with the step and not as a graph of their own.
+
+    `place` lays out each leaked tensor (under SPMD: sharded on the data axis like the batch,
+    so SIZE/step is what the whole job leaks, not SIZE on every device)."""
     import torch
 
+    place = place or (lambda tensor: tensor)
     for spec in specs:
         if not spec.active(step):
             continue
         if spec.kind == "tensors":
-            sinks.tensors.append(_filled(spec.amount, device))
+            sinks.tensors.append(place(_filled(spec.amount, device)))
         elif spec.kind == "global":
-            _GLOBAL_LEAK.append(_filled(spec.amount, device))
+            _GLOBAL_LEAK.append(place(_filled(spec.amount, device)))
         elif spec.kind == "graph":
             sinks.graphs.extend(forward_loss() for _ in range(spec.amount))
         elif spec.kind == "recompile":

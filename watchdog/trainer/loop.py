@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -41,7 +41,7 @@ from watchdog.actions.checkpoint import (
     capture_rng_state,
     restore_rng_state,
 )
-from watchdog.actions.coordination import agree_on_action
+from watchdog.actions.coordination import ActionCoordinator, agree_on_action
 from watchdog.actions.supervisor import RESTART_COUNT_ENV
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUESTED, InputError
@@ -50,7 +50,7 @@ from watchdog.logs import get_logger
 from watchdog.runtime import forensics
 from watchdog.runtime.telemetry import Telemetry
 from watchdog.trainer import leaks
-from watchdog.trainer.data import TokenSource
+from watchdog.trainer.data import Batch, TokenSource
 from watchdog.trainer.leaks import LeakSinks, LeakSpec
 from watchdog.trainer.model import ModelConfig, TransformerLM
 from watchdog.trainer.progress import Progress
@@ -223,15 +223,25 @@ def checkpoint_payload(state: TrainerState, config: TrainConfig, device: torch.d
     }
 
 
-def restore_state(payload: dict, config: TrainConfig, device: torch.device) -> TrainerState:
-    """Rebuild from a checkpoint onto `device`: every parameter and optimizer tensor lands there."""
+def check_same_model(payload: dict, config: TrainConfig) -> None:
     saved_model = payload.get("model_config")
     if saved_model is not None and saved_model != dataclasses.asdict(config.model):
         changed = sorted(k for k in saved_model if saved_model[k] != dataclasses.asdict(config.model).get(k))
         raise InputError(f"the checkpoint was written for a different model ({', '.join(changed)} differ); "
                          "use the same model flags, or a fresh --checkpoint-dir")
-    state = build_state(config, device)
-    state.model.load_state_dict(payload["model"])
+
+
+def restore_state(payload: dict, config: TrainConfig, device: torch.device,
+                  state: TrainerState | None = None) -> TrainerState:
+    """Rebuild from a checkpoint onto `device`: every parameter and optimizer tensor lands there.
+
+    `state`: a sharded checkpoint was already read into this state's own tensors (the payload's
+    tensors are those); what remains is the host side.
+    """
+    check_same_model(payload, config)
+    if state is None:
+        state = build_state(config, device)
+        state.model.load_state_dict(payload["model"])
     state.optimizer.load_state_dict(payload["optimizer"])  # casts state to each parameter's device
     state.scheduler.load_state_dict(payload["scheduler"])
     state.step, state.data_position = int(payload["step"]), int(payload["data_position"])
@@ -276,18 +286,79 @@ def release_host_memory() -> None:
         pass
 
 
+# ---- where the state lives ----------------------------------------------------------------------
+
+class Strategy(Protocol):
+    """What the loop asks about where the state lives: `SingleDevice` below, or `--spmd`'s sharded
+    one (watchdog/trainer/spmd.py). The story of the loop is the same for both."""
+
+    device: torch.device
+    sharded_checkpoints: bool  # every process writes its own shards (else rank 0 writes one file)
+
+    def build_state(self, config: TrainConfig) -> TrainerState: ...
+    def to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def shard_new_tensor(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def checkpoint_manager(self, directory: Path, keep_last: int): ...
+    def open_run(self, checkpoints, config: TrainConfig, *, writer: bool = True
+                 ) -> tuple[TrainerState, dict] | None: ...  # at start: the resume and "nothing lost" rules
+
+    def load_latest(self, checkpoints, config: TrainConfig) -> tuple[TrainerState, dict] | None: ...  # a reinit
+
+
+class SingleDevice:
+    """The state on one device per process (one replica per device under torch_xla.launch)."""
+
+    sharded_checkpoints = False  # one writer (rank 0), one file per checkpoint
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def build_state(self, config: TrainConfig) -> TrainerState:
+        return build_state(config, self.device)
+
+    def to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch.tokens.to(self.device), batch.targets.to(self.device)
+
+    def shard_new_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def checkpoint_manager(self, directory: Path, keep_last: int) -> CheckpointManager:
+        return CheckpointManager(directory, keep_last=keep_last, format=CHECKPOINT_FORMAT,
+                                 required_keys=CHECKPOINT_KEYS)
+
+    def open_run(self, checkpoints: CheckpointManager, config: TrainConfig, *,
+                 writer: bool = True) -> tuple[TrainerState, dict] | None:
+        """The state to continue from, if this run continues one (see CheckpointManager.open_run)."""
+        payload = checkpoints.open_run(resume=config.resume == "auto", overwrite=config.overwrite_checkpoints,
+                                       writer=writer)
+        return None if payload is None else (restore_state(payload, config, self.device), payload)
+
+    def load_latest(self, checkpoints: CheckpointManager, config: TrainConfig) -> tuple[TrainerState, dict] | None:
+        payload = checkpoints.load_latest()
+        return None if payload is None else (restore_state(payload, config, self.device), payload)
+
+
 # ---- the run -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Replica:
-    """This replica's place in a data-parallel run (torch_xla.launch); one replica by default."""
+    """This process's place in a multi-process run: a data-parallel replica (torch_xla.launch), or a
+    host of an SPMD job (not replicated: one sharded program). One process by default."""
 
     rank: int = 0
     world: int = 1
     replicated: bool = False  # MpDeviceLoader + xm.optimizer_step (launched replicas, even just one)
 
     def barrier(self, tag: str) -> None:
-        if self.world > 1:
+        """Wait for every process: over torch.distributed when the processes share a group (the
+        one they agree on actions over), else at an XLA rendezvous."""
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+        else:
             import torch_xla.core.xla_model as xm
 
             xm.rendezvous(tag)
@@ -297,22 +368,28 @@ class Trainer:
     """Runs one replica's share of the training; `run()` returns how it ended."""
 
     def __init__(self, config: TrainConfig, *, telemetry: Telemetry | None = None,
-                 on_watchdog_started: Callable[[object], None] | None = None, replica: Replica = Replica()):
+                 on_watchdog_started: Callable[[object], None] | None = None, replica: Replica = Replica(),
+                 strategy: Strategy | None = None):
         self.config = config
         self.telemetry = telemetry
         self.on_watchdog_started = on_watchdog_started
         self.replica = replica
-        self.device = select_device(config.device)  # once per process; every rebuild reuses it
+        # The device is created once per process; every rebuild reuses it.
+        self.strategy = strategy or SingleDevice(select_device(config.device))
+        self.device = self.strategy.device
         self._sync = _sync_function(self.device)
         self._temporary_dir: tempfile.TemporaryDirectory | None = None
         if config.checkpoint_dir is None:
             self._temporary_dir = tempfile.TemporaryDirectory(prefix="hbm-watchdog-ckpt-")
         directory = config.checkpoint_dir or Path(self._temporary_dir.name)
-        self.checkpoints = CheckpointManager(directory, keep_last=config.keep_checkpoints,
-                                             format=CHECKPOINT_FORMAT, required_keys=CHECKPOINT_KEYS)
+        self.checkpoints = self.strategy.checkpoint_manager(directory, config.keep_checkpoints)
+        # Replicas read disjoint shards of the data; SPMD processes all feed the same global batch.
+        shard, shards = (replica.rank, replica.world) if replica.replicated else (0, 1)
         self.data = TokenSource(batch_size=config.batch_size, seq_len=config.model.seq_len,
                                 vocab_size=config.model.vocab_size, seed=config.seed,
-                                text_file=config.text_file, shard=replica.rank, num_shards=replica.world)
+                                text_file=config.text_file, shard=shard, num_shards=shards)
+        # One agreement across processes per sampling step (the watchdog decides no more often).
+        self._coordinator = ActionCoordinator(every=config.watchdog.sample_every if config.watchdog else 1)
         self._optimizer_step = _optimizer_step_function(replica.replicated)
         self._loader = None  # several replicas: MpDeviceLoader batches, rebuilt with the state
         self.forced = dict(config.forced_actions)
@@ -340,17 +417,19 @@ class Trainer:
                 loss = self._one_step(step)
                 if self._census is None:  # after one step, so the optimizer state is in the baseline
                     self._census = forensics.census()
-                action = agree_on_action(self._ask(step))
-                if action is not None and action.needs_checkpoint:
+                proposal = self._ask(step)
+                if self._stop_signal is not None:  # preempted: save and exit 42, every process at the same step
+                    proposal = Action.CHECKPOINT_RESTART
+                action = self._coordinator.agree(proposal, step)
+                if action is not None and action.needs_checkpoint and self._stop_signal is None:
                     self._name_the_leak(step)
-                if self._stop_signal is not None:
+                if action is Action.CHECKPOINT_RESTART:
                     interrupted = self._stop_signal == signal.SIGINT
-                    log.warning("interrupted" if interrupted else "preempted",
-                                signal=signal.Signals(self._stop_signal).name, step=step)
-                    self._save()
+                    if self._stop_signal is not None:
+                        log.warning("interrupted" if interrupted else "preempted",
+                                    signal=signal.Signals(self._stop_signal).name, step=step)
+                    self._save(restart=self._stop_signal is None)  # a preemption is not the watchdog's restart
                     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_RESTART_REQUESTED
-                elif action is Action.CHECKPOINT_RESTART:
-                    self._save(restart=True)
                     exit_code = EXIT_RESTART_REQUESTED
                 elif action is Action.CHECKPOINT_REINIT:
                     if not self._reinit():  # no checkpoint to rebuild from: only a new process frees memory
@@ -389,15 +468,13 @@ class Trainer:
 
     def _start_state(self) -> TrainerState:
         self.restarts_so_far = _restarts_so_far_from_env()
-        payload = self.checkpoints.open_run(resume=self.config.resume == "auto",
-                                            overwrite=self.config.overwrite_checkpoints,
-                                            writer=self.replica.rank == 0)
-        if payload is None:
+        loaded = self.strategy.open_run(self.checkpoints, self.config, writer=self.replica.rank == 0)
+        if loaded is None:
             seed_everything(self.config.seed, self.device)
-            state = build_state(self.config, self.device)
+            state = self.strategy.build_state(self.config)
             self._sync()
             return state
-        state = restore_state(payload, self.config, self.device)
+        state, payload = loaded
         self.restarts_so_far = max(self.restarts_so_far, int(payload.get("restarts_so_far", 0)))
         self.reinits = int(payload.get("reinits", 0))
         self._sync()
@@ -422,15 +499,14 @@ class Trainer:
         tokens, targets = self._next_batch(state)
         loss = train_step(state, tokens, targets, self._optimizer_step)
         leaks.inject(self.config.leaks, step, state.sinks, self.device,
-                     forward_loss=lambda: self._extra_forward(state))
+                     forward_loss=lambda: self._extra_forward(state), place=self.strategy.shard_new_tensor)
         self._sync()  # XLA: the step's graph runs here, leaks materialised with it
         state.step, state.data_position = step + 1, state.data_position + 1
         return loss
 
     def _next_batch(self, state: TrainerState) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.replica.replicated:
-            batch = self.data.batch_at(state.data_position)
-            return batch.tokens.to(self.device), batch.targets.to(self.device)
+            return self.strategy.to_device(self.data.batch_at(state.data_position))
         if self._loader is None:  # prefetches onto the device from the state's data position on
             from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
@@ -439,8 +515,7 @@ class Trainer:
         return next(self._loader)
 
     def _extra_forward(self, state: TrainerState) -> torch.Tensor:
-        batch = self.data.batch_at(state.data_position)
-        return state.model(batch.tokens.to(self.device), batch.targets.to(self.device))[1]
+        return state.model(*self.strategy.to_device(self.data.batch_at(state.data_position)))[1]
 
     def _ask(self, step: int) -> Action | None:
         action = self.watchdog.step(step) if self.watchdog is not None else None
@@ -465,7 +540,9 @@ class Trainer:
         """
         started = time.perf_counter()
         saved = True
-        if self.replica.rank == 0:  # one writer; the replicas' states are identical
+        # Sharded: every process writes its own shards (a collective save). Else one writer, rank 0:
+        # the replicas' states are identical.
+        if self.strategy.sharded_checkpoints or self.replica.rank == 0:
             payload = checkpoint_payload(self.state, self.config, self.device,
                                          restarts_so_far=self.restarts_so_far + int(restart), reinits=self.reinits)
             try:
@@ -476,7 +553,8 @@ class Trainer:
                           bytes_needed=exc.bytes_needed, bytes_free=exc.bytes_free,
                           note="older checkpoints are intact; training goes on")
             del payload
-        self.replica.barrier(f"checkpoint-{self.state.step}")
+        if not self.strategy.sharded_checkpoints:
+            self.replica.barrier(f"checkpoint-{self.state.step}")
         saved = agree_on_action(None if saved else Action.CHECKPOINT_RESTART) is None
         if saved and self.watchdog is not None:
             self.watchdog.observe_checkpoint(time.perf_counter() - started)
@@ -507,11 +585,11 @@ class Trainer:
         gc.collect()
         self._sync()
         release_host_memory()
-        payload = self.checkpoints.load_latest()
-        if payload is None or int(payload["step"]) != step:
+        loaded = self.strategy.load_latest(self.checkpoints, self.config)
+        if loaded is None or loaded[0].step != step:
             raise RuntimeError(f"reinit: the checkpoint just saved for step {step} does not load back")
-        self.state = restore_state(payload, self.config, self.device)
-        del payload
+        self.state, _ = loaded
+        del loaded
         self._sync()
         log.warning("reinitialised", step=step, reinits=self.reinits)
         if self.watchdog is not None:
