@@ -123,6 +123,7 @@ def _trainer_rank(rank, port, out_dir):
         json.dump(outcomes, handle)
 
 
+@pytest.mark.slow
 def test_two_trainer_processes_agree_once_per_sampling_step_and_act_together(tmp_path):
     mp.spawn(_trainer_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"trainer{r}.json").read_text()) for r in (0, 1)]

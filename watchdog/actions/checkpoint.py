@@ -292,6 +292,20 @@ class CheckpointManager:
         log.warning("checkpoint_skipped", path=str(path), reason=reason)
         self._skipped.append(path)
 
+    def _newest_size(self) -> int:
+        for path in reversed(self.list()):
+            try:
+                return path.stat().st_size
+            except OSError:
+                continue
+        return 0
+
+    def _remove_stale_temporaries(self) -> None:
+        """Temporaries left by a writer that died mid-save (SIGKILL, OOM killer, power loss)."""
+        for path in self.directory.glob(f"{_TEMP_PREFIX}*{_TEMP_SUFFIX}"):
+            log.info("checkpoint_stale_temporary_removed", path=str(path))
+            path.unlink(missing_ok=True)
+
 
 
 def ensure_writable_directory(directory: Path) -> None:

@@ -430,7 +430,6 @@ class Trainer:
                                     signal=signal.Signals(self._stop_signal).name, step=step)
                     self._save(restart=self._stop_signal is None)  # a preemption is not the watchdog's restart
                     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_RESTART_REQUESTED
-                    exit_code = EXIT_RESTART_REQUESTED
                 elif action is Action.CHECKPOINT_REINIT:
                     if not self._reinit():  # no checkpoint to rebuild from: only a new process frees memory
                         exit_code = EXIT_RESTART_REQUESTED
