@@ -130,9 +130,11 @@ def test_two_trainer_processes_agree_once_per_sampling_step_and_act_together(tmp
     for outcome in ranks:
         reinit, preempted = outcome["reinit"], outcome["preempted"]
         assert reinit["step"] == 17 and reinit["reinits"] == 1 and reinit["exit"] == 0  # rank 0 reinitialised too
-        assert reinit["talks"] == [0, 5, 10, 15]  # one all_reduce per sampling step, none in between
+        # One all_reduce per sampling step, none in between; and one after each save (at the reinit of
+        # step 10 and the final one), so that every rank learns whether every rank's save landed.
+        assert reinit["talks"] == [0, 5, 10, 10, 15, 16]
         # one host preempted at step 7: both save at the next sampling step and exit 42 together
         assert preempted["step"] == 11 and preempted["exit"] == EXIT_RESTART_REQUESTED
-        assert preempted["talks"] == [0, 5, 10]
+        assert preempted["talks"] == [0, 5, 10, 10]
     assert "ckpt-00000011.pt" in {p.name for p in (tmp_path / "reinit").iterdir()}  # the reinit came at step 10
     assert "ckpt-00000011.pt" in {p.name for p in (tmp_path / "preempted").iterdir()}
