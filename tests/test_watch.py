@@ -205,6 +205,29 @@ def test_a_failing_reading_is_counted_and_logged_once_and_the_watch_goes_on(tmp_
     assert daemon.telemetry["tpu:0"].sample_errors_total >= 99  # counted from the first device's creation on
 
 
+def test_a_reading_that_overruns_its_interval_skips_ticks_so_steps_stay_proportional_to_time(tmp_path):
+    """A busy endpoint: each reading takes about four intervals. Sample numbers are ticks, so the
+    slope per step stays a slope per interval, and no burst of catch-up samples follows."""
+    import time
+
+    class Slow(ScriptedChips):
+        def read(self):
+            time.sleep(0.02)
+            return super().read()
+
+    axis = TimeAxis(interval_seconds=0.005, checkpoint_seconds=0.05, warmup_seconds=0.0)
+    stop = threading.Event()
+    daemon = Daemon(WatchConfig(axis=axis, act=False, trace_file=tmp_path / "trace.csv"), ThisProcess(),
+                    lambda process: Slow(stop, reads=40), stop=stop)
+    daemon.run()
+    steps = [s.step for s in load_trace(trace_path_for(tmp_path / "trace.csv", "tpu:0", only_device=False))]
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    assert len(steps) == 40 and min(gaps) >= 4, gaps
+    seconds = [s.timestamp for s in load_trace(trace_path_for(tmp_path / "trace.csv", "tpu:0", only_device=False))]
+    per_step = (seconds[-1] - seconds[0]) / (steps[-1] - steps[0])
+    assert per_step == pytest.approx(0.005, rel=0.5)
+
+
 def test_the_metrics_merge_every_device_into_one_family_each(tmp_path):
     daemon, _ = run_daemon(tmp_path, reads=400)
     daemon.state.watched_pid = 1234

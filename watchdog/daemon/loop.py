@@ -215,6 +215,7 @@ class Daemon:
                     continue
             readings = self._read(reader)
             if readings is None:
+                log.info("target_exited", pid=target.pid, signalled=self._signalled_at is not None, during="read")
                 return
             if readings:
                 self._judge_all(target, reader.source, tick, readings)
@@ -292,6 +293,7 @@ class Daemon:
     def _signal(self, target: WatchedProcess, device: str, verdict: Verdict, action: Action, total: int) -> None:
         fields = dict(pid=target.pid, device=device, action=action.value, explanation=verdict.explanation,
                       bytes_used=total, limit_bytes=verdict.limit_bytes, floor_bytes=verdict.floor_bytes,
+                      slope_bytes_per_second=verdict.slope_bytes_per_second,
                       projected_oom_seconds=_seconds(verdict.projected_oom_seconds),
                       projected_oom_seconds_pessimistic=_seconds(_pessimistic_seconds(verdict, self._interval)),
                       checkpoint_margin_seconds=self.config.axis.margin_seconds)

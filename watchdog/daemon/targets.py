@@ -146,7 +146,7 @@ class PatternFinder:
 
     def __init__(self, pattern: str):
         try:
-            self._regex = re.compile(pattern)
+            self.regex = re.compile(pattern)
         except re.error as exc:
             raise InputError(f"--cmd-pattern {pattern!r}: not a regular expression ({exc})") from None
         self.description = f"--cmd-pattern {pattern!r}"
@@ -161,7 +161,7 @@ class PatternFinder:
                 cmdline = process.cmdline()
             except psutil.Error:
                 return False
-        return bool(cmdline) and self._regex.search(" ".join(cmdline)) is not None
+        return bool(cmdline) and self.regex.search(" ".join(cmdline)) is not None
 
     def find(self) -> psutil.Process | None:
         matching: list[tuple[int, psutil.Process]] = []
