@@ -174,7 +174,7 @@ def test_the_watch_sidecar_shares_the_trainers_processes_and_lives_as_long_as_it
 
 
 def test_the_watch_sidecars_flags_are_valid_and_aim_at_the_trainer():
-    parsed, (config, finder) = watch_args()
+    parsed, (config, finder, _) = watch_args()
     trainer_command = " ".join([*WATCHED_TRAINER["command"], *WATCHED_TRAINER.get("args", [])])
     assert finder.regex.search(trainer_command), "the pattern must match the trainer's command line"
     assert config.memory_limit_bytes == bytes_of(WATCHED_TRAINER["resources"]["limits"]["memory"])

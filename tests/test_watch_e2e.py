@@ -76,7 +76,8 @@ def watch_supervised_job(tmp_path: Path, job: list[str], pattern: str, budget: i
     trace = tmp_path / "watch.csv"
     supervisor = subprocess.Popen([*SUPERVISE, *job], stdout=out, stderr=err, cwd=REPO, env=env)
     daemon = subprocess.Popen([*WATCH, "--cmd-pattern", pattern, "--memory-limit", str(budget),
-                               "--trace-file", str(trace), "--wait-seconds", "60", *watch_args],
+                               "--trace-file", str(trace), "--wait-seconds", "60", "--grace-seconds", "60",
+                               *watch_args],
                               stdout=subprocess.DEVNULL, stderr=log, cwd=REPO, env=env)
     try:
         status, peak = wait_reaping(supervisor, timeout)
@@ -101,7 +102,7 @@ def check_protected(run: Run, budget: int, job_pids: list[int]) -> None:
     assert run.daemon_status == 0 and run.named("watch_stopped")
     signalled = run.named("target_signalled")
     assert signalled, run.story()
-    assert {e["signal"] for e in signalled} == {"SIGTERM"}
+    assert {e["signal"] for e in signalled} == {"SIGTERM"} and not run.named("target_escalated"), run.story()
     assert {e["pid"] for e in signalled} <= set(job_pids), "only the job itself is signalled, never its supervisor"
     assert all(e["bytes_used"] < budget for e in signalled)
     reattached = [e for e in run.named("target_attached") if e["seconds_since_signal"] is not None]

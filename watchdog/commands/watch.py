@@ -60,10 +60,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def build(args: argparse.Namespace):
-    """Flags -> (WatchConfig, Finder); every bad value is an InputError naming the flag."""
+    """Flags -> (WatchConfig, Finder, reader factory); every bad value is an InputError naming the flag.
+
+    The reader factory is the seam for `--tpu`: given the process found, it returns the
+    `DeviceReader` (watchdog/daemon/readers.py) whose per-device readings the daemon judges.
+    """
     from pathlib import Path
 
     from watchdog.daemon.loop import WatchConfig
+    from watchdog.daemon.readers import ProcessTreeReader
     from watchdog.daemon.signalling import parse_escalation, parse_signal
     from watchdog.daemon.targets import PatternFinder, PidFinder, PidfileFinder
     from watchdog.daemon.timeaxis import TimeAxis
@@ -93,7 +98,7 @@ def build(args: argparse.Namespace):
         finder = PatternFinder(args.cmd_pattern)
     else:
         finder = PidfileFinder(args.pidfile)
-    return config, finder
+    return config, finder, ProcessTreeReader
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
     from watchdog.runtime.exporter import serve_registry
 
     log = get_logger("watchdog.daemon")
-    config, finder = build(args)
-    daemon = Daemon(config, finder, stop=threading.Event())
+    config, finder, make_reader = build(args)
+    daemon = Daemon(config, finder, make_reader, stop=threading.Event())
     stopped_by: list[int] = []
 
     def stop(signum, _frame):
