@@ -150,18 +150,26 @@ def check_resumed(run: Run, steps: int) -> list[int]:
     return [pid for _, pid in starts]
 
 
-XLA_BUDGET = int(1.5 * GiB)
+def protect_script(tmp_path: Path, script: str, state_flag: str, steps: int, budget: int, step_seconds: float) -> None:
+    """A job script of tests/jobs (leaks 1 MiB per step, saves on SIGTERM, exits 42) under
+    `supervise`, the daemon beside it; the pattern is the script's own state file, unique to the test."""
+    state = tmp_path / "state"
+    job = [sys.executable, str(JOBS / script), state_flag, str(state), "--steps", str(steps), "--leak-mib", "1",
+           "--step-seconds", str(step_seconds)]
+    run = watch_supervised_job(tmp_path, job, re.escape(str(state)), budget,
+                               "--interval", "0.1", "--checkpoint-seconds", "3", "--warmup-seconds", "20")
+    check_protected(run, budget, check_resumed(run, steps))
 
 
 def test_a_leaking_torch_xla_script_is_preempted_before_its_budget_and_completes(tmp_path):
     """Done-when 1: a plain script with a SIGTERM handler, `supervise`, and the daemon beside it."""
-    state = tmp_path / "state"
-    job = [sys.executable, str(JOBS / "leaky_xla.py"), "--state", str(state), "--steps", "1200",
-           "--leak-mib", "1", "--step-seconds", "0.08"]
-    run = watch_supervised_job(tmp_path, job, re.escape(str(state)), XLA_BUDGET,
-                               "--interval", "0.1", "--checkpoint-seconds", "3", "--warmup-seconds", "20")
-    pids = check_resumed(run, 1200)
-    check_protected(run, XLA_BUDGET, pids)
+    protect_script(tmp_path, "leaky_xla.py", "--state", steps=1200, budget=int(1.5 * GiB), step_seconds=0.08)
+
+
+def test_a_leaking_lightning_fit_is_preempted_before_its_budget_and_completes(tmp_path):
+    """Done-when 2: Lightning's own SIGTERM handling, turned into save-and-exit-42 by the script."""
+    protect_script(tmp_path, "leaky_lightning.py", "--checkpoint", steps=1500, budget=int(1.75 * GiB),
+                   step_seconds=0.03)
 
 
 def test_our_trainer_without_its_watchdog_is_preempted_before_its_budget_and_completes(tmp_path):
@@ -177,16 +185,4 @@ def test_our_trainer_without_its_watchdog_is_preempted_before_its_budget_and_com
     assert runs[-1][:2] == ("done", "700") and len(runs) >= 2, run.story()
     assert [int(first) for _, _, first in runs[1:]] == [int(step) for _, step, _ in runs[:-1]], "each run resumed"
     pids = [e["pid"] for e in json_lines(run.job_stderr) if e.get("event") == "child_started"]
-    check_protected(run, budget, pids)
-
-
-def test_a_leaking_lightning_fit_is_preempted_before_its_budget_and_completes(tmp_path):
-    """Done-when 2: Lightning's own SIGTERM handling, turned into save-and-exit-42 by the script."""
-    budget = int(1.75 * GiB)
-    checkpoint = tmp_path / "last.ckpt"
-    job = [sys.executable, str(JOBS / "leaky_lightning.py"), "--checkpoint", str(checkpoint), "--steps", "1500",
-           "--leak-mib", "1", "--step-seconds", "0.03"]
-    run = watch_supervised_job(tmp_path, job, re.escape(str(checkpoint)), budget,
-                               "--interval", "0.1", "--checkpoint-seconds", "3", "--warmup-seconds", "20")
-    pids = check_resumed(run, 1500)
     check_protected(run, budget, pids)

@@ -115,15 +115,11 @@ class Daemon:
         try:
             target = self._wait_for_target(first=True)
             while target is not None:
-                try:
-                    self._watch(target)
-                finally:
-                    target.close()
+                self._watch(target)
                 if self.stop.is_set() or not self.finder.comes_back:
                     break
                 target = self._wait_for_target(first=False)
         finally:
-            self.state.watched_pid = 0
             for device in self.devices.values():
                 device.close()
         log.info("watch_ended", attachments=self.state.attachments, signals=self.state.signals_snapshot(),
@@ -142,10 +138,8 @@ class Daemon:
                 process = None
             if process is not None:
                 target = WatchedProcess(process)
-                if self._may_signal(target, first):
-                    return target
-                target.close()
-                return None
+                self._check_may_signal(target, first)
+                return target
             if time.monotonic() >= deadline:
                 why = self.finder.why_not_found()
                 if first:
@@ -160,10 +154,10 @@ class Daemon:
             self.stop.wait(poll)
         return None
 
-    def _may_signal(self, target: WatchedProcess, first: bool) -> bool:
-        """Whether the daemon may signal this process; at start a refusal is the user's to fix."""
+    def _check_may_signal(self, target: WatchedProcess, first: bool) -> None:
+        """At start, a process the daemon may not signal is the user's to fix; later, it is watched anyway."""
         if not self.config.act:
-            return True
+            return
         try:
             target.signal(0)
         except PermissionError:
@@ -175,7 +169,6 @@ class Daemon:
             log.error("cannot_signal_target", pid=target.pid, reason=message, note="watching without acting")
         except ProcessLookupError:
             pass  # gone already: the watch loop notices
-        return True
 
     # -- one process ------------------------------------------------------------------------------
 
@@ -197,29 +190,34 @@ class Daemon:
         return self.make_reader(target.process)
 
     def _watch(self, target: WatchedProcess) -> None:
-        reader = self._attach(target)
-        start, tick = time.monotonic(), 0
-        while not self.stop.is_set():
-            if not target.alive():
-                log.info("target_exited", pid=target.pid, signalled=self._signalled_at is not None)
-                return
-            if tick and tick % self._handover_every == 0:
-                child = self.finder.handover(target.process)
-                if child is not None:
-                    log.info("target_handed_over", from_pid=target.pid, to_pid=child.pid,
-                             note="a matching child holds more memory than the process watched")
-                    target.close()
-                    target = WatchedProcess(child)
-                    reader = self._attach(target, restart=False)
-                    start, tick = time.monotonic(), 0
-                    continue
-            readings = self._read(reader)
-            if readings is None:
-                log.info("target_exited", pid=target.pid, signalled=self._signalled_at is not None, during="read")
-                return
-            if readings:
-                self._judge_all(target, reader.source, tick, readings)
-            tick = self._sleep_until_next_tick(start, tick)
+        """Until the target exits or the daemon is stopped; closes the target (its pidfd) either way."""
+        try:
+            reader = self._attach(target)
+            start, tick = time.monotonic(), 0
+            while not self.stop.is_set():
+                if not target.alive():
+                    log.info("target_exited", pid=target.pid, signalled=self._signalled_at is not None)
+                    return
+                if tick and tick % self._handover_every == 0:
+                    child = self.finder.handover(target.process)
+                    if child is not None:
+                        log.info("target_handed_over", from_pid=target.pid, to_pid=child.pid,
+                                 note="a matching child holds more memory than the process watched")
+                        target.close()
+                        target = WatchedProcess(child)
+                        reader = self._attach(target, restart=False)
+                        start, tick = time.monotonic(), 0
+                        continue
+                readings = self._read(reader)
+                if readings is None:
+                    log.info("target_exited", pid=target.pid, signalled=self._signalled_at is not None, during="read")
+                    return
+                if readings:
+                    self._judge_all(target, reader.source, tick, readings)
+                tick = self._sleep_until_next_tick(start, tick)
+        finally:
+            target.close()
+            self.state.watched_pid = 0  # while waiting for it to come back, no PID is watched
 
     def _read(self, reader: DeviceReader) -> Sequence[DeviceReading] | None:
         """The devices' readings; None once the process is gone; [] after a counted failure."""
