@@ -153,8 +153,9 @@ class ScriptedChips:
 
     source = "scripted"
 
-    def __init__(self, stop: threading.Event, reads: int, leak: int = 4 * MiB, fail_every: int = 0):
-        self.stop, self.reads, self.leak, self.fail_every = stop, reads, leak, fail_every
+    def __init__(self, stop: threading.Event, reads: int, leak: int = 4 * MiB, fail_every: int = 0,
+                 failure: Exception = TimeoutError("metrics endpoint busy")):
+        self.stop, self.reads, self.leak, self.fail_every, self.failure = stop, reads, leak, fail_every, failure
         self.count = 0
 
     def read(self):
@@ -162,7 +163,7 @@ class ScriptedChips:
         if self.count >= self.reads:
             self.stop.set()
         if self.fail_every and self.count % self.fail_every == 0:
-            raise TimeoutError("metrics endpoint busy")
+            raise self.failure
         sawtooth = (self.count % 7) * 16 * MiB
         return [DeviceReading("tpu:0", 4 * GiB + self.leak * self.count + sawtooth, 8 * GiB, pid=4242),
                 DeviceReading("tpu:1", 4 * GiB + sawtooth, 8 * GiB, pid=4242)]
@@ -196,11 +197,13 @@ def test_each_device_is_judged_on_its_own_and_the_leaking_one_is_named(tmp_path,
         assert samples[-1].timestamp > samples[0].timestamp > 1.6e9
 
 
-def test_a_failing_reading_is_counted_and_logged_once_and_the_watch_goes_on(tmp_path, captured):
-    daemon, chips = run_daemon(tmp_path, reads=300, fail_every=3)
+@pytest.mark.parametrize("failure", [TimeoutError("metrics endpoint busy"), psutil.AccessDenied(4242, "tree")],
+                         ids=["busy endpoint", "permission"])
+def test_a_failing_reading_is_counted_and_logged_once_and_the_watch_goes_on(tmp_path, captured, failure):
+    daemon, chips = run_daemon(tmp_path, reads=300, fail_every=3, failure=failure)
     assert daemon.errors == 100
     (error,) = captured.named("watch_error")
-    assert "metrics endpoint busy" in error["error"]
+    assert type(failure).__name__ in error["error"]
     assert daemon.telemetry["tpu:0"].samples_total == 200
     assert daemon.telemetry["tpu:0"].sample_errors_total >= 99  # counted from the first device's creation on
 
