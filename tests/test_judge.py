@@ -89,3 +89,37 @@ def test_a_reinit_that_freed_nothing_keeps_the_history_and_escalates_to_a_restar
 
 def test_no_floor_yet_means_no_recovery_to_measure():
     assert Judge().reinit_finished(GiB) is None
+
+
+def test_a_restarted_process_starts_a_new_baseline_and_a_new_policy_clock():
+    """Steps count again from the new process: a cooldown left from the old one must not silence it,
+    while the restarts so far carry over."""
+    judge = Judge(policy_config=PolicyConfig(cooldown_steps=5000, prefer_restart=True, max_restarts=10))
+    samples = leaking(6000, rate=1 * MiB)
+    actions = [judge.judge(s)[1] for s in samples]
+    first = actions.index(Action.CHECKPOINT_RESTART)
+    floor_before = judge.latest.floor_bytes
+    assert judge.restarts_so_far == 1
+
+    judge.restarted()
+    assert judge.latest is None and judge.restarts_so_far == 1
+    again = [judge.judge(s) for s in samples[:first + 1]]  # the new process leaks the same way
+    assert again[0][0].status is Status.WARMING_UP
+    assert [a for _, a in again].count(Action.CHECKPOINT_RESTART) == 1, "the old cooldown was carried over"
+    assert judge.restarts_so_far == 2
+
+    recovery = judge.restart_settled(BASE)
+    assert recovery == (floor_before, float(BASE), True)
+    assert judge.restart_settled(BASE) is None, "measured once per restart"
+
+
+def test_a_restart_before_any_floor_has_nothing_to_measure_and_one_that_freed_nothing_says_so():
+    judge = Judge()
+    judge.restarted()
+    assert judge.restart_settled(GiB) is None
+    for sample in leaking(3000):
+        judge.judge(sample)
+    floor = judge.latest.floor_bytes
+    judge.restarted()
+    recovery = judge.restart_settled(floor + MiB)
+    assert recovery is not None and not recovery.recovered and recovery.recovered_bytes == -MiB

@@ -147,3 +147,70 @@ def test_scrape_configs_select_the_trainer_pods_and_their_named_ports():
         assert monitor["metadata"]["name"] == "hbm-watchdog"  # the job label the alert rules expect
         assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
         assert {e["port"] for e in endpoints} == port_names
+
+
+# -- hbm-watchdog watch beside a trainer that cannot change (watch-sidecar.yaml) --------------------
+
+WATCHED_POD = DOCS["Job"]["spec"]["template"]
+(WATCH_SIDECAR,) = WATCHED_POD["spec"]["initContainers"]
+(WATCHED_TRAINER,) = WATCHED_POD["spec"]["containers"]
+K8S_QUANTITY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+
+def bytes_of(quantity: str) -> int:
+    number, suffix = re.fullmatch(r"(\d+)([KMGT]i)?", quantity).groups()
+    return int(number) * K8S_QUANTITY.get(suffix, 1)
+
+
+def watch_args():
+    """The sidecar's command line as our own CLI parses it, with the downward-API values filled in."""
+    from watchdog.commands import watch
+    from watchdog.commands.cli import build_parser
+
+    env = {}
+    for var in WATCH_SIDECAR["env"]:
+        field = var["valueFrom"]["resourceFieldRef"]
+        (source,) = [c for c in WATCHED_POD["spec"]["containers"] if c["name"] == field["containerName"]]
+        env[var["name"]] = str(bytes_of(source["resources"]["limits"][field["resource"].split(".")[1]]))
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in WATCH_SIDECAR["args"]]
+    command = WATCH_SIDECAR["command"]
+    assert command[0] == "hbm-watchdog"
+    parsed = build_parser().parse_args([*command[1:], *args])
+    assert parsed.command == "watch"
+    return parsed, watch.build(parsed)
+
+
+def test_the_watch_sidecar_shares_the_trainers_processes_and_lives_as_long_as_it():
+    spec = WATCHED_POD["spec"]
+    assert spec["shareProcessNamespace"] is True
+    assert WATCH_SIDECAR["restartPolicy"] == "Always"  # a native sidecar: stopped once the trainer is done
+    assert spec["restartPolicy"] == "OnFailure"  # the trainer's preemption exit restarts it in place
+
+
+def test_the_watch_sidecars_flags_are_valid_and_aim_at_the_trainer():
+    parsed, (config, finder, _) = watch_args()
+    trainer_command = " ".join([*WATCHED_TRAINER["command"], *WATCHED_TRAINER.get("args", [])])
+    assert finder.regex.search(trainer_command), "the pattern must match the trainer's command line"
+    assert config.memory_limit_bytes == bytes_of(WATCHED_TRAINER["resources"]["limits"]["memory"])
+    assert config.act and config.signal.name == "SIGTERM"
+    assert config.axis.checkpoint_seconds < WATCHED_POD["spec"]["terminationGracePeriodSeconds"]
+    assert config.wait_seconds > 300, "longer than the kubelet's longest restart back-off"
+    assert config.axis.warmup_seconds >= config.axis.interval_seconds
+
+
+def test_the_watch_sidecar_serves_metrics_where_the_monitors_scrape():
+    parsed, _ = watch_args()
+    ports = {p["name"]: p["containerPort"] for p in WATCH_SIDECAR["ports"]}
+    assert ports == {"metrics": parsed.metrics_port} and parsed.metrics_port not in TPU_RESERVED_PORTS
+    labels = WATCHED_POD["metadata"]["labels"]
+    for monitor in (DOCS["PodMonitoring"], DOCS["PodMonitor"]):
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_watch_sidecar_may_signal_the_trainer():
+    """Same user in both containers (or CAP_KILL): the kernel's rule for sending a signal."""
+    def user(container):
+        return container.get("securityContext", {}).get("runAsUser", WATCHED_POD["spec"]["securityContext"]["runAsUser"])
+
+    caps = WATCH_SIDECAR.get("securityContext", {}).get("capabilities", {}).get("add", [])
+    assert user(WATCH_SIDECAR) == user(WATCHED_TRAINER) or "KILL" in caps

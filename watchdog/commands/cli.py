@@ -23,6 +23,7 @@ COMMANDS = {
     "supervise": ("watchdog.commands.supervise", "run a command, restarting it on exit 42 or an OOM crash"),
     "bench": ("watchdog.bench.cli", "detector quality and speed against the baselines"),
     "report": ("watchdog.commands.report", "draw a trace: usage, floor, trend, projection, limit, actions"),
+    "watch": ("watchdog.commands.watch", "a daemon that signals a job before its OOM, from outside its process"),
 }
 
 

@@ -34,10 +34,10 @@ def effective_limit(device_limit_bytes: int | None, budget_bytes: int | None) ->
 
 
 class Recovery(NamedTuple):
-    """What a checkpoint-and-reinit gave back, measured between steps right after it."""
+    """What a checkpoint-and-reinit (or a restart) gave back, measured once the new state has settled."""
 
     floor_before_bytes: float  # the fitted floor before the action
-    bytes_after: float  # one reading after the rebuild (no activations live)
+    bytes_after: float  # one reading after the rebuild (no activations live), or of the restarted process
     recovered: bool  # the policy's call: enough came back, else the next action is a restart
 
     @property
@@ -58,6 +58,7 @@ class Judge:
         self.policy = ActionPolicy(policy_config, restarts_so_far=restarts_so_far)
         self.latest: Verdict | None = None
         self._device_limit: int | None = _NO_LIMIT_SEEN
+        self._floor_before_restart: float | None = None
         self._update = self.detector.update  # bound once: judge() runs once per sample
         self._decide = self.policy.decide
 
@@ -93,3 +94,30 @@ class Judge:
         if recovered:
             self.detector.reset()
         return Recovery(before, float(bytes_after), recovered)
+
+    def restarted(self) -> None:
+        """Told that the process being judged was replaced by a new one (restarted after an action,
+        or by a supervisor after a crash), before the new process's first sample.
+
+        Everything measured so far describes the old process, so the detector starts a new baseline
+        and the policy's clock starts over (the caller counts steps again from the new process's
+        first sample; a cooldown left over from the old one would silence the new one), keeping the
+        restarts so far. What the restart gave back is measured by `restart_settled`, once the new
+        process has loaded: its first reading is only an interpreter starting up.
+        """
+        verdict = self.latest
+        self._floor_before_restart = verdict.floor_bytes if verdict is not None else None
+        self.latest = None
+        self.detector.reset()
+        self.policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far)
+        self._decide = self.policy.decide
+
+    def restart_settled(self, bytes_after: float) -> Recovery | None:
+        """One reading of the restarted process once it has settled, against the old process's floor.
+
+        Once per restart; None when no floor of the old process was known (or already measured).
+        """
+        before, self._floor_before_restart = self._floor_before_restart, None
+        if before is None:
+            return None
+        return Recovery(before, float(bytes_after), bytes_after < before)

@@ -323,6 +323,12 @@ def serve_metrics(telemetry: Telemetry, port: int = DEFAULT_PORT, *, local_rank:
     One process per local rank shares a host (and, with hostNetwork on GKE, the node's ports),
     so each rank offsets the base port by its local rank; the actual URL is logged.
     """
+    return serve_registry(build_registry(telemetry), port, local_rank=local_rank, addr=addr)
+
+
+def serve_registry(registry: CollectorRegistry, port: int = DEFAULT_PORT, *, local_rank: int = 0,
+                   addr: str = "0.0.0.0") -> MetricsServer:
+    """`serve_metrics` for a registry built by the caller (the daemon: one collector over every device)."""
     if not isinstance(port, int) or isinstance(port, bool) or port < 0:
         raise InputError(f"metrics port must be a non-negative integer, got {port!r}")
     if not isinstance(local_rank, int) or local_rank < 0:
@@ -330,7 +336,6 @@ def serve_metrics(telemetry: Telemetry, port: int = DEFAULT_PORT, *, local_rank:
     bind_port = port + local_rank if port else 0
     if bind_port > 65535:
         raise InputError(f"metrics port {port} + local rank {local_rank} is above 65535")
-    registry = build_registry(telemetry)
     try:
         family, _, _, _, sockaddr = socket.getaddrinfo(addr, bind_port, type=socket.SOCK_STREAM,
                                                        flags=socket.AI_PASSIVE)[0]

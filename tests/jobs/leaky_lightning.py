@@ -1,0 +1,67 @@
+"""A plain PyTorch Lightning `fit` on CPU that leaks and knows nothing of hbm-watchdog.
+
+Lightning handles SIGTERM itself (2.x): its signal connector sets `trainer.received_sigterm`, and
+the training loop raises `SIGTERMException` (a `SystemExit` with no code, so status 0) at the next
+batch boundary, calling every callback's `on_exception` first. Exit status 0 would tell a
+supervisor the job finished, so this script does what a preemptible Lightning job must: its
+`on_exception` saves a checkpoint, and the `SIGTERMException` becomes exit 42. Started again it
+resumes from that checkpoint (`fit(ckpt_path=...)`).
+
+Lines on stdout: `started step=K pid=P`, `preempted step=K`, `finished step=N`.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--checkpoint", required=True, help="the checkpoint file to save to and resume from")
+parser.add_argument("--steps", type=int, required=True)
+parser.add_argument("--leak-mib", type=float, default=0.0)
+parser.add_argument("--step-seconds", type=float, default=0.02)
+args = parser.parse_args()
+
+
+class LeakyModule(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(32, 1)
+        self.kept = []
+
+    def training_step(self, batch, batch_idx):
+        if args.leak_mib:
+            self.kept.append(torch.ones(int(args.leak_mib * (1 << 20)) // 4))  # written, so resident: the leak
+        time.sleep(args.step_seconds)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class SaveOnPreemption(L.Callback):
+    def on_exception(self, trainer, pl_module, exception):
+        if isinstance(exception, SIGTERMException):
+            trainer.save_checkpoint(args.checkpoint + ".tmp")
+            os.replace(args.checkpoint + ".tmp", args.checkpoint)  # a torn checkpoint is never the one resumed
+            print(f"preempted step={trainer.global_step}", flush=True)
+
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(256, 32), torch.randn(256, 1))
+trainer = L.Trainer(max_steps=args.steps, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, callbacks=[SaveOnPreemption()])
+resume = args.checkpoint if os.path.exists(args.checkpoint) else None
+start = torch.load(resume, weights_only=False)["global_step"] if resume else 0
+print(f"started step={start} pid={os.getpid()}", flush=True)
+try:
+    trainer.fit(LeakyModule(), DataLoader(data, batch_size=8), ckpt_path=resume)
+except SIGTERMException:
+    sys.exit(42)
+print(f"finished step={trainer.global_step}", flush=True)

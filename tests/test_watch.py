@@ -1,0 +1,275 @@
+"""`hbm-watchdog watch`, the parts that need no other process: the time axis, signal names, the
+escalation ladder, the reading seam with several devices, the metrics, and a bounded footprint.
+
+The daemon runs here in this process against this very process (never signalled: `act=False`),
+fed by a scripted reader; tests/test_watch_e2e.py runs it for real against real jobs.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import signal
+import threading
+import tracemalloc
+
+import psutil
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from watchdog.core.errors import InputError
+from watchdog.core.sample import load_trace
+from watchdog.core.verdict import Action
+from watchdog.daemon.loop import Daemon, WatchConfig, trace_path_for
+from watchdog.daemon.metrics import build_watch_registry
+from watchdog.daemon.readers import DeviceReading
+from watchdog.daemon.signalling import Escalation, Step, parse_escalation, parse_signal
+from watchdog.daemon.timeaxis import TimeAxis
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+class Captured(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.events: list[dict] = []
+
+    def emit(self, record):
+        if isinstance(record.msg, dict):
+            self.events.append(record.msg)
+
+    def named(self, event: str) -> list[dict]:
+        return [e for e in self.events if e.get("event") == event]
+
+
+@pytest.fixture
+def captured():
+    handler = Captured()
+    logger = logging.getLogger("watchdog.daemon")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+# -- the time axis ---------------------------------------------------------------------------------
+
+def test_seconds_become_samples_rounded_up_so_a_margin_never_shrinks():
+    axis = TimeAxis(interval_seconds=2.0, checkpoint_seconds=61.0, safety_seconds=3.0, warmup_seconds=45.0,
+                    grace_seconds=120.0)
+    policy = axis.policy_config()
+    assert policy.checkpoint_margin_steps == 32  # (61 + 3) / 2
+    assert policy.cooldown_steps == 60
+    assert policy.prefer_restart and policy.max_restarts > 10**6  # the supervisor owns the restart budget
+    assert axis.detector_config().warmup_samples == 23  # 45 s / 2 s, rounded up
+    assert TimeAxis(interval_seconds=0.1, checkpoint_seconds=0.3, safety_seconds=0.0).policy_config() \
+        .checkpoint_margin_steps == 3  # 0.3 / 0.1 is 2.9999999999999996 in floating point
+    assert TimeAxis(interval_seconds=0.7, checkpoint_seconds=1.0, safety_seconds=0).policy_config() \
+        .checkpoint_margin_steps == 2
+
+
+def test_defaults_follow_the_interval_and_the_checkpoint_time():
+    axis = TimeAxis(interval_seconds=5.0, checkpoint_seconds=90.0, warmup_seconds=0.0)
+    assert axis.safety_seconds == 10.0 and axis.grace_seconds == 180.0
+    assert axis.margin_seconds == 100.0
+    assert axis.warmup_samples == 16  # never fewer than the detector's own warm-up
+
+
+@pytest.mark.parametrize("field, value", [("interval_seconds", 0), ("interval_seconds", -1.0),
+                                          ("checkpoint_seconds", -5), ("grace_seconds", math.nan),
+                                          ("interval_seconds", math.inf)])
+def test_a_bad_time_is_one_line_naming_the_flag(field, value):
+    with pytest.raises(InputError, match="--" + field.removesuffix("_seconds").replace("_", "-")):
+        TimeAxis(**{field: value})
+
+
+# -- signals and the escalation ladder ----------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [("TERM", signal.SIGTERM), ("sigterm", signal.SIGTERM),
+                                            ("15", signal.SIGTERM), (" usr1 ", signal.SIGUSR1), ("KILL", signal.SIGKILL)])
+def test_signal_names(text, expected):
+    assert parse_signal(text) is expected
+
+
+@pytest.mark.parametrize("text", ["FOO", "SIGFOO", "999", "", "-1"])
+def test_a_bad_signal_name_is_input_error(text):
+    with pytest.raises(InputError, match="not a signal"):
+        parse_signal(text)
+
+
+def test_escalation_none_means_waiting_only():
+    assert parse_escalation("none") is None and parse_escalation("KILL") is signal.SIGKILL
+    with pytest.raises(InputError, match="--escalate"):
+        parse_escalation("nothing")
+
+
+def test_the_ladder_escalates_once_and_only_while_memory_still_rises():
+    ladder = Escalation(grace_seconds=10.0, escalate_to=signal.SIGKILL)
+    assert ladder.check(0.0, 100) is Step.WAIT  # nothing signalled
+    ladder.signalled(0.0, bytes_used=100)
+    ladder.signalled(5.0, bytes_used=150)  # a repeated signal does not move the deadline
+    assert ladder.check(9.9, 500) is Step.WAIT
+    assert ladder.check(10.0, 90) is Step.EXTEND  # alive, but not growing: saving; another grace period
+    assert ladder.check(15.0, 500) is Step.WAIT
+    assert ladder.check(20.0, 101) is Step.ESCALATE
+    assert ladder.check(25.0, 900) is Step.WAIT
+    assert ladder.check(30.0, 900) is Step.GIVE_UP  # escalated once already
+    assert not ladder.pending and ladder.check(99.0, 999) is Step.WAIT
+
+
+def test_without_an_escalation_signal_the_ladder_gives_up_and_a_restart_resets_it():
+    ladder = Escalation(grace_seconds=1.0, escalate_to=None)
+    ladder.signalled(0.0, 10)
+    assert ladder.check(1.0, 20) is Step.GIVE_UP
+    ladder.signalled(2.0, 10)
+    ladder.reset()
+    assert not ladder.pending and ladder.check(10.0, 99) is Step.WAIT
+
+
+# -- the daemon against this process, fed by a scripted reader ---------------------------------
+
+class ThisProcess:
+    """A finder that hands the daemon this test's own process (watched, never signalled)."""
+
+    description = "this test process"
+    comes_back = False
+
+    def find(self):
+        return psutil.Process()
+
+    def why_not_found(self):
+        return "never"
+
+    def handover(self, watched):
+        return None
+
+
+class ScriptedChips:
+    """Two chips: tpu:0 leaks `leak` bytes per read towards its 8 GiB, tpu:1 stays flat; stops the daemon after `reads`."""
+
+    source = "scripted"
+
+    def __init__(self, stop: threading.Event, reads: int, leak: int = 4 * MiB, fail_every: int = 0,
+                 failure: Exception = TimeoutError("metrics endpoint busy")):
+        self.stop, self.reads, self.leak, self.fail_every, self.failure = stop, reads, leak, fail_every, failure
+        self.count = 0
+
+    def read(self):
+        self.count += 1
+        if self.count >= self.reads:
+            self.stop.set()
+        if self.fail_every and self.count % self.fail_every == 0:
+            raise self.failure
+        sawtooth = (self.count % 7) * 16 * MiB
+        return [DeviceReading("tpu:0", 4 * GiB + self.leak * self.count + sawtooth, 8 * GiB, pid=4242),
+                DeviceReading("tpu:1", 4 * GiB + sawtooth, 8 * GiB, pid=4242)]
+
+
+def run_daemon(tmp_path, reads: int, **reader_options) -> tuple[Daemon, ScriptedChips]:
+    axis = TimeAxis(interval_seconds=0.001, checkpoint_seconds=0.05, warmup_seconds=0.0, grace_seconds=0.1)
+    config = WatchConfig(axis=axis, act=False, wait_seconds=1.0, trace_file=tmp_path / "trace.csv")
+    stop = threading.Event()
+    chips = ScriptedChips(stop, reads, **reader_options)
+    daemon = Daemon(config, ThisProcess(), lambda process: chips, stop=stop)
+    assert daemon.run() == 0
+    return daemon, chips
+
+
+def test_each_device_is_judged_on_its_own_and_the_leaking_one_is_named(tmp_path, captured):
+    daemon, chips = run_daemon(tmp_path, reads=1500)
+    assert set(daemon.devices) == {"tpu:0", "tpu:1"}
+    leaking, flat = daemon.telemetry["tpu:0"], daemon.telemetry["tpu:1"]
+    assert leaking.verdict.leak and not flat.verdict.leak
+    assert leaking.actions_snapshot()[Action.CHECKPOINT_RESTART] >= 1
+    assert not any(flat.actions_snapshot().values())
+    (first, *_) = captured.named("would_signal")  # --no-act: the signal that would have gone out
+    assert first["device"] == "tpu:0" and first["signal"] == "SIGTERM" and first["pid"] == psutil.Process().pid
+    assert daemon.state.signals_snapshot() == {}
+    # one trace per device, sample numbers as the step column, real timestamps
+    for name in ("tpu:0", "tpu:1"):
+        samples = load_trace(trace_path_for(tmp_path / "trace.csv", name, only_device=False))
+        assert [s.step for s in samples[:3]] == sorted(s.step for s in samples[:3])
+        assert len(samples) == daemon.telemetry[name].samples_total
+        assert samples[-1].timestamp > samples[0].timestamp > 1.6e9
+
+
+@pytest.mark.parametrize("failure", [TimeoutError("metrics endpoint busy"), psutil.AccessDenied(4242, "tree")],
+                         ids=["busy endpoint", "permission"])
+def test_a_failing_reading_is_counted_and_logged_once_and_the_watch_goes_on(tmp_path, captured, failure):
+    daemon, chips = run_daemon(tmp_path, reads=300, fail_every=3, failure=failure)
+    assert daemon.errors == 100
+    (error,) = captured.named("watch_error")
+    assert type(failure).__name__ in error["error"]
+    assert daemon.telemetry["tpu:0"].samples_total == 200
+    assert daemon.telemetry["tpu:0"].sample_errors_total >= 99  # counted from the first device's creation on
+
+
+def test_a_reading_that_overruns_its_interval_skips_ticks_so_steps_stay_proportional_to_time(tmp_path):
+    """A busy endpoint: each reading takes about four intervals. Sample numbers are ticks, so the
+    slope per step stays a slope per interval, and no burst of catch-up samples follows."""
+    import time
+
+    class Slow(ScriptedChips):
+        def read(self):
+            time.sleep(0.02)
+            return super().read()
+
+    axis = TimeAxis(interval_seconds=0.005, checkpoint_seconds=0.05, warmup_seconds=0.0)
+    stop = threading.Event()
+    daemon = Daemon(WatchConfig(axis=axis, act=False, trace_file=tmp_path / "trace.csv"), ThisProcess(),
+                    lambda process: Slow(stop, reads=40), stop=stop)
+    daemon.run()
+    steps = [s.step for s in load_trace(trace_path_for(tmp_path / "trace.csv", "tpu:0", only_device=False))]
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    assert len(steps) == 40 and min(gaps) >= 4, gaps
+    seconds = [s.timestamp for s in load_trace(trace_path_for(tmp_path / "trace.csv", "tpu:0", only_device=False))]
+    per_step = (seconds[-1] - seconds[0]) / (steps[-1] - steps[0])
+    assert per_step == pytest.approx(0.005, rel=0.5)
+
+
+def test_the_metrics_merge_every_device_into_one_family_each(tmp_path):
+    daemon, _ = run_daemon(tmp_path, reads=400)
+    daemon.state.watched_pid = 1234
+    daemon.state.count_signal("SIGTERM")
+    text = generate_latest(build_watch_registry(daemon.state, daemon.telemetry)).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # a duplicate family would fail here
+    used = {s.labels["device"]: s.value for s in families["hbmwatch_memory_used_bytes"].samples}
+    assert set(used) == {"tpu:0", "tpu:1"} and used["tpu:0"] > used["tpu:1"]
+    assert families["hbmwatch_watched_pid"].samples[0].value == 1234
+    (signals,) = families["hbmwatch_signals"].samples
+    assert signals.labels == {"signal": "SIGTERM"} and signals.value == 1
+    assert {s.labels["source"] for s in families["hbmwatch_build_info"].samples} == {"scripted"}
+    assert text.count("# TYPE hbmwatch_memory_used_bytes gauge") == 1
+
+
+def test_the_daemon_holds_no_more_python_memory_after_thousands_of_samples(tmp_path):
+    """Bounded history (the detector), no per-sample residue (logs, traces, telemetry): measured
+    while the daemon runs, between its 1,000th and 4,000th sample."""
+    axis = TimeAxis(interval_seconds=0.0005, checkpoint_seconds=0.05, warmup_seconds=0.0)
+    config = WatchConfig(axis=axis, act=False, trace_file=tmp_path / "trace.csv")
+    stop = threading.Event()
+    snapshots = {}
+
+    class Reads(ScriptedChips):
+        def read(self):
+            if self.count + 1 in (1000, 4000):
+                gc.collect()
+                snapshots[self.count + 1] = tracemalloc.take_snapshot()
+            return super().read()
+
+    tracemalloc.start()
+    try:
+        Daemon(config, ThisProcess(), lambda process: Reads(stop, reads=4000, leak=0), stop=stop).run()
+    finally:
+        tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in snapshots[4000].compare_to(snapshots[1000], "filename"))
+    assert grown < 64 * 1024, f"{grown} bytes more after 3000 more samples"
+
+
+def test_trace_paths():
+    assert trace_path_for(__import__("pathlib").Path("/x/trace.csv"), "process", only_device=True).name == "trace.csv"
+    assert trace_path_for(__import__("pathlib").Path("/x/trace.csv"), "tpu:3", only_device=False).name == "trace.tpu-3.csv"

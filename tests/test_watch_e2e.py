@@ -1,0 +1,186 @@
+"""`hbm-watchdog watch` end to end, every part real: a leaking job that knows nothing of
+hbm-watchdog runs under `hbm-watchdog supervise`, the daemon runs beside it as its own process.
+
+The jobs: a plain torch_xla script on PJRT CPU (tests/jobs/leaky_xla.py), our own trainer with
+`--no-watchdog`, and a Lightning `fit` on CPU (tests/jobs/leaky_lightning.py). Each checkpoints
+on SIGTERM and exits 42; the supervisor restarts it; it resumes. The budget B is checked against
+the kernel's own high-water mark of every job process, not against the daemon's samples.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, hbm_watchdog_env, json_lines
+from watchdog.core.sample import load_trace
+
+pytestmark = pytest.mark.slow
+
+MiB, GiB = 1 << 20, 1 << 30
+JOBS = Path(__file__).resolve().parent / "jobs"
+WATCH = [sys.executable, "-m", "watchdog", "--log-format", "json", "watch"]
+SUPERVISE = [sys.executable, "-m", "watchdog", "--log-format", "json", "supervise", "--max-restarts", "6",
+             "--backoff", "0.5", "--"]
+
+
+@dataclass
+class Run:
+    job_status: int
+    job_peak_rss: int  # bytes: the largest resident set any job process ever had
+    job_stdout: str
+    job_stderr: str
+    events: list[dict]  # the daemon's log
+    daemon_status: int
+    trace: list
+
+    def named(self, event: str) -> list[dict]:
+        return [e for e in self.events if e.get("event") == event]
+
+    def story(self) -> str:
+        """What a failed assertion should show: the supervisor's and the daemon's decisions."""
+        told = [e for e in json_lines(self.job_stderr) if e.get("logger") == "watchdog.actions.supervisor"]
+        told += [e for e in self.events if e["event"].startswith(("target_", "restart_", "signal", "watch_"))]
+        lines = [f"job exit {self.job_status}, daemon exit {self.daemon_status}", self.job_stdout.strip()]
+        lines += [" ".join(f"{k}={v}" for k, v in e.items() if k not in ("level", "logger"))[:300] for e in told]
+        return "\n".join(lines + [self.job_stderr[-1500:]])
+
+
+# Runs a command and writes the largest resident set any process below it ever had (the kernel's
+# high-water marks, gathered as each process is waited for). Its own mark is left out on purpose:
+# a process started from pytest begins with pytest's mark, gigabytes once torch is loaded.
+PEAK_BELOW = ("import resource, subprocess, sys\n"
+              "status = subprocess.call(sys.argv[2:])\n"
+              "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))\n"
+              "sys.exit(status)")
+
+
+def watch_supervised_job(tmp_path: Path, job: list[str], pattern: str, budget: int, *watch_args: str,
+                         timeout: float = 900) -> Run:
+    env = hbm_watchdog_env()
+    out, err, log = (open(tmp_path / name, "w+") for name in ("job.out", "job.err", "watch.err"))
+    trace = tmp_path / "watch.csv"
+    peak_file = tmp_path / "peak"
+    supervisor = subprocess.Popen([sys.executable, "-c", PEAK_BELOW, str(peak_file), *SUPERVISE, *job],
+                                  stdout=out, stderr=err, cwd=REPO, env=env)
+    daemon = subprocess.Popen([*WATCH, "--cmd-pattern", pattern, "--memory-limit", str(budget),
+                               "--trace-file", str(trace), "--wait-seconds", "60", "--grace-seconds", "60",
+                               *watch_args],
+                              stdout=subprocess.DEVNULL, stderr=log, cwd=REPO, env=env)
+    try:
+        status = supervisor.wait(timeout)
+        peak = int(peak_file.read_text())
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        daemon.send_signal(signal.SIGTERM)
+        daemon_status = daemon.wait(60)
+    texts = []
+    for handle in (out, err, log):
+        handle.seek(0)
+        texts.append(handle.read())
+        handle.close()
+    return Run(status, peak, texts[0], texts[1], json_lines(texts[2]), daemon_status, load_trace(trace))
+
+
+def segments(trace) -> int:
+    return 1 + sum(1 for a, b in zip(trace, trace[1:]) if b.step < a.step)
+
+
+def check_protected(run: Run, budget: int, job_pids: list[int]) -> None:
+    """The done-when of the issue: signalled before B, saved, restarted, resumed, re-attached, never over B."""
+    assert run.job_status == 0, run.story()
+    assert run.daemon_status == 0 and run.named("watch_stopped")
+    signalled = run.named("target_signalled")
+    assert signalled, run.story()
+    assert {e["signal"] for e in signalled} == {"SIGTERM"} and not run.named("target_escalated"), run.story()
+    assert {e["pid"] for e in signalled} <= set(job_pids), "only the job itself is signalled, never its supervisor"
+    assert all(e["bytes_used"] < budget for e in signalled)
+    reattached = [e for e in run.named("target_attached") if e["seconds_since_signal"] is not None]
+    assert len(reattached) == len(signalled), "the daemon re-attaches to the restarted job after every signal"
+    measured = [e for e in run.named("restart_measured") if e["after_signal"]]
+    assert measured and all(e["recovered"] and e["recovered_bytes"] > 0 for e in measured)
+    assert segments(run.trace) >= len(signalled) + 1  # a new trace segment per restart
+    assert max(max(s.bytes_used, s.peak_bytes_used or 0) for s in run.trace) < budget
+    assert run.job_peak_rss < budget, f"a job process reached {run.job_peak_rss / MiB:.0f} MiB, over B"
+    report_margins(run, budget)
+
+
+def report_margins(run: Run, budget: int) -> None:
+    """Print what the README quotes: detection time, lead before B, the process's own exit time."""
+    attached = [e for e in run.named("target_attached")]
+    for signal_event in run.named("target_signalled"):
+        at = _time(signal_event)
+        since = max((_time(e) for e in attached if _time(e) <= at), default=at)
+        exited = min((_time(e) for e in run.named("target_exited") if _time(e) >= at), default=float("nan"))
+        headroom = budget - signal_event["bytes_used"]
+        print(f"\nsignal {at - since:.1f} s into the segment; {headroom / MiB:.0f} MiB below B, "
+              f"{headroom / signal_event['slope_bytes_per_second']:.1f} s before B at the fitted rate; "
+              f"projected OOM (pessimistic) in {signal_event['projected_oom_seconds_pessimistic']} s; "
+              f"the job saved and exited {exited - at:.1f} s after the signal; "
+              f"job peak RSS {run.job_peak_rss / MiB:.0f} MiB of B {budget / MiB:.0f} MiB")
+
+
+def _time(event: dict) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def started_lines(stdout: str) -> list[tuple[int, int]]:
+    return [(int(step), int(pid)) for step, pid in re.findall(r"started step=(\d+) pid=(\d+)", stdout)]
+
+
+def check_resumed(run: Run, steps: int) -> list[int]:
+    """Each restart began where the preempted run saved; returns the job's PIDs."""
+    starts = started_lines(run.job_stdout)
+    preempted = [int(s) for s in re.findall(r"preempted step=(\d+)", run.job_stdout)]
+    assert len(starts) == len(preempted) + 1 and preempted, run.story()
+    assert [s for s, _ in starts[1:]] == preempted, run.story()
+    assert f"finished step={steps}" in run.job_stdout, run.story()
+    return [pid for _, pid in starts]
+
+
+def protect_script(tmp_path: Path, script: str, state_flag: str, steps: int, budget: int, step_seconds: float) -> None:
+    """A job script of tests/jobs (leaks 1 MiB per step, saves on SIGTERM, exits 42) under
+    `supervise`, the daemon beside it; the pattern is the script's own state file, unique to the test."""
+    state = tmp_path / "state"
+    job = [sys.executable, str(JOBS / script), state_flag, str(state), "--steps", str(steps), "--leak-mib", "1",
+           "--step-seconds", str(step_seconds)]
+    run = watch_supervised_job(tmp_path, job, re.escape(str(state)), budget,
+                               "--interval", "0.1", "--checkpoint-seconds", "3", "--warmup-seconds", "20")
+    check_protected(run, budget, check_resumed(run, steps))
+
+
+def test_a_leaking_torch_xla_script_is_preempted_before_its_budget_and_completes(tmp_path):
+    """Done-when 1: a plain script with a SIGTERM handler, `supervise`, and the daemon beside it."""
+    protect_script(tmp_path, "leaky_xla.py", "--state", steps=1200, budget=int(1.5 * GiB), step_seconds=0.08)
+
+
+def test_a_leaking_lightning_fit_is_preempted_before_its_budget_and_completes(tmp_path):
+    """Done-when 2: Lightning's own SIGTERM handling, turned into save-and-exit-42 by the script."""
+    protect_script(tmp_path, "leaky_lightning.py", "--checkpoint", steps=1500, budget=int(1.75 * GiB),
+                   step_seconds=0.03)
+
+
+def test_our_trainer_without_its_watchdog_is_preempted_before_its_budget_and_completes(tmp_path):
+    """Done-when 2: `hbm-watchdog train --no-watchdog`; its SIGTERM handler saves a full checkpoint."""
+    budget = int(2.25 * GiB)
+    ckpt = tmp_path / "ckpt"
+    job = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--no-watchdog", "--steps", "700",
+           "--inject-leak", "tensors:2MiB/step", "--checkpoint-dir", str(ckpt), "--resume", "auto",
+           "--log-every", "1000"]
+    run = watch_supervised_job(tmp_path, job, re.escape(str(ckpt)), budget,
+                               "--interval", "0.05", "--checkpoint-seconds", "5", "--warmup-seconds", "15")
+    runs = re.findall(r"train: (.*?): steps (\d+)/700 \(this run from (\d+)\)", run.job_stdout)
+    assert runs[-1][:2] == ("done", "700") and len(runs) >= 2, run.story()
+    assert [int(first) for _, _, first in runs[1:]] == [int(step) for _, step, _ in runs[:-1]], "each run resumed"
+    pids = [e["pid"] for e in json_lines(run.job_stderr) if e.get("event") == "child_started"]
+    check_protected(run, budget, pids)

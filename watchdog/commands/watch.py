@@ -1,0 +1,138 @@
+"""`hbm-watchdog watch`: protect a job whose code cannot change, from outside its process.
+
+    hbm-watchdog watch --cmd-pattern 'train\\.py' --memory-limit 30GiB --checkpoint-seconds 90
+
+predicts the target's OOM and sends it the preemption signal (SIGTERM) early enough for its own
+checkpoint-on-SIGTERM to finish; its supervisor (`hbm-watchdog supervise`, JobSet) restarts it
+with its memory fresh, and the daemon re-attaches. The daemon is `watchdog.daemon`; this module
+only turns flags into its configuration. Bad input is one line and exit status 2; SIGTERM or
+SIGINT to the daemon ends it cleanly with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from watchdog.core.errors import InputError
+from watchdog.core.units import memory_limit_option
+
+TPU_NOT_YET = ("--tpu: not available in this build yet (libtpu's per-chip reader is not wired to the daemon); "
+               "watch the process's resident memory with --pid, --cmd-pattern or --pidfile")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_argument_group("target (exactly one)")
+    target.add_argument("--pid", type=int, help="a process and its children (resident memory)")
+    target.add_argument("--cmd-pattern", metavar="REGEX",
+                        help="the process whose command line matches (the largest, when several do); "
+                             "followed across restarts")
+    target.add_argument("--pidfile", metavar="FILE", help="the process whose PID the job writes to FILE; "
+                                                           "followed across restarts")
+    target.add_argument("--tpu", action="store_true", help="every TPU chip of this host, through libtpu's metrics")
+    target.add_argument("--wait-seconds", type=float, default=300.0, metavar="S",
+                        help="wait this long for the target to appear, at start and after it exits (default 300)")
+
+    timing = parser.add_argument_group("time axis")
+    timing.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between samples (default 2)")
+    timing.add_argument("--checkpoint-seconds", type=float, default=60.0, metavar="S",
+                        help="how long the job takes to save and exit on the signal (default 60)")
+    timing.add_argument("--safety-seconds", type=float, metavar="S",
+                        help="added to the checkpoint time (default: two intervals)")
+    timing.add_argument("--warmup-seconds", type=float, default=30.0, metavar="S",
+                        help="a new process's start-up, not judged (default 30)")
+    timing.add_argument("--memory-limit", help="memory budget, e.g. 30GiB (default: the host's memory)")
+
+    act = parser.add_argument_group("action")
+    act.add_argument("--signal", default="TERM", help="sent before the projected OOM (default TERM)")
+    act.add_argument("--signal-group", action="store_true",
+                     help="signal the target's process group (never one holding the daemon or the target's supervisor)")
+    act.add_argument("--grace-seconds", type=float, metavar="S",
+                     help="after the signal, wait this long before escalating (default: twice --checkpoint-seconds)")
+    act.add_argument("--escalate", default="KILL", metavar="SIGNAL|none",
+                     help="sent once if the target still runs and still grows after the grace period (default KILL)")
+    act.add_argument("--no-act", action="store_true", help="warn only; never signal")
+
+    out = parser.add_argument_group("outputs")
+    out.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (0: any free port)")
+    out.add_argument("--trace-file", help="append every sample to this trace CSV (one per device when several)")
+
+
+def build(args: argparse.Namespace):
+    """Flags -> (WatchConfig, Finder, reader factory); every bad value is an InputError naming the flag.
+
+    The reader factory is the seam for `--tpu`: given the process found, it returns the
+    `DeviceReader` (watchdog/daemon/readers.py) whose per-device readings the daemon judges.
+    """
+    from pathlib import Path
+
+    from watchdog.daemon.loop import WatchConfig
+    from watchdog.daemon.readers import ProcessTreeReader
+    from watchdog.daemon.signalling import parse_escalation, parse_signal
+    from watchdog.daemon.targets import PatternFinder, PidFinder, PidfileFinder
+    from watchdog.daemon.timeaxis import TimeAxis
+
+    if args.tpu:
+        raise InputError(TPU_NOT_YET)
+    given = [flag for flag, value in (("--pid", args.pid), ("--cmd-pattern", args.cmd_pattern),
+                                      ("--pidfile", args.pidfile)) if value is not None]
+    if len(given) != 1:
+        raise InputError("give exactly one target: --pid, --cmd-pattern or --pidfile"
+                         + (f" (got {', '.join(given)})" if given else ""))
+    if not args.wait_seconds >= 0:
+        raise InputError(f"--wait-seconds must not be negative, got {args.wait_seconds}")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise InputError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
+    axis = TimeAxis(interval_seconds=args.interval, checkpoint_seconds=args.checkpoint_seconds,
+                    safety_seconds=args.safety_seconds, warmup_seconds=args.warmup_seconds,
+                    grace_seconds=args.grace_seconds)
+    config = WatchConfig(axis=axis, memory_limit_bytes=memory_limit_option(args.memory_limit),
+                         signal=parse_signal(args.signal), signal_group=args.signal_group,
+                         escalate_to=parse_escalation(args.escalate), act=not args.no_act,
+                         wait_seconds=args.wait_seconds,
+                         trace_file=Path(args.trace_file) if args.trace_file else None)
+    if args.pid is not None:
+        finder = PidFinder(args.pid)
+    elif args.cmd_pattern is not None:
+        finder = PatternFinder(args.cmd_pattern)
+    else:
+        finder = PidfileFinder(args.pidfile)
+    return config, finder, ProcessTreeReader
+
+
+def run(args: argparse.Namespace) -> int:
+    from watchdog.daemon.loop import Daemon
+    from watchdog.daemon.metrics import build_watch_registry
+    from watchdog.logs import get_logger
+    from watchdog.runtime.exporter import serve_registry
+
+    log = get_logger("watchdog.daemon")
+    config, finder, make_reader = build(args)
+    daemon = Daemon(config, finder, make_reader, stop=threading.Event())
+    stopped_by: list[int] = []
+
+    def stop(signum, _frame):
+        stopped_by.append(signum)  # a handler only sets flags: logging here could deadlock
+        daemon.stop.set()
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    server = None
+    try:
+        if args.metrics_port is not None:
+            server = serve_registry(build_watch_registry(daemon.state, daemon.telemetry), args.metrics_port)
+            print(f"metrics: {server.url}", flush=True)
+        log.info("watch_started", target=finder.description, interval_seconds=config.axis.interval_seconds,
+                 checkpoint_margin_seconds=config.axis.margin_seconds, memory_limit_bytes=config.memory_limit_bytes,
+                 signal=config.signal.name, signal_group=config.signal_group,
+                 escalate=config.escalate_to.name if config.escalate_to else None, act=config.act,
+                 trace_file=str(config.trace_file) if config.trace_file else None)
+        status = daemon.run()
+    finally:
+        if server is not None:
+            server.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if stopped_by:
+        log.info("watch_stopped", signal=signal.Signals(stopped_by[0]).name)
+    return status

@@ -1,0 +1,360 @@
+"""The daemon: find the target, sample it on a time axis, judge every device, signal before the OOM.
+
+    wait for the target (--wait-seconds) -> attach: a new segment for every device
+      every --interval seconds, tick k of the segment:
+        read every device -> Sample(step=k, timestamp=now) -> that device's Judge -> verdict, action
+        -> telemetry (Prometheus) and trace CSV
+        -> WARN: a log line; CHECKPOINT_*: the signal (once per tick, whichever device asked)
+        -> after a signal: the escalation ladder, sample by sample
+    the target exits -> wait for it to come back (pattern, pidfile) -> attach again ...
+
+Each device is judged by its own `Judge`, the sidecar's pipeline; the daemon never wires a
+detector to a policy. A new segment (a restarted process) tells every Judge `restarted()`, numbers
+samples from 0 again (so the trace shows the new segment as steps going back, which every
+analysis command reads as a new process), and once the new process has warmed up measures what
+the restart gave back (`restart_measured`, like the sidecar's `reinit_measured`).
+
+Failures of one reading (a vanished child, a permission error, a busy endpoint that raises or
+times out) are counted and logged once per kind; the loop carries on. A tick that the reading
+overran is skipped, never squeezed in, so sample numbers stay proportional to time.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import psutil
+
+from watchdog.core.errors import InputError
+from watchdog.core.judge import Judge
+from watchdog.core.sample import Sample, TraceWriter
+from watchdog.core.verdict import Action, Verdict
+from watchdog.daemon.metrics import WatchState
+from watchdog.daemon.readers import DeviceReader, DeviceReading, ProcessTreeReader
+from watchdog.daemon.signalling import Escalation, Step, send
+from watchdog.daemon.targets import Finder, WatchedProcess
+from watchdog.daemon.timeaxis import TimeAxis
+from watchdog.logs import get_logger
+from watchdog.runtime.telemetry import Telemetry
+
+log = get_logger(__name__)
+
+HANDOVER_CHECK_SECONDS = 5.0  # how often a pattern's watched process is checked for a larger matching child
+WAIT_POLL_SECONDS = 1.0  # at most this long between looks for the target while it is away
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    axis: TimeAxis = field(default_factory=TimeAxis)
+    memory_limit_bytes: int | None = None
+    signal: signal.Signals = signal.SIGTERM
+    signal_group: bool = False
+    escalate_to: signal.Signals | None = signal.SIGKILL
+    act: bool = True
+    """False (`--no-act`): every signal the daemon would send is a warning instead."""
+    wait_seconds: float = 300.0
+    """How long to wait for the target to appear, at start and after it exits."""
+    trace_file: Path | None = None
+
+
+class _Device:
+    """One device's pipeline and outputs: its Judge, its telemetry, its trace."""
+
+    def __init__(self, name: str, source: str, config: WatchConfig, trace_path: Path | None):
+        axis = config.axis
+        self.judge = Judge(axis.detector_config(), axis.policy_config(), memory_limit_bytes=config.memory_limit_bytes)
+        self.telemetry = Telemetry(device=name, source=source)
+        self.trace = TraceWriter(trace_path, flush_every=max(1, axis.samples(5.0))) if trace_path else None
+        self.settle_pending = False  # a restart's recovery is measured once the new process warmed up
+
+    def close(self) -> None:
+        if self.trace is not None:
+            self.trace.close()
+
+
+def trace_path_for(base: Path, device: str, only_device: bool) -> Path:
+    """One device: the path given. Several: one trace each, `trace.tpu-0.csv` beside `trace.csv`."""
+    if only_device:
+        return base
+    label = "".join(c if c.isalnum() else "-" for c in device)
+    return base.with_name(f"{base.stem}.{label}{base.suffix}")
+
+
+class Daemon:
+    """Runs until the target is gone for good or `stop` is set; see the module docstring."""
+
+    def __init__(self, config: WatchConfig, finder: Finder,
+                 make_reader: Callable[[psutil.Process], DeviceReader] = ProcessTreeReader, *,
+                 stop: threading.Event | None = None):
+        self.config = config
+        self.finder = finder
+        self.make_reader = make_reader
+        self.stop = stop or threading.Event()
+        self.state = WatchState()
+        self.devices: dict[str, _Device] = {}
+        self.telemetry: dict[str, Telemetry] = {}  # device -> telemetry, what the collector reads
+        self._interval = config.axis.interval_seconds
+        self._warmup = config.axis.warmup_samples
+        self._handover_every = max(1, config.axis.samples(HANDOVER_CHECK_SECONDS))
+        self._escalation = Escalation(config.axis.grace_seconds, config.escalate_to)  # type: ignore[arg-type]
+        self._signalled_at: float | None = None  # monotonic time of the last signal to the current target
+        self._restart_after_signal = False  # the current target replaced one the daemon had signalled
+        self._errors_logged: set[str] = set()
+        self.errors = 0
+
+    # -- the life of the daemon ---------------------------------------------------------------
+
+    def run(self) -> int:
+        """0 when stopped or when the target is gone for good; InputError when it never appeared."""
+        try:
+            target = self._wait_for_target(first=True)
+            while target is not None:
+                self._watch(target)
+                if self.stop.is_set() or not self.finder.comes_back:
+                    break
+                target = self._wait_for_target(first=False)
+        finally:
+            for device in self.devices.values():
+                device.close()
+        log.info("watch_ended", attachments=self.state.attachments, signals=self.state.signals_snapshot(),
+                 errors=self.errors, stopped=self.stop.is_set())
+        return 0
+
+    def _wait_for_target(self, first: bool) -> WatchedProcess | None:
+        deadline = time.monotonic() + self.config.wait_seconds
+        poll = min(self._interval, WAIT_POLL_SECONDS)
+        announced = False
+        while not self.stop.is_set():
+            try:
+                process = self.finder.find()
+            except psutil.Error as exc:
+                self._count_error("find", exc)
+                process = None
+            if process is not None:
+                target = WatchedProcess(process)
+                self._check_may_signal(target, first)
+                return target
+            if time.monotonic() >= deadline:
+                why = self.finder.why_not_found()
+                if first:
+                    raise InputError(f"no target after {self.config.wait_seconds:g} s (--wait-seconds): {why}")
+                log.info("target_did_not_return", target=self.finder.description, waited_seconds=self.config.wait_seconds,
+                         reason=why)
+                return None
+            if not announced:
+                log.info("waiting_for_target", target=self.finder.description, reason=self.finder.why_not_found(),
+                         wait_seconds=self.config.wait_seconds)
+                announced = True
+            self.stop.wait(poll)
+        return None
+
+    def _check_may_signal(self, target: WatchedProcess, first: bool) -> None:
+        """At start, a process the daemon may not signal is the user's to fix; later, it is watched anyway."""
+        if not self.config.act:
+            return
+        try:
+            target.signal(0)
+        except PermissionError:
+            message = (f"no permission to signal PID {target.pid} ({_owner(target)}): run the daemon as that "
+                       f"user (or with CAP_KILL), or watch only with --no-act")
+            if first:
+                target.close()
+                raise InputError(message) from None
+            log.error("cannot_signal_target", pid=target.pid, reason=message, note="watching without acting")
+        except ProcessLookupError:
+            pass  # gone already: the watch loop notices
+
+    # -- one process ------------------------------------------------------------------------------
+
+    def _attach(self, target: WatchedProcess, *, restart: bool = True) -> DeviceReader:
+        """A new segment. After a restart, what it gave back is measured once the new process warmed
+        up; a handover to a child is no restart (the child's memory was inside the tree watched)."""
+        self.state.attachments += 1
+        self.state.watched_pid = target.pid
+        since_signal = None if self._signalled_at is None else round(time.monotonic() - self._signalled_at, 3)
+        self._restart_after_signal = since_signal is not None
+        self._signalled_at = None
+        log.info("target_attached", pid=target.pid, target=self.finder.description, command=target.command_line(),
+                 attachment=self.state.attachments, seconds_since_signal=since_signal)
+        for device in self.devices.values():  # a new segment: every judge starts over
+            device.judge.restarted()
+            device.settle_pending = restart
+            device.telemetry.restarts_total += int(restart)
+        self._escalation.reset()
+        return self.make_reader(target.process)
+
+    def _watch(self, target: WatchedProcess) -> None:
+        """Until the target exits or the daemon is stopped; closes the target (its pidfd) either way."""
+        try:
+            reader = self._attach(target)
+            start, tick = time.monotonic(), 0
+            while not self.stop.is_set():
+                if not target.alive():
+                    log.info("target_exited", pid=target.pid, signalled=self._signalled_at is not None)
+                    return
+                if tick and tick % self._handover_every == 0:
+                    child = self.finder.handover(target.process)
+                    if child is not None:
+                        log.info("target_handed_over", from_pid=target.pid, to_pid=child.pid,
+                                 note="a matching child holds more memory than the process watched")
+                        target.close()
+                        target = WatchedProcess(child)
+                        reader = self._attach(target, restart=False)
+                        start, tick = time.monotonic(), 0
+                        continue
+                readings = self._read(reader)
+                if readings is None:
+                    log.info("target_exited", pid=target.pid, signalled=self._signalled_at is not None, during="read")
+                    return
+                if readings:
+                    self._judge_all(target, reader.source, tick, readings)
+                tick = self._sleep_until_next_tick(start, tick)
+        finally:
+            target.close()
+            self.state.watched_pid = 0  # while waiting for it to come back, no PID is watched
+
+    def _read(self, reader: DeviceReader) -> Sequence[DeviceReading] | None:
+        """The devices' readings; None once the process is gone; [] after a counted failure."""
+        try:
+            return reader.read()
+        except psutil.NoSuchProcess:
+            return None
+        except Exception as exc:  # noqa: BLE001 - a daemon outlives any one failed reading
+            self._count_error("read", exc)
+            return []
+
+    def _sleep_until_next_tick(self, start: float, tick: int) -> int:
+        """Wait for the next tick of this segment; ticks the last one overran are skipped."""
+        now = time.monotonic()
+        following = max(tick + 1, math.floor((now - start) / self._interval) + 1)
+        self.stop.wait(max(0.0, start + following * self._interval - now))
+        return following
+
+    # -- judging and acting ---------------------------------------------------------------------------
+
+    def _device(self, name: str, source: str, only_device: bool) -> _Device:
+        device = self.devices.get(name)
+        if device is None:
+            base = self.config.trace_file
+            device = _Device(name, source, self.config, trace_path_for(base, name, only_device) if base else None)
+            self.devices[name] = device
+            self.telemetry[name] = device.telemetry
+        return device
+
+    def _judge_all(self, target: WatchedProcess, source: str, tick: int, readings: Sequence[DeviceReading]) -> None:
+        now = time.time()
+        asking: tuple[str, Verdict, Action] | None = None
+        for reading in readings:
+            device = self._device(reading.device, source, only_device=len(readings) == 1)
+            sample = Sample(tick, now, reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used)
+            verdict, action = device.judge.judge(sample)
+            self._publish(device, sample, verdict)
+            if device.settle_pending and tick >= self._warmup:
+                device.settle_pending = False
+                self._measure_restart(reading.device, device, sample)
+            if action is Action.NONE:
+                continue
+            device.telemetry.count_action(action)
+            if action.needs_checkpoint:
+                asking = asking or (reading.device, verdict, action)
+            else:
+                log.warning("watchdog_action", action=action.value, device=reading.device, pid=target.pid,
+                            explanation=verdict.explanation,
+                            projected_oom_seconds=_seconds(verdict.projected_oom_seconds))
+        total = sum(r.bytes_used for r in readings)
+        if asking is not None:
+            self._signal(target, *asking, total)
+        self._escalate(target, total)
+
+    def _publish(self, device: _Device, sample: Sample, verdict: Verdict) -> None:
+        if device.trace is not None:
+            device.trace.write(sample)
+        telemetry = device.telemetry
+        telemetry.sample, telemetry.verdict = sample, verdict
+        telemetry.samples_total += 1
+        telemetry.training_step = sample.step
+        telemetry.last_step_monotonic = time.monotonic()
+
+    def _measure_restart(self, name: str, device: _Device, sample: Sample) -> None:
+        recovery = device.judge.restart_settled(float(sample.bytes_used))
+        if recovery is not None:
+            log.info("restart_measured", device=name, floor_before_bytes=recovery.floor_before_bytes,
+                     bytes_after=recovery.bytes_after, recovered_bytes=recovery.recovered_bytes,
+                     recovered=recovery.recovered, after_signal=self._restart_after_signal)
+
+    def _signal(self, target: WatchedProcess, device: str, verdict: Verdict, action: Action, total: int) -> None:
+        fields = dict(pid=target.pid, device=device, action=action.value, explanation=verdict.explanation,
+                      bytes_used=total, limit_bytes=verdict.limit_bytes, floor_bytes=verdict.floor_bytes,
+                      slope_bytes_per_second=verdict.slope_bytes_per_second,
+                      projected_oom_seconds=_seconds(verdict.projected_oom_seconds),
+                      projected_oom_seconds_pessimistic=_seconds(_pessimistic_seconds(verdict, self._interval)),
+                      checkpoint_margin_seconds=self.config.axis.margin_seconds)
+        if not self.config.act:
+            log.warning("would_signal", signal=self.config.signal.name, **fields, note="--no-act: warning only")
+            return
+        if self._escalation.pending:
+            return  # signalled already: the escalation ladder owns this process now
+        if self._send(target, self.config.signal, "target_signalled", fields):
+            self._signalled_at = time.monotonic()
+            self._escalation.signalled(self._signalled_at, total)
+
+    def _escalate(self, target: WatchedProcess, total: int) -> None:
+        step = self._escalation.check(time.monotonic(), total)
+        if step is Step.ESCALATE:
+            self._send(target, self._escalation.escalate_to, "target_escalated",
+                       dict(pid=target.pid, bytes_used=total, grace_seconds=self._escalation.grace_seconds,
+                            note="still running and still growing after the grace period"))
+        elif step is Step.EXTEND:
+            log.info("target_still_saving", pid=target.pid, bytes_used=total,
+                     note="alive after the grace period, memory not above the signal's: waiting another")
+        elif step is Step.GIVE_UP:
+            log.warning("target_ignores_signal", pid=target.pid, bytes_used=total,
+                        note="still running and growing; nothing left to escalate to")
+
+    def _send(self, target: WatchedProcess, signum: signal.Signals, event: str, fields: dict) -> bool:
+        try:
+            sent = send(target, signum, self.config.signal_group)
+        except ProcessLookupError:
+            log.warning("signal_not_sent", signal=signum.name, reason="the process is gone", **fields)
+            return False
+        except PermissionError:
+            log.error("signal_not_sent", signal=signum.name, reason="no permission", **fields)
+            return False
+        self.state.count_signal(signum.name)
+        log.error(event, signal=signum.name, process_group=sent.group, **fields)
+        return True
+
+    def _count_error(self, kind: str, exc: BaseException) -> None:
+        self.errors += 1
+        for device in self.devices.values():
+            device.telemetry.sample_errors_total += 1
+        key = f"{kind}:{type(exc).__name__}"
+        if key not in self._errors_logged:  # each kind once; the counter has them all
+            self._errors_logged.add(key)
+            log.warning("watch_error", kind=kind, error=f"{type(exc).__name__}: {exc}",
+                        note="further errors of this kind are counted, not logged")
+
+
+def _pessimistic_seconds(verdict: Verdict, interval: float) -> float:
+    """The pessimistic projection in seconds, at the pace the samples were actually taken."""
+    steps = verdict.projected_oom_steps_pessimistic
+    if verdict.projected_oom_steps and math.isfinite(verdict.projected_oom_steps) and verdict.projected_oom_steps > 0:
+        return steps * verdict.projected_oom_seconds / verdict.projected_oom_steps
+    return steps * interval
+
+
+def _seconds(value: float) -> float | None:
+    return round(value, 1) if math.isfinite(value) else None
+
+
+def _owner(target: WatchedProcess) -> str:
+    try:
+        return f"owned by {target.process.username()}"
+    except (psutil.Error, KeyError):
+        return "owner unknown"

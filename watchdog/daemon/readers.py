@@ -1,0 +1,87 @@
+"""The daemon's reading seam: a reader gives the memory of every device it sees, one reading each.
+
+    class DeviceReader(Protocol):
+        source: str                               # exported as hbmwatch_build_info{source}
+        def read(self) -> Sequence[DeviceReading]  # one per device, the same devices every time
+
+The daemon judges each device on its own (its own Judge, telemetry and trace) and signals the
+watched process when any of them is about to run out. A reading may name the process holding
+that memory (`pid`), where the source knows it.
+
+Readers here:
+
+- `ProcessTreeReader`: a process and its children, resident memory (PJRT CPU and CPU jobs).
+
+libtpu's per-chip runtime metrics (every chip of the host, `device="tpu:N"`) plug in through the
+same protocol: a reader built on the `tpu` memory source's per-chip readings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import psutil
+
+PROCESS_DEVICE = "process"  # the device label of a process tree's memory (bounded: one value)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReading:
+    device: str
+    bytes_used: int
+    bytes_limit: int | None = None
+    peak_bytes_used: int | None = None
+    pid: int | None = None  # the process holding this memory, where the source knows it
+
+
+class DeviceReader(Protocol):
+    source: str
+
+    def read(self) -> Sequence[DeviceReading]: ...
+
+
+class ProcessTreeReader:
+    """Resident memory of a process and all its descendants (data-loader workers, compile helpers).
+
+    The limit is the host's physical memory: with no budget given, that is where an unconstrained
+    process runs out. The peak follows `RssSource`: the process's own high-water mark (`VmHWM`),
+    when it grew since the previous reading, plus its children's current memory; otherwise the
+    current total, so a restart's freed memory never reads as a standing peak.
+    `psutil.NoSuchProcess` escapes when the process itself is gone; a child that exits mid-read
+    is skipped.
+    """
+
+    source = "rss"
+
+    def __init__(self, process: psutil.Process):
+        self.process = process
+        self._limit = psutil.virtual_memory().total
+        self._status_path = f"/proc/{process.pid}/status"
+        self._high_water = self._read_high_water()
+
+    def read(self) -> list[DeviceReading]:
+        own = self.process.memory_info().rss
+        children = 0
+        for child in self.process.children(recursive=True):
+            try:
+                children += child.memory_info().rss
+            except psutil.Error:
+                continue
+        total = own + children
+        high_water = self._read_high_water()
+        grew = high_water is not None and self._high_water is not None and high_water > self._high_water
+        peak = max(total, high_water + children) if grew else total  # type: ignore[operator]
+        self._high_water = high_water
+        return [DeviceReading(PROCESS_DEVICE, total, self._limit, peak, self.process.pid)]
+
+    def _read_high_water(self) -> int | None:
+        """The kernel's peak resident set of the process (Linux; None elsewhere or when unreadable)."""
+        try:
+            with open(self._status_path, "rb") as handle:
+                for line in handle:
+                    if line.startswith(b"VmHWM:"):
+                        return int(line.split()[1]) * 1024  # kB
+        except (OSError, ValueError, IndexError):
+            return None
+        return None

@@ -1,0 +1,260 @@
+"""Which process to watch (`--pid`, `--cmd-pattern`, `--pidfile`), and knowing it is still that one.
+
+A process is identified by its PID *and* its start time: PIDs are reused, and a daemon that runs
+for days will see its target's PID handed to someone else. Where the kernel offers it (Linux 5.3+)
+the identified process is also held by a pidfd, which keeps naming that process after it exits:
+a signal sent through it can never reach a newcomer with the same PID.
+
+With a pattern, several processes often match: a supervisor and its child (`supervise -- python
+train.py` carries the child's command line), a trainer and its forked data-loader workers. The
+one that holds the memory is watched (the largest resident set); the others are remembered as
+passed over, so that while the child restarts, the supervisor, still matching, is not mistaken
+for it. A watched process that later starts a matching child larger than itself (a supervisor
+the daemon met before its child existed) hands the watch down to that child.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+from watchdog.core.errors import InputError
+from watchdog.logs import get_logger
+
+log = get_logger(__name__)
+
+_CMDLINE_LOGGED = 200  # characters of a command line worth a log field
+_PIDFILE_SLACK_SECONDS = 1.0  # a pidfile is written after its process starts; clocks are coarse
+
+
+class WatchedProcess:
+    """One identified process: psutil's handle (PID + start time) and, where possible, a pidfd."""
+
+    def __init__(self, process: psutil.Process):
+        self.process = process
+        self.pid = process.pid
+        self.started = process.create_time()
+        self._pidfd: int | None = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                fd = os.pidfd_open(self.pid)
+            except OSError:
+                fd = None  # an old kernel, or already gone: the start-time check still guards
+            if fd is not None:
+                if self._same_process():
+                    self._pidfd = fd
+                else:
+                    os.close(fd)
+
+    def _same_process(self) -> bool:
+        try:
+            return psutil.Process(self.pid).create_time() == self.started
+        except psutil.Error:
+            return False
+
+    def alive(self) -> bool:
+        """Still running and still the process identified (not a newcomer with the same PID)."""
+        try:
+            return self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def signal(self, signum: int) -> None:
+        """Send `signum` (0: only check permission) to this very process; ProcessLookupError when it
+        is gone, PermissionError when not ours to signal."""
+        if self._pidfd is not None:
+            signal.pidfd_send_signal(self._pidfd, signum)
+            return
+        if not self._same_process():
+            raise ProcessLookupError(f"PID {self.pid} is no longer the process identified")
+        os.kill(self.pid, signum)
+
+    def own_rss(self) -> int:
+        try:
+            return self.process.memory_info().rss
+        except psutil.Error:
+            return 0
+
+    def command_line(self) -> str:
+        return _command_line(self.process)[:_CMDLINE_LOGGED]
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def __repr__(self) -> str:
+        return f"WatchedProcess(pid={self.pid}, started={self.started})"
+
+
+def _command_line(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
+class Finder(Protocol):
+    """Finds the process to watch; None while there is none (yet)."""
+
+    description: str  # for logs and the give-up message, e.g. "--cmd-pattern 'train\\.py'"
+    comes_back: bool  # whether a process that exits can be followed by another one
+
+    def find(self) -> psutil.Process | None: ...
+
+    def why_not_found(self) -> str: ...
+
+    def handover(self, watched: psutil.Process) -> psutil.Process | None: ...
+
+
+class PidFinder:
+    """`--pid PID`: that process (and its children, for memory); once it exits the watch is over."""
+
+    comes_back = False
+
+    def __init__(self, pid: int):
+        self.description = f"--pid {pid}"
+        if pid <= 0 or pid == os.getpid():
+            raise InputError(f"--pid {pid}: not a process this daemon can watch")
+        try:
+            self._process = psutil.Process(pid)
+            self._process.create_time()
+        except psutil.NoSuchProcess:
+            raise InputError(f"--pid {pid}: no such process") from None
+        except psutil.AccessDenied:
+            raise InputError(f"--pid {pid}: not allowed to inspect this process") from None
+
+    def find(self) -> psutil.Process | None:
+        return self._process if self._process.is_running() else None
+
+    def why_not_found(self) -> str:
+        return f"process {self._process.pid} has exited"
+
+    def handover(self, watched: psutil.Process) -> psutil.Process | None:
+        return None
+
+
+class PatternFinder:
+    """`--cmd-pattern REGEX`, searched in each process's full command line (like `pgrep -f`)."""
+
+    comes_back = True
+
+    def __init__(self, pattern: str):
+        try:
+            self.regex = re.compile(pattern)
+        except re.error as exc:
+            raise InputError(f"--cmd-pattern {pattern!r}: not a regular expression ({exc})") from None
+        self.description = f"--cmd-pattern {pattern!r}"
+        me = psutil.Process()
+        self._never = {me.pid, *(p.pid for p in me.parents())}  # the daemon and whoever started it
+        self._passed_over: set[psutil.Process] = set()  # matched, but not the one holding the memory
+        self._descendants: dict[psutil.Process, bool] = {}  # descendant of the watched one -> matches?
+
+    def _matches(self, process: psutil.Process, cmdline: list[str] | None = None) -> bool:
+        if cmdline is None:
+            try:
+                cmdline = process.cmdline()
+            except psutil.Error:
+                return False
+        return bool(cmdline) and self.regex.search(" ".join(cmdline)) is not None
+
+    def find(self) -> psutil.Process | None:
+        matching: list[tuple[int, psutil.Process]] = []
+        for process in psutil.process_iter(["cmdline"]):
+            if process.pid in self._never or not self._matches(process, process.info["cmdline"]):
+                continue
+            try:
+                matching.append((process.memory_info().rss, process))
+            except psutil.Error:
+                continue
+        self._passed_over &= {p for _, p in matching}  # forget the ones that are gone: the set stays small
+        candidates = [(rss, p) for rss, p in matching if p not in self._passed_over]
+        if not candidates:
+            return None
+        rss, chosen = max(candidates, key=lambda c: c[0])
+        others = [p for _, p in candidates if p != chosen]
+        self._passed_over.update(others)
+        if others:
+            log.info("target_chosen", pid=chosen.pid, rss_bytes=rss, passed_over=sorted(p.pid for p in others),
+                     note="several processes match: watching the one holding the most memory")
+        return chosen
+
+    def why_not_found(self) -> str:
+        return f"{self.description} matched no process" + (
+            f" besides {len(self._passed_over)} passed over" if self._passed_over else "")
+
+    def handover(self, watched: psutil.Process) -> psutil.Process | None:
+        """A matching descendant that holds more memory than `watched` itself, or None.
+
+        Each descendant's command line is read once; the cache keeps only live descendants.
+        """
+        try:
+            descendants = watched.children(recursive=True)
+            own = watched.memory_info().rss
+        except psutil.Error:
+            return None
+        known = self._descendants
+        self._descendants = {p: known[p] if p in known else self._matches(p) for p in descendants}
+        best, best_rss = None, own
+        for process, matches in self._descendants.items():
+            if matches:  # passed over at the first look (a child smaller than its supervisor then) or not
+                try:
+                    rss = process.memory_info().rss
+                except psutil.Error:
+                    continue
+                if rss > best_rss:
+                    best, best_rss = process, rss
+        if best is not None:
+            self._passed_over.add(watched)
+        return best
+
+
+class PidfileFinder:
+    """`--pidfile F`: the process whose PID the job writes there; a new one after each restart.
+
+    A PID read from the file names the process only if that process started before the file was
+    last written: otherwise the job is gone and its PID went to someone else (a stale pidfile).
+    """
+
+    comes_back = True
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.description = f"--pidfile {self.path}"
+        self._why = f"{self.path} does not exist yet"
+
+    def find(self) -> psutil.Process | None:
+        try:
+            text = self.path.read_text().strip()
+            written = self.path.stat().st_mtime
+        except FileNotFoundError:
+            self._why = f"{self.path} does not exist"
+            return None
+        except OSError as exc:
+            self._why = f"cannot read {self.path}: {exc.strerror or exc}"
+            return None
+        if not text.isdigit() or int(text) <= 0:
+            self._why = f"{self.path} holds {text[:40]!r}, not a PID"  # maybe being written: asked again
+            return None
+        pid = int(text)
+        try:
+            process = psutil.Process(pid)
+            started = process.create_time()
+        except psutil.Error:
+            self._why = f"{self.path} names PID {pid}, which is not running"
+            return None
+        if started > written + _PIDFILE_SLACK_SECONDS:
+            self._why = f"{self.path} is stale: PID {pid} started after the file was written"
+            return None
+        return process
+
+    def why_not_found(self) -> str:
+        return self._why
+
+    def handover(self, watched: psutil.Process) -> psutil.Process | None:
+        return None
