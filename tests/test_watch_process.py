@@ -85,7 +85,7 @@ def one_line_error(out: subprocess.CompletedProcess) -> str:
     (["--pid", "1", "--escalate", "9999"], "--escalate '9999': not a signal"),
     (["--cmd-pattern", "(unclosed"], "not a regular expression"),
     (["--pidfile", "/nonexistent/job.pid", "--wait-seconds", "0.5"], "/nonexistent/job.pid does not exist"),
-    (["--tpu"], "--tpu: not available in this build yet"),
+    (["--tpu"], "give exactly one target"),
     (["--pid", "1", "--pidfile", "x"], "give exactly one target"),
     (["--pid", "1", "--interval", "0"], "--interval: must be a positive number of seconds"),
     (["--pid", "1", "--memory-limit", "lots"], "--memory-limit"),

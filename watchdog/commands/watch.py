@@ -18,8 +18,8 @@ import threading
 from watchdog.core.errors import InputError
 from watchdog.core.units import memory_limit_option
 
-TPU_NOT_YET = ("--tpu: not available in this build yet (libtpu's per-chip reader is not wired to the daemon); "
-               "watch the process's resident memory with --pid, --cmd-pattern or --pidfile")
+TPU_CHIPS = ("V2", "V3", "V4", "V5E", "V5P", "V6E", "V7X")  # tpu_info.device.TpuChip, listed without importing it
+
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,9 +30,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "followed across restarts")
     target.add_argument("--pidfile", metavar="FILE", help="the process whose PID the job writes to FILE; "
                                                            "followed across restarts")
-    target.add_argument("--tpu", action="store_true", help="every TPU chip of this host, through libtpu's metrics")
     target.add_argument("--wait-seconds", type=float, default=300.0, metavar="S",
                         help="wait this long for the target to appear, at start and after it exits (default 300)")
+
+    memory = parser.add_argument_group("memory read (default: the target's resident memory)")
+    memory.add_argument("--tpu", action="store_true",
+                        help="judge every TPU chip of this host, through libtpu's runtime metrics; the target "
+                             "is the process signalled")
+    memory.add_argument("--tpu-address", default="localhost:8431", metavar="HOST:PORT",
+                        help="libtpu's runtime-metrics endpoint (default %(default)s)")
+    memory.add_argument("--tpu-chip", choices=TPU_CHIPS, type=str.upper, metavar="TYPE",
+                        help=f"chip type ({', '.join(TPU_CHIPS)}) when it cannot be read from the PCI bus "
+                             "(a container without /sys/bus/pci)")
 
     timing = parser.add_argument_group("time axis")
     timing.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between samples (default 2)")
@@ -73,8 +82,6 @@ def build(args: argparse.Namespace):
     from watchdog.daemon.targets import PatternFinder, PidFinder, PidfileFinder
     from watchdog.daemon.timeaxis import TimeAxis
 
-    if args.tpu:
-        raise InputError(TPU_NOT_YET)
     given = [flag for flag, value in (("--pid", args.pid), ("--cmd-pattern", args.cmd_pattern),
                                       ("--pidfile", args.pidfile)) if value is not None]
     if len(given) != 1:
@@ -98,7 +105,25 @@ def build(args: argparse.Namespace):
         finder = PatternFinder(args.cmd_pattern)
     else:
         finder = PidfileFinder(args.pidfile)
-    return config, finder, ProcessTreeReader
+    return config, finder, _tpu_reader_factory(args) if args.tpu else ProcessTreeReader
+
+
+def _tpu_reader_factory(args: argparse.Namespace):
+    """One connection to libtpu's metrics for the daemon's life, checked now: a host with no chips
+    or no tpu-info is exit 2 at start, not a failed read every interval."""
+    from watchdog.daemon.readers import TpuChipsReader
+    from watchdog.runtime.sources import SourceUnavailable, TpuRuntimeSource
+
+    chip_type = None
+    if args.tpu_chip:
+        from tpu_info.device import TpuChip
+
+        chip_type = TpuChip[args.tpu_chip]
+    try:
+        chips = TpuRuntimeSource(grpc_addr=args.tpu_address, chip_type=chip_type)
+    except SourceUnavailable as exc:
+        raise InputError(f"--tpu: {exc} (install hbm-watchdog[tpu] on a TPU host, or give --tpu-chip)") from None
+    return lambda process: TpuChipsReader(process, chips)
 
 
 def run(args: argparse.Namespace) -> int:

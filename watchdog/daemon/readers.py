@@ -11,9 +11,9 @@ that memory (`pid`), where the source knows it.
 Readers here:
 
 - `ProcessTreeReader`: a process and its children, resident memory (PJRT CPU and CPU jobs).
-
-libtpu's per-chip runtime metrics (every chip of the host, `device="tpu:N"`) plug in through the
-same protocol: a reader built on the `tpu` memory source's per-chip readings.
+- `TpuChipsReader`: every TPU chip of this host (`device="tpu:N"`) through libtpu's runtime
+  metrics, the same per-chip readings as the in-process `tpu` memory source
+  (`watchdog.runtime.sources.TpuRuntimeSource`); the watched process is whom to signal.
 """
 
 from __future__ import annotations
@@ -85,3 +85,23 @@ class ProcessTreeReader:
         except (OSError, ValueError, IndexError):
             return None
         return None
+
+
+class TpuChipsReader:
+    """Every TPU chip of this host, from libtpu's runtime metrics (tpu-info's gRPC endpoint).
+
+    libtpu reports chips, not processes: the chips are judged one by one, and the process found
+    by --pid / --cmd-pattern / --pidfile (the one holding the chips) is the one signalled. One
+    `TpuRuntimeSource` serves every attachment, so a restart re-attaches without reconnecting.
+    """
+
+    source = "tpu"
+
+    def __init__(self, process: psutil.Process, chips):
+        self.process, self._chips = process, chips
+
+    def read(self) -> list[DeviceReading]:
+        if not self.process.is_running():
+            raise psutil.NoSuchProcess(self.process.pid)
+        return [DeviceReading(chip.device, chip.bytes_used, chip.bytes_limit, None, None)
+                for chip in self._chips.read().devices]
