@@ -52,6 +52,7 @@ from watchdog.core.trend import (
     excursion_at,
     fit_trend,
     largest_excursion,
+    newest_evidence,
     plateau_rise,
     window_sizes,
     with_level,
@@ -91,7 +92,8 @@ class DetectorConfig:
     max_extrapolation: float = 2.0
     """Alarm only when the projected OOM is within this many times the span the growth was seen over."""
     excursion_margin: float = 0.1
-    """Samples rarely catch a transient at its very top: the excursion is taken this much larger."""
+    """Samples rarely catch a transient at its very top: the excursion is taken this much larger
+    (in the central projection, by at most half the room the measured peak leaves)."""
     confirm_closes: int = 3
     """Consecutive bucket closes a leak candidate must survive before the alarm goes up ..."""
     confirm_fraction: float = 0.25
@@ -142,6 +144,16 @@ def leak_shape(trend: Trend, config: DetectorConfig, room: float = INF) -> str |
         return "growth slowing towards a plateau"
     if plateau_rise(trend) < room:
         return "growth slowing, levelling off below the limit"
+    return None
+
+
+def _slowed(newest: Trend, window: Trend, config: DetectorConfig) -> str | None:
+    """Why a leak-shaped window whose newest buckets grow slower is no leak; None if it still is."""
+    if newest.low <= 0:
+        return (f"growth stopped: {format_bytes(window.slope)}/step over {window.span:,.0f} steps, "
+                f"{format_bytes(max(newest.slope, 0.0))}/step in the newest buckets")
+    if newest.slope * window.span < config.rise_sigmas * window.sigma:
+        return f"growth slowed to {format_bytes(newest.slope)}/step, within noise"
     return None
 
 
@@ -255,6 +267,27 @@ class LeakDetector:
         self._b_high_water = sample.peak_bytes_used
         return self._verdict(sample)
 
+    def update_transient(self, sample: Sample) -> Verdict:
+        """A sample from a bounded phase (an evaluation): a transient, not a floor reading.
+
+        It can only raise the open bucket's peak, never its floor, and never opens a bucket of
+        its own: what the phase holds on the device while it runs is an excursion above the
+        training floor (it counts in every projection, since the next run of the phase reaches it
+        again), and its growth is judged by the phase's own end (`watchdog.core.phase`), never
+        extrapolated as floor growth. A phase that kept memory after it ended shows up in the
+        training floor after it, where a leak belongs.
+        """
+        step = sample.step
+        if step < self._last_step:
+            self.reset()
+        self._last_step = step
+        self._seen += 1
+        if self._seen > self._warmup_samples and self._end > -INF:
+            if sample.bytes_used > self._b_max:
+                self._b_max = sample.bytes_used
+            self._b_high_water = sample.peak_bytes_used
+        return self._verdict(sample)
+
     @property
     def limit_bytes(self) -> int | None:
         return self._limit
@@ -320,29 +353,40 @@ class LeakDetector:
         cfg = self.config
         xs, floors, n = self._xs, self._floors, len(self._xs)
         newest_excursion = excursion_at(floors, self._peaks, n - 1)
-        excursion = (1.0 + cfg.excursion_margin) * max(self._settled_excursion, newest_excursion)
+        excursion = max(self._settled_excursion, newest_excursion)  # as measured; `_room` adds the margin
         seconds_per_step = _seconds_per_step(xs, self._ts)
         if n < cfg.min_window_buckets:
             return _Analysis(Status.WARMING_UP, None, floors[-1], excursion, seconds_per_step,
                              f"warming up: {n} of {cfg.min_window_buckets} buckets")
         candidate: Trend | None = None
+        stopped: Trend | None = None  # the newest evidence of a window whose growth stopped
         reason = ""
         for trend, window_xs, window_floors in self._trends():
-            room = self._room(trend, excursion) if trend.low > 0 else INF  # no rise: room is not looked at
+            room = self._room(trend.level, excursion) if trend.low > 0 else INF  # no rise: room is not looked at
             why_not = leak_shape(trend, cfg, room)
             if why_not is None:
-                candidate = trend
-                break
+                newest = newest_evidence(trend, window_xs, window_floors, cfg.interval_z)
+                why_not = _slowed(newest, trend, cfg) if newest is not trend else None
+                if why_not is None:
+                    # The fitted line may run above the floor measured now: the projection starts from
+                    # what was measured (a line through fast-then-slower growth overshoots it).
+                    candidate = newest._replace(level=min(newest.level, max(window_floors[-3:])))
+                    break
+                if newest.low <= 0 and stopped is None:
+                    stopped = newest
             reason = reason or why_not
         if candidate is not None:
             self._misses = 0
             why_not = self._too_far(candidate, excursion) or self._confirm(candidate, excursion)
             status = Status.SUSPECT if why_not else Status.LEAKING
             return _Analysis(status, candidate, candidate.level, excursion, seconds_per_step, why_not)
-        # No leak: describe the newest window (after a level shift, that is the new baseline).
+        # No leak: describe the newest window (after a level shift, that is the new baseline), or,
+        # when a leak-shaped window's newest buckets show its growth has stopped, those buckets.
         self._misses += 1
         if self._misses >= cfg.confirm_closes:  # one noisy close does not undo a confirmation
             self._streak = 0
+        if stopped is not None:
+            return _Analysis(Status.HEALTHY, stopped, stopped.level, excursion, seconds_per_step, reason)
         newest = with_level(trend, window_xs, window_floors)
         rising = newest.low > 0 and newest.slope * newest.span >= cfg.rise_sigmas * newest.sigma
         return _Analysis(Status.SUSPECT if rising else Status.HEALTHY, newest, newest.level, excursion,
@@ -387,22 +431,40 @@ class LeakDetector:
         if trend.high < (1.0 - cfg.max_slope_drop) * self._streak_slope:
             self._streak = 0
             return "growth slowing while being confirmed"
-        room = self._room(trend, excursion)
+        room = self._room(trend.level, excursion)
         hold = min(cfg.confirm_fraction * trend.span, URGENT_SHARE * max(room, 0.0) / trend.slope)
         if self._streak < cfg.confirm_closes or trend.x_last - self._streak_from < hold:
             return "not yet confirmed"
         return ""
 
-    def _room(self, trend: Trend, excursion: float) -> float:
-        """Bytes between the fitted peak now and limit - headroom (inf when no limit is known)."""
+    def _room(self, level: float, excursion: float) -> float:
+        """Bytes between the peak now and limit - headroom (inf when no limit is known).
+
+        The peak is floor `level` + the measured `excursion` taken `excursion_margin` larger:
+        samples rarely catch a transient at its very top. Every decision and the pessimistic
+        projection (what actions use) aim at this peak; it may reach the limit while the peak
+        measured is still below it.
+        """
         limit = self._limit
         if limit is None:
             return INF
-        return limit - self.config.headroom_bytes - trend.level - excursion
+        return limit - self.config.headroom_bytes - level - (1.0 + self.config.excursion_margin) * excursion
+
+    def _room_measured(self, level: float, excursion: float) -> float:
+        """`_room` for the central projection, which never says the limit is reached while the peak
+        measured is below it: the margin takes at most half of the room the measured peak leaves.
+        (<= 0 exactly when the measured peak is at the limit.)"""
+        limit = self._limit
+        if limit is None:
+            return INF
+        measured = limit - self.config.headroom_bytes - level - excursion
+        if measured <= 0:
+            return measured
+        return measured - min(self.config.excursion_margin * excursion, 0.5 * measured)
 
     def _too_far(self, trend: Trend, excursion: float) -> str:
         """A reason not to alarm yet when the OOM lies far beyond the evidence; '' when it does not."""
-        room = self._room(trend, excursion)
+        room = self._room(trend.level, excursion)
         if room == INF:
             return "no memory limit known"
         if room <= 0:
@@ -431,14 +493,28 @@ class LeakDetector:
             if step < oom_x:
                 projected_oom_steps, projected = oom_x - step, oom_step
             else:
-                projected_oom_steps, projected = 0.0, step
+                projected_oom_steps = self._overdue(self._room_measured(self._b_min, excursion), slope)
+                projected = math.ceil(step + projected_oom_steps)
             projected_oom_seconds = projected_oom_steps * seconds_per_step if seconds_per_step > 0 else INF
         else:
             projected_oom_steps, projected, projected_oom_seconds = INF, None, INF
-        pessimistic = (oom_x_high - step if step < oom_x_high else 0.0) if oom_x_high < INF else INF
+        if oom_x_high < INF:
+            pessimistic = oom_x_high - step if step < oom_x_high else self._overdue(self._room(self._b_min, excursion), high)
+        else:
+            pessimistic = INF
         # Positional, in Verdict's field order: this runs once per sample.
         return Verdict(step, sample.timestamp, status, intercept + slope * step, excursion, limit, slope, low, high,
                        slope_per_second, projected, projected_oom_steps, projected_oom_seconds, explanation, pessimistic, span)
+
+    @staticmethod
+    def _overdue(room: float, slope: float) -> float:
+        """Steps to the OOM once the step a projection named has come before the next analysis:
+        the countdown starts again from the floor measured in the open bucket (`room` from it), so
+        only a peak at the limit is "reached". Rare: analyses are at most a recent bucket apart, so
+        only a projection shorter than that can run out between them."""
+        if room <= 0:
+            return 0.0
+        return room / slope if slope > 0 else INF
 
     def _project(self, analysis: _Analysis, limit: int | None) -> _Projection:
         """Everything a verdict needs that changes only at a bucket close (or when the limit does)."""
@@ -446,9 +522,8 @@ class LeakDetector:
         assert trend is not None
         oom_x = oom_x_high = INF
         if limit is not None and analysis.status is not Status.HEALTHY:
-            room = limit - self.config.headroom_bytes - trend.level - analysis.excursion
-            oom_x = crossing(trend.x_last, room, trend.slope)
-            oom_x_high = crossing(trend.x_last, room, trend.high)
+            oom_x = crossing(trend.x_last, self._room_measured(trend.level, analysis.excursion), trend.slope)
+            oom_x_high = crossing(trend.x_last, self._room(trend.level, analysis.excursion), trend.high)
         sps = analysis.seconds_per_step
         return _Projection(analysis.status, trend.slope, trend.low, trend.high,
                            trend.level - trend.slope * trend.x_last, analysis.excursion, limit, sps,

@@ -10,7 +10,11 @@ Why these estimators:
 - a transient's height is measured against the floors on both sides of it, so a bucket in which
   the floor itself moved is not mistaken for a transient;
 - a window is split in quarters (`SEGMENTS`) to tell growth spread over it from a one-off shift,
-  and the newest quarters tell a filling cache (geometric slowdown) from a leak.
+  and the newest quarters tell a filling cache (geometric slowdown) from a leak;
+- the newest buckets are compared with the whole window by their rise, allowing one lump: memory
+  that grows in lumps (an allocator's heap growth, buffers added in blocks) can make two quarters
+  look alike while the growth is slowing, and a median of slopes counts a single lump as a slope
+  over the pairs that straddle it (`newest_evidence`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import NamedTuple
 INF = math.inf
 SEGMENTS = 4  # a window is split in quarters to tell spread-out growth from a one-off shift
 IQR_TO_SIGMA = 1.349
+MAD_TO_SIGMA = 1.4826
+MEDIAN_EFFICIENCY = 1.2533  # the standard error of a median of normal values, over that of their mean
 SQRT2 = math.sqrt(2.0)
 
 
@@ -113,6 +119,73 @@ def plateau_rise(trend: Trend) -> float:
         return INF
     q = newest / older
     return newest * q / (1 - q)
+
+
+TAIL_BUCKETS = 4  # the shortest tail of newest buckets compared with its window; then 8, 16, ...
+
+
+def newest_evidence(trend: Trend, xs: list[float], ys: list[float], z: float = 1.96) -> Trend:
+    """The trend as the newest buckets tell it, when they show growth slower than the whole window.
+
+    A window's median of slopes describes the window as a whole: growth that has slowed or stopped
+    in its newest part still projects at the old rate, and a line through fast-then-slow growth
+    even overshoots the floor measured now. So the newest tails (the last 4, 8, 16, ... buckets, up
+    to half the window) are compared with the window by their rise, from the median floor of the
+    tail's first quarter to that of its last quarter:
+
+    - growth in lumps makes any short stretch look faster or slower than it is, but a lump is
+      counted once, at its full height, in a rise: so at the window's rate the tail must have
+      risen by `slope * span`, give or take the largest lump in the window (one that is about to
+      land: a steady leak's regular lumps never fall further behind than that) and the noise of
+      the two medians (`z` standard errors);
+    - when even that pessimistic rise, `(rise + lump + noise) / span`, is below the window's
+      central slope, the newest evidence shows a slowdown and is believed: the returned trend has
+      the tail's rate (central `rise / span`, low and high edges by the same allowances) and the
+      level measured at its end. Of several tails that show it, the one with the lowest high
+      edge wins (long tails are surer, short ones newer).
+
+    A leak that stops leaves a flat tail: its low edge falls to zero or below, so the window is no
+    longer a leak. Returns `trend` itself when no tail shows a slowdown. O(n log n) for the lump
+    and the noise, O(1) per tail; run only on windows that already look like leaks.
+    """
+    n = len(xs)
+    lump = largest_lump(ys)
+    step_noise = neighbour_noise(ys)
+    k = TAIL_BUCKETS
+    while 2 * k <= n:
+        m = max(1, k // SEGMENTS)  # buckets in each end group of the tail
+        first, last = median(ys[n - k:n - k + m]), median(ys[n - m:])
+        span = 0.5 * (xs[n - m] + xs[n - 1]) - 0.5 * (xs[n - k] + xs[n - k + m - 1])
+        if span > 0:
+            rise = last - first
+            noise = z * MEDIAN_EFFICIENCY * step_noise / math.sqrt(m)
+            high = (rise + lump + noise) / span
+            if high < trend.slope:
+                return trend._replace(slope=rise / span, low=(rise - noise) / span, high=high,
+                                      level=min(last, trend.level))
+        k *= 2
+    return trend
+
+
+def neighbour_noise(ys: list[float]) -> float:
+    """Robust standard deviation of the difference between two floors: from neighbouring buckets,
+    whose difference holds one bucket's growth (the median takes it out) and their noise, and not
+    the shape of the window (a window's own residuals grow with its curvature)."""
+    diffs = [b - a for a, b in zip(ys, ys[1:])]
+    centre = median(diffs)
+    return MAD_TO_SIGMA * median([abs(d - centre) for d in diffs])
+
+
+def largest_lump(ys: list[float]) -> float:
+    """The largest rise that stays: from the higher of two neighbouring floors to the lower of the
+    next two. A level that steps up counts at its height; one bucket whose samples all missed the
+    floor (a reading noise, gone at the next bucket) does not."""
+    lump = 0.0
+    for i in range(1, len(ys) - 2):
+        before, after = ys[i - 1] if ys[i - 1] > ys[i] else ys[i], ys[i + 1] if ys[i + 1] < ys[i + 2] else ys[i + 2]
+        if after - before > lump:
+            lump = after - before
+    return lump
 
 
 def window_sizes(n: int, smallest: int) -> list[int]:
