@@ -130,7 +130,7 @@ class Judge:
             return floor_verdict
         config = self.detector.config
         room = limit - config.headroom_bytes - episode.peak
-        forecast = episode.forecast(room, config.interval_z, config.max_extrapolation)
+        forecast = episode.forecast(room, config.interval_z, config.rise_sigmas, config.max_extrapolation)
         if forecast is None:
             return floor_verdict
         return _phase_verdict(sample, episode, forecast, floor_verdict, limit)

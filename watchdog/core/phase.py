@@ -30,11 +30,14 @@ import re
 from typing import NamedTuple
 
 from watchdog.core.errors import ConfigError
+from watchdog.core.trend import Trend, fit_trend, newest_evidence
 
 TRAIN = "train"
 STEADY_LABELS = frozenset(("", TRAIN))  # no phase given, or training: the detector's floor
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,31}$")
-MIN_PHASE_SAMPLES = 6  # a line through fewer in-phase samples says too little to act on
+POINT_SAMPLES = 4  # samples per point at first: their minimum is the floor under the phase's transients
+MIN_PHASE_POINTS = 8  # a line through fewer points says too little to act on
+MAX_POINTS = 64  # points kept per phase run (neighbours merge beyond)
 
 
 class Phase(NamedTuple):
@@ -73,7 +76,7 @@ def parse_label(label: str) -> Phase:
 class PhaseForecast(NamedTuple):
     """An OOM projected inside a bounded phase."""
 
-    slope: float  # bytes per step, least squares through the phase's samples
+    slope: float  # bytes per step: the phase's floor growth, as its newest samples tell it
     high: float  # the pessimistic edge of that slope
     oom_x: float  # step at which the phase's peak reaches the limit at `slope`
     oom_x_high: float  # ... at `high`
@@ -82,11 +85,19 @@ class PhaseForecast(NamedTuple):
 
 
 class PhaseEpisode:
-    """One run of a bounded phase: a line through its samples (O(1) per sample: running sums) and
-    the highest reading, projected to the phase's end."""
+    """One run of a bounded phase, watched with the detector's robust statistics in miniature.
+
+    Samples become points, `POINT_SAMPLES` each at first (a point's floor is their minimum: a
+    reading lands anywhere in a batch's transient), then neighbours merge pairwise once there are
+    `MAX_POINTS`, so memory and the cost of a forecast are bounded. The forecast is a
+    median-of-slopes line through the points' floors (a jump when the phase allocates its buffers,
+    then nothing, is no slope) whose rise must stand out of their noise by `rise_sigmas`, believing
+    the newest points when they show a slowdown (`newest_evidence`); it is refreshed once the
+    phase has a quarter more samples than at the last refresh: O(1) amortised per sample.
+    """
 
     __slots__ = ("phase", "expected_steps", "first_step", "last_step", "last_gap", "first_time", "last_time",
-                 "peak", "n", "sx", "sy", "sxx", "sxy", "syy")
+                 "peak", "n", "_xs", "_floors", "_span", "_next_refresh", "_trend")
 
     def __init__(self, phase: Phase, expected_steps: float | None, step: int, timestamp: float):
         self.phase = phase
@@ -95,8 +106,12 @@ class PhaseEpisode:
         self.first_time = self.last_time = timestamp
         self.last_gap = 0
         self.peak = -math.inf
-        self.n = 0
-        self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
+        self.n = 0  # samples seen
+        self._xs: list[float] = []
+        self._floors: list[float] = []
+        self._span = POINT_SAMPLES  # samples per point (doubles when the points merge)
+        self._next_refresh = POINT_SAMPLES * MIN_PHASE_POINTS
+        self._trend: Trend | None = None
 
     def add(self, step: int, timestamp: float, used: int) -> None:
         if self.n:
@@ -104,49 +119,57 @@ class PhaseEpisode:
         self.last_step, self.last_time = step, timestamp
         if used > self.peak:
             self.peak = used
-        x = float(step - self.first_step)  # centred on the phase's start: sums stay well conditioned
-        y = float(used)
+        if self.n % self._span == 0:  # a new point
+            self._xs.append(float(step))
+            self._floors.append(float(used))
+            if len(self._xs) > MAX_POINTS:
+                xs, fl = self._xs, self._floors
+                self._xs = [0.5 * (xs[i] + xs[i + 1]) for i in range(0, len(xs) - 1, 2)]
+                self._floors = [min(fl[i], fl[i + 1]) for i in range(0, len(fl) - 1, 2)]
+                self._span *= 2
+        elif used < self._floors[-1]:
+            self._floors[-1] = float(used)
         self.n += 1
-        self.sx += x
-        self.sy += y
-        self.sxx += x * x
-        self.sxy += x * y
-        self.syy += y * y
 
     @property
     def span(self) -> int:
         """Steps the phase ran, as sampled (first to last sample, plus one sample interval)."""
         return self.last_step - self.first_step + self.last_gap
 
-    def forecast(self, room: float, z: float, max_extrapolation: float) -> PhaseForecast | None:
+    def _growth(self, z: float, rise_sigmas: float) -> Trend | None:
+        """The phase's floor growth, refreshed every quarter more samples; None while too few
+        points, or when the floor shows no confident rise out of its noise."""
+        if self.n >= self._next_refresh and len(self._xs) >= MIN_PHASE_POINTS:
+            self._next_refresh = self.n + max(1, self.n // 4)
+            trend = fit_trend(self._xs, self._floors, z)
+            if trend.low > 0 and trend.slope * trend.span >= rise_sigmas * trend.sigma:
+                trend = newest_evidence(trend, self._xs, self._floors, z)
+                self._trend = trend if trend.low > 0 else None
+            else:
+                self._trend = None
+        return self._trend
+
+    def forecast(self, room: float, z: float, rise_sigmas: float, max_extrapolation: float) -> PhaseForecast | None:
         """Where the phase's peak reaches the limit, if it does before the phase ends.
 
         `room` is limit - headroom - the highest reading in the phase. None when the phase's
-        growth is no threat: too few samples, not rising, or (end known) even the pessimistic
-        slope leaves the peak below the limit at the phase's end; or (end unknown) the OOM lies
-        further ahead than `max_extrapolation` times the steps the phase has been seen over.
+        growth is no threat: too few samples, no confident rise, a peak that stays below the limit
+        until the phase's end (when it is known), or an OOM further ahead than
+        `max_extrapolation` times the steps the phase has been seen over (the detector's rule for
+        floor growth). As for the floor, the central slope decides and the pessimistic edge is
+        what the policy's horizon reads.
         """
-        n = self.n
-        if n < MIN_PHASE_SAMPLES:
+        trend = self._growth(z, rise_sigmas)
+        if trend is None:
             return None
-        sxx = self.sxx - self.sx * self.sx / n
-        if sxx <= 0:
-            return None
-        sxy = self.sxy - self.sx * self.sy / n
-        slope = sxy / sxx
-        if slope <= 0:
-            return None
-        residual = max(0.0, (self.syy - self.sy * self.sy / n) - slope * sxy)
-        high = slope + z * math.sqrt(residual / (n - 2) / sxx)
         x = float(self.last_step)
-        end = None if self.expected_steps is None else self.first_step + self.expected_steps
-        oom_x = x + max(room, 0.0) / slope
-        oom_x_high = x + max(room, 0.0) / high
-        if end is not None:
-            if oom_x_high > end:
-                return None  # the phase ends before its peak reaches the limit
-        elif oom_x - x > max_extrapolation * max(self.last_step - self.first_step, 1):
-            return None
         elapsed = self.last_step - self.first_step
+        end = None if self.expected_steps is None else self.first_step + self.expected_steps
+        oom_x = x + max(room, 0.0) / trend.slope
+        oom_x_high = x + max(room, 0.0) / trend.high
+        if end is not None and oom_x > end:
+            return None  # the phase ends before its peak reaches the limit
+        if oom_x - x > max_extrapolation * max(elapsed, 1):
+            return None  # a line is not extrapolated far beyond its evidence, as for floor growth
         seconds = (self.last_time - self.first_time) / elapsed if elapsed > 0 else 0.0
-        return PhaseForecast(slope, high, oom_x, oom_x_high, end, max(seconds, 0.0))
+        return PhaseForecast(trend.slope, trend.high, oom_x, oom_x_high, end, max(seconds, 0.0))

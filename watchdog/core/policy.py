@@ -22,13 +22,14 @@ would need many more runs than this one to fill memory only warns.
 
 A first steep ramp is treated with caution. Until the first checkpoint action since the
 detector's baseline began (the start of the process, or a reinit that brought memory back down),
-a checkpoint also needs the pessimistic projection to reach no further ahead than the growth has
-been seen (`window_steps`), unless it is imminent: within `lead_factor` checkpoint margins, plus
-the longest gap seen between two verdicts (an OOM that could fall between two samples is
-imminent too). A climb younger than the time it projects to the OOM gets a WARN and no
+a checkpoint also needs the pessimistic projection to reach no further ahead than
+`first_ramp_reach` (half) of the steps the growth was seen over (`window_steps`, which may
+include a flat stretch before the climb), unless it is imminent: within `lead_factor` checkpoint
+margins, plus the longest gap seen between two verdicts (an OOM that could fall between two
+samples is imminent too). A climb young for the time it projects to the OOM gets a WARN and no
 checkpoint: without phase information it may be an evaluation that keeps its outputs until it
 ends, or a cache filling, and those stop by themselves, while a leak keeps going until its
-history is longer than its future, or until it is imminent, and is acted on then. After one
+history is long enough for its future, or until it is imminent, and is acted on then. After one
 checkpoint action the growth is known to be real and the usual horizon applies.
 """
 
@@ -59,6 +60,9 @@ class PolicyConfig:
     """... or to this fraction of the steps watched so far, whichever is larger."""
     min_recovery: float = 0.5
     """A reinit worked if the floor came down by at least this share of the growth seen before it."""
+    first_ramp_reach: float = 0.5
+    """Before the first checkpoint action, a climb is acted on only once its pessimistic projection
+    reaches no further ahead than this share of the steps it was seen over (or is imminent)."""
 
     def __post_init__(self) -> None:
         for name in ("checkpoint_margin_steps", "max_restarts", "cooldown_steps"):
@@ -67,7 +71,7 @@ class PolicyConfig:
                 raise ConfigError(f"policy.{name}", f"must be a non-negative integer, got {value!r}")
         if not isinstance(self.confirm_verdicts, int) or self.confirm_verdicts < 1:
             raise ConfigError("policy.confirm_verdicts", f"must be at least 1, got {self.confirm_verdicts!r}")
-        for name in ("lead_factor", "horizon_fraction"):
+        for name in ("lead_factor", "horizon_fraction", "first_ramp_reach"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
                 raise ConfigError(f"policy.{name}", f"must be a non-negative number, got {value!r}")
@@ -105,7 +109,7 @@ class ActionPolicy:
         watched = 0 if self._first_step is None else step - self._first_step
         horizon = max(imminent, self.config.horizon_fraction * watched)
         if self._cautious:
-            return min(horizon, max(imminent, seen_over))
+            return min(horizon, max(imminent, self.config.first_ramp_reach * seen_over))
         return horizon
 
     def decide(self, verdict: Verdict) -> Action:

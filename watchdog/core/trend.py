@@ -130,7 +130,7 @@ def newest_evidence(trend: Trend, xs: list[float], ys: list[float], z: float = 1
     A window's median of slopes describes the window as a whole: growth that has slowed or stopped
     in its newest part still projects at the old rate, and a line through fast-then-slow growth
     even overshoots the floor measured now. So the newest tails (the last 4, 8, 16, ... buckets, up
-    to half the window) are compared with the window by their rise, from the median floor of the
+    to half the window, and its newest half) are compared with the window by their rise, from the median floor of the
     tail's first quarter to that of its last quarter:
 
     - growth in lumps makes any short stretch look faster or slower than it is, but a lump is
@@ -151,8 +151,7 @@ def newest_evidence(trend: Trend, xs: list[float], ys: list[float], z: float = 1
     n = len(xs)
     lump = largest_lump(ys)
     step_noise = neighbour_noise(ys)
-    k = TAIL_BUCKETS
-    while 2 * k <= n:
+    for k in tail_sizes(n):
         m = max(1, k // SEGMENTS)  # buckets in each end group of the tail
         first, last = median(ys[n - k:n - k + m]), median(ys[n - m:])
         span = 0.5 * (xs[n - m] + xs[n - 1]) - 0.5 * (xs[n - k] + xs[n - k + m - 1])
@@ -163,8 +162,18 @@ def newest_evidence(trend: Trend, xs: list[float], ys: list[float], z: float = 1
             if high < trend.slope:
                 return trend._replace(slope=rise / span, low=(rise - noise) / span, high=high,
                                       level=min(last, trend.level))
-        k *= 2
     return trend
+
+
+def tail_sizes(n: int) -> list[int]:
+    """The newest 4, 8, 16, ... buckets of a window of n, and its newest half."""
+    sizes, k = [], TAIL_BUCKETS
+    while 2 * k <= n:
+        sizes.append(k)
+        k *= 2
+    if n // 2 > (sizes[-1] if sizes else 0) and n // 2 >= TAIL_BUCKETS:
+        sizes.append(n // 2)
+    return sizes
 
 
 def neighbour_noise(ys: list[float]) -> float:
