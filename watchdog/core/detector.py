@@ -47,6 +47,7 @@ from watchdog.core.errors import ConfigError
 from watchdog.core.sample import Sample
 from watchdog.core.trend import (
     SEGMENTS,
+    TAIL_BUCKETS,
     Trend,
     crossing,
     excursion_at,
@@ -361,11 +362,14 @@ class LeakDetector:
         candidate: Trend | None = None
         stopped: Trend | None = None  # the newest evidence of a window whose growth stopped
         reason = ""
+        fine = None  # the newest evidence comes from the finest buckets: the recent tier once it is finer
+        if self._recent_active() and len(self._recent) >= 2 * TAIL_BUCKETS:
+            fine = ([b[0] for b in self._recent], [b[1] for b in self._recent])
         for trend, window_xs, window_floors in self._trends():
             room = self._room(trend.level, excursion) if trend.low > 0 else INF  # no rise: room is not looked at
             why_not = leak_shape(trend, cfg, room)
             if why_not is None:
-                newest = newest_evidence(trend, window_xs, window_floors, cfg.interval_z)
+                newest = newest_evidence(trend, window_xs, window_floors, cfg.interval_z, fine)
                 why_not = _slowed(newest, trend, cfg) if newest is not trend else None
                 if why_not is None:
                     # The fitted line may run above the floor measured now: the projection starts from

@@ -66,6 +66,7 @@ class Judge:
         self.latest: Verdict | None = None
         self._device_limit: int | None = _NO_LIMIT_SEEN
         self._update = self.detector.update  # bound once: judge() runs once per sample
+        self._route = self._update
         self._decide = self.policy.decide
         self._last_step = -math.inf
         self._label = ""  # the phase label of the last sample
@@ -85,16 +86,18 @@ class Judge:
         if sample.bytes_limit != self._device_limit:
             self._device_limit = sample.bytes_limit
             self.detector.set_limit(effective_limit(sample.bytes_limit, self.memory_limit_bytes))
+        if sample.phase != self._label or sample.step < self._last_step:
+            self._transition(sample)
+        self._last_step = sample.step
+        verdict = self.latest = self._route(sample)  # the detector, or the watch on a bounded phase
+        return verdict, self._decide(verdict)
+
+    def _transition(self, sample: Sample) -> None:
         if sample.step < self._last_step:
             self._new_process()
-        self._last_step = sample.step
         if sample.phase != self._label:
             self._phase_changed(sample)
-        if self._episode is None:
-            verdict = self.latest = self._update(sample)
-        else:
-            verdict = self.latest = self._in_phase(sample)
-        return verdict, self._decide(verdict)
+        self._route = self._update if self._episode is None else self._in_phase
 
     def _new_process(self) -> None:
         """Steps went back: a restarted process appending to the same trace. Its sidecar started

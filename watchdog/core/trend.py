@@ -20,6 +20,7 @@ Why these estimators:
 from __future__ import annotations
 
 import math
+from operator import sub
 from typing import NamedTuple
 
 INF = math.inf
@@ -124,45 +125,66 @@ def plateau_rise(trend: Trend) -> float:
 TAIL_BUCKETS = 4  # the shortest tail of newest buckets compared with its window; then 8, 16, ...
 
 
-def newest_evidence(trend: Trend, xs: list[float], ys: list[float], z: float = 1.96) -> Trend:
+def newest_evidence(trend: Trend, xs: list[float], ys: list[float], z: float = 1.96,
+                    fine: tuple[list[float], list[float]] | None = None) -> Trend:
     """The trend as the newest buckets tell it, when they show growth slower than the whole window.
 
     A window's median of slopes describes the window as a whole: growth that has slowed or stopped
     in its newest part still projects at the old rate, and a line through fast-then-slow growth
-    even overshoots the floor measured now. So the newest tails (the last 4, 8, 16, ... buckets, up
-    to half the window, and its newest half) are compared with the window by their rise, from the median floor of the
-    tail's first quarter to that of its last quarter:
+    even overshoots the floor measured now. So the newest tails (the last 4, 8, 16, ... buckets and
+    the newest half, never more than half the window's span) are compared with the window by their
+    rise, from the median floor of the tail's first quarter to that of its last quarter:
 
     - growth in lumps makes any short stretch look faster or slower than it is, but a lump is
       counted once, at its full height, in a rise: so at the window's rate the tail must have
-      risen by `slope * span`, give or take the largest lump in the window (one that is about to
-      land: a steady leak's regular lumps never fall further behind than that) and the noise of
-      the two medians (`z` standard errors);
+      risen by `slope * span`, give or take the largest lump (`largest_lump`: one that is about to
+      land; a steady leak's regular lumps never fall further behind than that) and the noise of
+      the two medians (`z` standard errors of neighbour differences, `neighbour_noise`);
     - when even that pessimistic rise, `(rise + lump + noise) / span`, is below the window's
       central slope, the newest evidence shows a slowdown and is believed: the returned trend has
       the tail's rate (central `rise / span`, low and high edges by the same allowances) and the
-      level measured at its end. Of several tails that show it, the one with the lowest high
-      edge wins (long tails are surer, short ones newer).
+      floor measured at its end as its level. Of several tails that show it, the shortest (the
+      newest evidence) wins: its wider interval is the price of being current.
+
+    `fine` is (steps, floors) of finer buckets over the newest part (the detector's recent tier):
+    its tails are tried first, so a stop late in a long run shows within a few fine buckets, not
+    a few of the window's coarse ones; the window's own tails follow (a slowdown that shows only
+    over thousands of steps). The lump allowance is the larger of both series' (a staircase whose
+    steps are further apart than the fine series reaches still counts).
 
     A leak that stops leaves a flat tail: its low edge falls to zero or below, so the window is no
     longer a leak. Returns `trend` itself when no tail shows a slowdown. O(n log n) for the lump
     and the noise, O(1) per tail; run only on windows that already look like leaks.
     """
-    n = len(xs)
     lump = largest_lump(ys)
+    series = [(xs, ys)]
+    if fine is not None and len(fine[0]) > 2 and fine[0][0] >= xs[0]:
+        lump = max(lump, largest_lump(fine[1]))
+        series.insert(0, fine)  # the fine tails first: newer, and shorter in steps
+    for tail_xs, tail_ys in series:
+        found = _slower_tail(trend, tail_xs, tail_ys, lump, z)
+        if found is not None:
+            return found
+    return trend
+
+
+def _slower_tail(trend: Trend, xs: list[float], ys: list[float], lump: float, z: float) -> Trend | None:
+    """The shortest tail of (xs, ys) that shows a slowdown against `trend` (see `newest_evidence`)."""
+    n = len(xs)
     step_noise = neighbour_noise(ys)
     for k in tail_sizes(n):
         m = max(1, k // SEGMENTS)  # buckets in each end group of the tail
         first, last = median(ys[n - k:n - k + m]), median(ys[n - m:])
         span = 0.5 * (xs[n - m] + xs[n - 1]) - 0.5 * (xs[n - k] + xs[n - k + m - 1])
-        if span > 0:
-            rise = last - first
-            noise = z * MEDIAN_EFFICIENCY * step_noise / math.sqrt(m)
-            high = (rise + lump + noise) / span
-            if high < trend.slope:
-                return trend._replace(slope=rise / span, low=(rise - noise) / span, high=high,
-                                      level=min(last, trend.level))
-    return trend
+        if span <= 0 or span > 0.5 * trend.span:
+            continue
+        rise = last - first
+        noise = z * MEDIAN_EFFICIENCY * step_noise / math.sqrt(m)
+        high = (rise + lump + noise) / span
+        if high < trend.slope:
+            return trend._replace(slope=rise / span, low=(rise - noise) / span, high=high,
+                                  level=min(last, trend.level))
+    return None
 
 
 def tail_sizes(n: int) -> list[int]:
@@ -180,7 +202,7 @@ def neighbour_noise(ys: list[float]) -> float:
     """Robust standard deviation of the difference between two floors: from neighbouring buckets,
     whose difference holds one bucket's growth (the median takes it out) and their noise, and not
     the shape of the window (a window's own residuals grow with its curvature)."""
-    diffs = [b - a for a, b in zip(ys, ys[1:])]
+    diffs = list(map(sub, ys[1:], ys))
     centre = median(diffs)
     return MAD_TO_SIGMA * median([abs(d - centre) for d in diffs])
 
@@ -189,12 +211,9 @@ def largest_lump(ys: list[float]) -> float:
     """The largest rise that stays: from the higher of two neighbouring floors to the lower of the
     next two. A level that steps up counts at its height; one bucket whose samples all missed the
     floor (a reading noise, gone at the next bucket) does not."""
-    lump = 0.0
-    for i in range(1, len(ys) - 2):
-        before, after = ys[i - 1] if ys[i - 1] > ys[i] else ys[i], ys[i + 1] if ys[i + 1] < ys[i + 2] else ys[i + 2]
-        if after - before > lump:
-            lump = after - before
-    return lump
+    highs = list(map(max, ys, ys[1:]))  # highs[i]: the higher of floors i and i + 1
+    lows = list(map(min, ys, ys[1:]))
+    return max(0.0, max(map(sub, lows[2:], highs), default=0.0))
 
 
 def window_sizes(n: int, smallest: int) -> list[int]:
