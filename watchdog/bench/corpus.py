@@ -224,10 +224,11 @@ def _not_imminent_steps(model: MemoryModel, rise: float, spare: float) -> int:
 
 def _lumpy_cache_fill(rng, steps):
     """Entries drawn at random fill a cache (each step finds fewer new ones) in memory that grows
-    in lumps, 4-10 of them: concave, and a staircase whose newest quarters can look alike."""
+    in lumps, 5-10 of them: concave, and a staircase whose newest quarters can look alike. (With
+    fewer, a fill is a handful of level shifts that nothing tells from a stepwise leak's start.)"""
     limit, spare, size = _stopping_limit(rng, rises_less_than_it_leaves=False)
     model = _job(rng, steps, limit, spare + size)
-    lumps = int(rng.integers(4, 11))
+    lumps = int(rng.integers(5, 11))
     # At its steepest (the start) it adds size / tau per step.
     tau = max(steps * rng.uniform(0.05, 0.3), _not_imminent_steps(model, size, spare))
     onset = int(steps * rng.uniform(0.0, 0.2))

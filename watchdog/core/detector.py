@@ -30,10 +30,33 @@ How it reads memory (and why):
    beyond its evidence), and the candidate must hold for `confirm_closes` closes and
    `confirm_fraction` of its span without its slope falling by `max_slope_drop` (or for half the
    steps left to the projected OOM, when that is shorter: confirming past the OOM helps nobody).
-5. Projection. OOM happens at the peak, so the fitted floor plus the largest excursion seen
+5. The newest evidence wins. A window's median of slopes describes the window as a whole, so a
+   candidate's newest buckets are compared with it (`trend.newest_evidence`): the rise of its
+   newest 4, 6, 9, ... buckets (the recent tier's first) against what the window's slope says
+   they should have risen, allowing one lump (the largest rise that stays, so growth in lumps
+   such as an allocator's heap growth or buffers added in blocks is not misread either way) and
+   the noise of neighbouring floors. When even their pessimistic rate is below the window's
+   central one, their rate is the one projected: a concave fill is not extrapolated linearly to
+   the limit. When their rate is no confident rise, the growth has stopped: healthy.
+   Recovery bound: after a leak of slope s stops, the first analysis for which the newest k
+   buckets of the finest tier (buckets at most `recent_bucket_steps` wide) all lie after the stop
+   and s times their span exceeds the largest lump plus the noise allowance says healthy, and so
+   does every later one while memory stays flat. For a leak whose growth over three buckets stands
+   out of that allowance the 4-bucket tail does it: healthy within five buckets of the stop plus
+   one sample, at most 5 * `recent_bucket_steps` + sample interval (320 steps and a sample with the
+   defaults) however long the run, fewer early on while buckets are 8-32 steps wide; a slower
+   leak needs a longer tail (6 or 9 buckets: within 7 or 10). tests/test_detector.py checks it.
+6. Projection. OOM happens at the peak, so the fitted floor plus the largest excursion seen
    (the runtime's high-water mark included, plus `excursion_margin`: samples rarely catch the very
    top of a transient) is projected against the limit minus `headroom_bytes`, with the central
-   slope and, for actions, the pessimistic (high) edge of the interval.
+   slope and, for actions, the pessimistic (high) edge of the interval. The floor projected from
+   is never above the floor measured in the newest buckets (a line through fast-then-slower growth
+   overshoots it), and the central projection never says the limit is reached while the measured
+   peak is below it: its margin takes at most half the room the measured peak leaves, and a
+   projected step that comes before the next analysis counts down again from the open bucket.
+7. Phases. Samples from a bounded phase of the training loop (an evaluation: `update_transient`)
+   only raise the open bucket's peak: what the phase holds until it ends is a transient above the
+   training floor (`watchdog.core.phase`).
 """
 
 from __future__ import annotations
@@ -48,6 +71,7 @@ from watchdog.core.sample import Sample
 from watchdog.core.trend import (
     SEGMENTS,
     TAIL_BUCKETS,
+    Series,
     Trend,
     crossing,
     excursion_at,
@@ -353,7 +377,9 @@ class LeakDetector:
     def _analyse(self) -> _Analysis:
         cfg = self.config
         xs, floors, n = self._xs, self._floors, len(self._xs)
-        newest_excursion = excursion_at(floors, self._peaks, n - 1)
+        # The newest bucket has no neighbour after it: the newest recent bucket's floor stands in,
+        # or a floor that rose inside the bucket would count as a transient (a leak's own growth).
+        newest_excursion = self._peaks[-1] - max(floors[-2:] + [self._recent[-1][1]])
         excursion = max(self._settled_excursion, newest_excursion)  # as measured; `_room` adds the margin
         seconds_per_step = _seconds_per_step(xs, self._ts)
         if n < cfg.min_window_buckets:
@@ -364,7 +390,7 @@ class LeakDetector:
         reason = ""
         fine = None  # the newest evidence comes from the finest buckets: the recent tier once it is finer
         if self._recent_active() and len(self._recent) >= 2 * TAIL_BUCKETS:
-            fine = ([b[0] for b in self._recent], [b[1] for b in self._recent])
+            fine = Series([b[0] for b in self._recent], [b[1] for b in self._recent])
         for trend, window_xs, window_floors in self._trends():
             room = self._room(trend.level, excursion) if trend.low > 0 else INF  # no rise: room is not looked at
             why_not = leak_shape(trend, cfg, room)
@@ -393,6 +419,11 @@ class LeakDetector:
             return _Analysis(Status.HEALTHY, stopped, stopped.level, excursion, seconds_per_step, reason)
         newest = with_level(trend, window_xs, window_floors)
         rising = newest.low > 0 and newest.slope * newest.span >= cfg.rise_sigmas * newest.sigma
+        if rising:  # a short window that still holds the end of a stopped climb: its newest buckets say
+            evidence = newest_evidence(newest, window_xs, window_floors, cfg.interval_z, fine)
+            if evidence.low <= 0:
+                return _Analysis(Status.HEALTHY, evidence, evidence.level, excursion, seconds_per_step,
+                                 _slowed(evidence, newest, cfg) or reason)
         return _Analysis(Status.SUSPECT if rising else Status.HEALTHY, newest, newest.level, excursion,
                          seconds_per_step, reason)
 

@@ -29,6 +29,7 @@ IQR_TO_SIGMA = 1.349
 MAD_TO_SIGMA = 1.4826
 MEDIAN_EFFICIENCY = 1.2533  # the standard error of a median of normal values, over that of their mean
 SQRT2 = math.sqrt(2.0)
+SQRT3 = math.sqrt(3.0)
 
 
 def median(values: list[float]) -> float:
@@ -122,97 +123,139 @@ def plateau_rise(trend: Trend) -> float:
     return newest * q / (1 - q)
 
 
-TAIL_BUCKETS = 4  # the shortest tail of newest buckets compared with its window; then 8, 16, ...
+TAIL_BUCKETS = 4  # the shortest tail of newest buckets compared with its window; then 6, 9, 14, ...
+
+
+class Series:
+    """Bucket steps and floors whose largest lump and neighbour noise are measured once, when
+    first asked for (most analyses find no leak-shaped window and never ask)."""
+
+    __slots__ = ("xs", "ys", "_lump", "_noise")
+
+    def __init__(self, xs: list[float], ys: list[float]):
+        self.xs, self.ys = xs, ys
+        self._lump = self._noise = None
+
+    @property
+    def lump(self) -> float:
+        if self._lump is None:
+            self._lump = largest_lump(self.ys)
+        return self._lump
+
+    @property
+    def noise(self) -> float:
+        if self._noise is None:
+            self._noise = neighbour_noise(self.ys)
+        return self._noise
 
 
 def newest_evidence(trend: Trend, xs: list[float], ys: list[float], z: float = 1.96,
-                    fine: tuple[list[float], list[float]] | None = None) -> Trend:
+                    fine: Series | None = None) -> Trend:
     """The trend as the newest buckets tell it, when they show growth slower than the whole window.
 
     A window's median of slopes describes the window as a whole: growth that has slowed or stopped
     in its newest part still projects at the old rate, and a line through fast-then-slow growth
-    even overshoots the floor measured now. So the newest tails (the last 4, 8, 16, ... buckets and
-    the newest half, never more than half the window's span) are compared with the window by their
+    even overshoots the floor measured now. So the newest tails (the last 4, 6, 9, 14, ... buckets
+    and the newest half, never more than half the window's span) are compared with the window by their
     rise, from the median floor of the tail's first quarter to that of its last quarter:
 
-    - growth in lumps makes any short stretch look faster or slower than it is, but a lump is
-      counted once, at its full height, in a rise: so at the window's rate the tail must have
-      risen by `slope * span`, give or take the largest lump (`largest_lump`: one that is about to
-      land; a steady leak's regular lumps never fall further behind than that) and the noise of
-      the two medians (`z` standard errors of neighbour differences, `neighbour_noise`);
-    - when even that pessimistic rise, `(rise + lump + noise) / span`, is below the window's
-      central slope, the newest evidence shows a slowdown and is believed: the returned trend has
-      the tail's rate (central `rise / span`, low and high edges by the same allowances) and the
-      floor measured at its end as its level. Of several tails that show it, the shortest (the
-      newest evidence) wins: its wider interval is the price of being current.
+    - growth in lumps makes any stretch look faster or slower than it is, but a lump counts once,
+      at its full height, in a rise: a steady leak's regular lumps leave any stretch at most one
+      lump (`largest_lump`) short of or ahead of its rate. So the tail's pessimistic rate adds one
+      lump and the noise of its two medians (`z` standard errors, from `neighbour_noise`) to its
+      rise, and is held against the window's rate by its rise (first eighth to last) less one
+      lump, or its median of slopes if lower (pairs half a window apart can overstate a staircase
+      by up to a lump over half the window);
+    - when even so the tail is slower, the newest evidence shows a slowdown and is believed: the
+      returned trend has the tail's rate (central `rise / span`, low and high edges by those
+      allowances) and the floor measured at its end as its level. Of several tails that show it,
+      the shortest (the newest evidence) wins: its wider interval is the price of being current.
 
-    `fine` is (steps, floors) of finer buckets over the newest part (the detector's recent tier):
-    its tails are tried first, so a stop late in a long run shows within a few fine buckets, not
+    `fine` is the `Series` of finer buckets over the newest part (the detector's recent tier), used
+    when at least 8 of them lie inside the window: its tails are tried first, so a stop late in a long run shows within a few fine buckets, not
     a few of the window's coarse ones; the window's own tails follow (a slowdown that shows only
-    over thousands of steps). The lump allowance is the larger of both series' (a staircase whose
-    steps are further apart than the fine series reaches still counts).
+    over thousands of steps). The lump is then the fine buckets' largest, or the coarse buckets'
+    largest less their own steady growth (a staircase whose steps are further apart than the fine
+    buckets reach), whichever is larger.
 
     A leak that stops leaves a flat tail: its low edge falls to zero or below, so the window is no
     longer a leak. Returns `trend` itself when no tail shows a slowdown. O(n log n) for the lump
     and the noise, O(1) per tail; run only on windows that already look like leaks.
     """
     lump = largest_lump(ys)
-    series = [(xs, ys)]
-    if fine is not None and len(fine[0]) > 2 and fine[0][0] >= xs[0]:
-        lump = max(lump, largest_lump(fine[1]))
-        series.insert(0, fine)  # the fine tails first: newer, and shorter in steps
-    for tail_xs, tail_ys in series:
-        found = _slower_tail(trend, tail_xs, tail_ys, lump, z)
-        if found is not None:
-            return found
-    return trend
-
-
-def _slower_tail(trend: Trend, xs: list[float], ys: list[float], lump: float, z: float) -> Trend | None:
-    """The shortest tail of (xs, ys) that shows a slowdown against `trend` (see `newest_evidence`)."""
+    if fine is not None and (len(fine.xs) < 2 * TAIL_BUCKETS or fine.xs[-2 * TAIL_BUCKETS] < xs[0]):
+        fine = None  # too few fine buckets inside the window
+    if fine is not None:
+        # In the window's coarse buckets steady growth rises by slope * width from one to the next:
+        # that is no lump. A lump the fine buckets see counts at its height; one rarer than they
+        # reach shows in the coarse buckets well above their own growth.
+        lump = max(fine.lump, lump - trend.slope * (xs[1] - xs[0]))
+    # The window's rate by its rise, less a lump: never above a steady leak's own rate, however its
+    # lumps fall (a median of slopes can be, by up to a lump over half the window).
     n = len(xs)
-    step_noise = neighbour_noise(ys)
+    m = max(1, n // (2 * SEGMENTS))
+    span = (sum(xs[n - m:]) - sum(xs[:m])) / m
+    if span <= 0:
+        return trend
+    window_rate = min(trend.slope, (median(ys[n - m:]) - median(ys[:m]) - lump) / span)
+    if fine is not None:
+        found = _slower_tail(trend, window_rate, fine.xs, fine.ys, lump, fine.noise, z)
+        if found is not None:  # first: newer, and shorter in steps
+            return found
+    return _slower_tail(trend, window_rate, xs, ys, lump, None, z) or trend
+
+
+def _slower_tail(trend: Trend, window_rate: float, xs: list[float], ys: list[float], lump: float,
+                 step_noise: float | None, z: float) -> Trend | None:
+    """The shortest tail of (xs, ys) slower than `window_rate` (see `newest_evidence`)."""
+    n = len(xs)
     for k in tail_sizes(n):
         m = max(1, k // SEGMENTS)  # buckets in each end group of the tail
-        first, last = median(ys[n - k:n - k + m]), median(ys[n - m:])
-        span = 0.5 * (xs[n - m] + xs[n - 1]) - 0.5 * (xs[n - k] + xs[n - k + m - 1])
+        span = (sum(xs[n - m:]) - sum(xs[n - k:n - k + m])) / m
         if span <= 0 or span > 0.5 * trend.span:
-            continue
+            break  # longer tails only grow: at most half the window
+        if step_noise is None:
+            step_noise = neighbour_noise(ys)
+        first, last = median(ys[n - k:n - k + m]), median(ys[n - m:])
         rise = last - first
         noise = z * MEDIAN_EFFICIENCY * step_noise / math.sqrt(m)
         high = (rise + lump + noise) / span
-        if high < trend.slope:
+        if high < window_rate:
             return trend._replace(slope=rise / span, low=(rise - noise) / span, high=high,
                                   level=min(last, trend.level))
     return None
 
 
 def tail_sizes(n: int) -> list[int]:
-    """The newest 4, 8, 16, ... buckets of a window of n, and its newest half."""
+    """The newest 4, 6, 9, 14, ... buckets (half as many again each time: a flat stretch is found
+    to within a third of its length) up to half of a series of n, and that half."""
     sizes, k = [], TAIL_BUCKETS
     while 2 * k <= n:
         sizes.append(k)
-        k *= 2
+        k = (3 * k + 1) // 2
     if n // 2 > (sizes[-1] if sizes else 0) and n // 2 >= TAIL_BUCKETS:
         sizes.append(n // 2)
     return sizes
 
 
 def neighbour_noise(ys: list[float]) -> float:
-    """Robust standard deviation of the difference between two floors: from neighbouring buckets,
-    whose difference holds one bucket's growth (the median takes it out) and their noise, and not
-    the shape of the window (a window's own residuals grow with its curvature)."""
-    diffs = list(map(sub, ys[1:], ys))
-    centre = median(diffs)
-    return MAD_TO_SIGMA * median([abs(d - centre) for d in diffs])
+    """Robust standard deviation of the difference between two floors, from second differences
+    (y[i+1] - 2 y[i] + y[i-1], of variance three times that of a difference): growth at any steady
+    rate cancels out of them, so a window whose rate changed (a leak that stopped) or that grows in
+    lumps (two outliers per lump, which the median ignores) does not pass for noisy."""
+    if len(ys) < 3:
+        return 0.0
+    seconds = [abs(b - 2.0 * a + c) for a, b, c in zip(ys[1:], ys, ys[2:])]
+    return MAD_TO_SIGMA * median(seconds) / SQRT3
 
 
 def largest_lump(ys: list[float]) -> float:
     """The largest rise that stays: from the higher of two neighbouring floors to the lower of the
     next two. A level that steps up counts at its height; one bucket whose samples all missed the
     floor (a reading noise, gone at the next bucket) does not."""
-    highs = list(map(max, ys, ys[1:]))  # highs[i]: the higher of floors i and i + 1
-    lows = list(map(min, ys, ys[1:]))
+    pairs = list(zip(ys, ys[1:]))
+    highs = [a if a > b else b for a, b in pairs]  # highs[i]: the higher of floors i and i + 1
+    lows = [a if a < b else b for a, b in pairs]
     return max(0.0, max(map(sub, lows[2:], highs), default=0.0))
 
 

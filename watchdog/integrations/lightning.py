@@ -88,7 +88,7 @@ class HbmWatchdogCallback(Callback):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._phase is not None:
-            self._phase.__exit__(None, None, None)  # back to training
+            self._phase.end()  # back to training
             self._phase = None
         action, self._pending = self._pending, None
         if action is not None:

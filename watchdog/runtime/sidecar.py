@@ -302,4 +302,8 @@ class PhaseScope:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.end()
+
+    def end(self) -> None:
+        """Put back the phase this one replaced (for hooks that start and end a phase apart)."""
         self._watchdog._phase = self._previous
