@@ -42,7 +42,7 @@ from watchdog.bench.memory_model import (
 from watchdog.core.sample import Sample
 
 SOON_AFTER_FRACTION = 0.2  # an OOM at most this far (fraction of the run) past the end still counts as a leak
-NOT_IMMINENT_MARGINS = 8  # growth that stops must leave this many checkpoint times at its steepest
+NOT_IMMINENT_MARGINS = 12  # growth that stops leaves this many checkpoint times at its steepest (3x imminent)
 
 
 @dataclass
@@ -217,9 +217,11 @@ def _stopping_limit(rng, *, rises_less_than_it_leaves: bool) -> tuple[int, float
 
 
 def _not_imminent_steps(model: MemoryModel, rise: float, spare: float) -> int:
-    """The fewest steps a ramp of `rise` may take so that, at its rate, the `spare` it leaves lasts
+    """The fewest steps a ramp of `rise` may take so that, at its rate, the `spare` it leaves (less
+    the tenth of the largest transient a watchdog keeps for tops its samples miss) lasts
     `NOT_IMMINENT_MARGINS` checkpoint times."""
-    return math.ceil(NOT_IMMINENT_MARGINS * _margin_steps(model) * rise / spare)
+    usable = max(spare - 0.1 * max(model.activation_bytes, model.eval_bytes), 0.25 * spare)
+    return math.ceil(NOT_IMMINENT_MARGINS * _margin_steps(model) * rise / usable)
 
 
 def _lumpy_cache_fill(rng, steps):
