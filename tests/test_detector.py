@@ -20,7 +20,7 @@ from watchdog.core.errors import ConfigError
 from watchdog.core.judge import Judge
 from watchdog.core.replay import replay
 from watchdog.core.sample import Sample
-from watchdog.core.trend import fit_trend, newest_evidence
+from watchdog.core.trend import Series, fit_trend, newest_evidence
 from watchdog.core.units import format_bytes
 from watchdog.core.verdict import Status
 
@@ -296,14 +296,14 @@ def test_the_newest_buckets_are_believed_when_they_show_a_slowdown_and_not_for_a
     staircase = [1e9 + 32 * MiB * (i // 8) for i in range(64)]  # a steady leak in lumps: 32 MiB every 8 buckets
     for end in range(40, 64):  # wherever the window ends between two lumps, it is still the same leak
         trend = fit_trend(xs[:end], staircase[:end])
-        assert newest_evidence(trend, xs[:end], staircase[:end]) is trend
+        assert newest_evidence(trend, Series(xs[:end], staircase[:end])) is trend
     concave = [1e9 + 16 * MiB * math.ceil(16 * -math.expm1(-i / 25)) for i in range(64)]  # lumps ever further apart
     trend = fit_trend(xs, concave)
-    believed = newest_evidence(trend, xs, concave)
+    believed = newest_evidence(trend, Series(xs, concave))
     assert believed.slope < 0.5 * trend.slope and believed.high < trend.slope
     assert believed.level == concave[-1]  # projected from the floor measured now, not the line's overshoot
     stopped = [1e9 + 256 * KiB * min(x, 2500) for x in xs]  # a leak that stopped 1,500 steps ago
-    assert newest_evidence(fit_trend(xs, stopped), xs, stopped).low <= 0
+    assert newest_evidence(fit_trend(xs, stopped), Series(xs, stopped)).low <= 0
 
 
 def stopped_leak(onset, duration, rate, every, seed=1):

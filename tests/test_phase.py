@@ -63,7 +63,7 @@ def test_a_label_carries_the_name_and_the_steps_the_loop_said():
     assert parse_label("odd/label/x") == Phase("odd/label/x", None)  # traces come from anywhere: lenient
 
 
-@pytest.mark.parametrize("name, steps", [("", None), ("eval,x", None), ("9eval", None), ("x" * 40, None),
+@pytest.mark.parametrize("name, steps", [("", None), ("eval\n", None), ("eval,x", None), ("9eval", None), ("x" * 40, None),
                                          ("eval", 0), ("eval", -3), ("eval", 2.5), ("eval", True)])
 def test_a_label_that_would_not_survive_a_csv_cell_is_refused(name, steps):
     with pytest.raises(ConfigError, match="phase"):

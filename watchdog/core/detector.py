@@ -251,7 +251,7 @@ class LeakDetector:
         self._floors: list[float] = []
         self._peaks: list[float] = []
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=self.config.recent_buckets)  # (x, floor, peak)
-        self._history_trends: list[tuple] | None = None  # (fit, xs, floors) of the history since it last changed
+        self._history_trends: list[tuple] | None = None  # (fit, window) of the history since it last changed
         self._settled_excursion = -INF  # largest excursion of the buckets before the newest
         self._pending: _PendingBucket | None = None  # closed buckets not yet a whole-run bucket
         self._end: float = -INF  # the open bucket takes samples until this step (-INF: none open yet)
@@ -390,17 +390,17 @@ class LeakDetector:
         reason = ""
         fine = None  # the newest evidence comes from the finest buckets: the recent tier once it is finer
         if self._recent_active() and len(self._recent) >= 2 * TAIL_BUCKETS:
-            fine = Series([b[0] for b in self._recent], [b[1] for b in self._recent])
-        for trend, window_xs, window_floors in self._trends():
+            fine = Series(buckets=self._recent)  # drawn only if a window needs it
+        for trend, window in self._trends():
             room = self._room(trend.level, excursion) if trend.low > 0 else INF  # no rise: room is not looked at
             why_not = leak_shape(trend, cfg, room)
             if why_not is None:
-                newest = newest_evidence(trend, window_xs, window_floors, cfg.interval_z, fine)
+                newest = newest_evidence(trend, window, cfg.interval_z, fine)
                 why_not = _slowed(newest, trend, cfg) if newest is not trend else None
                 if why_not is None:
                     # The fitted line may run above the floor measured now: the projection starts from
                     # what was measured (a line through fast-then-slower growth overshoots it).
-                    candidate = newest._replace(level=min(newest.level, max(window_floors[-3:])))
+                    candidate = newest._replace(level=min(newest.level, max(window.ys[-3:])))
                     break
                 if newest.low <= 0 and stopped is None:
                     stopped = newest
@@ -417,10 +417,10 @@ class LeakDetector:
             self._streak = 0
         if stopped is not None:
             return _Analysis(Status.HEALTHY, stopped, stopped.level, excursion, seconds_per_step, reason)
-        newest = with_level(trend, window_xs, window_floors)
+        newest = with_level(trend, window.xs, window.ys)
         rising = newest.low > 0 and newest.slope * newest.span >= cfg.rise_sigmas * newest.sigma
         if rising:  # a short window that still holds the end of a stopped climb: its newest buckets say
-            evidence = newest_evidence(newest, window_xs, window_floors, cfg.interval_z, fine)
+            evidence = newest_evidence(newest, window, cfg.interval_z, fine)
             if evidence.low <= 0:
                 return _Analysis(Status.HEALTHY, evidence, evidence.level, excursion, seconds_per_step,
                                  _slowed(evidence, newest, cfg) or reason)
@@ -428,17 +428,18 @@ class LeakDetector:
                          seconds_per_step, reason)
 
     def _trends(self):
-        """(fit, xs, floors) of the whole history, its newest half, quarter, ..., then of the recent
-        tier's windows.
+        """(fit, window as a `Series`) of the whole history, its newest half, quarter, ..., then of
+        the recent tier's windows.
 
-        The history's fits change only when it gains a bucket, so they are kept between its closes;
-        the recent tier, which closes more often, is fitted afresh.
+        The history's fits (and their windows' lumps and noise, once measured) change only when it
+        gains a bucket, so they are kept between its closes; the recent tier, which closes more
+        often, is fitted afresh.
         """
         cfg = self.config
         xs, floors, n = self._xs, self._floors, len(self._xs)
         if self._history_trends is None:
             windows = [(xs[n - size:], floors[n - size:]) for size in window_sizes(n, cfg.min_window_buckets)]
-            self._history_trends = [(fit_trend(wx, wy, cfg.interval_z), wx, wy) for wx, wy in windows]
+            self._history_trends = [(fit_trend(wx, wy, cfg.interval_z), Series(wx, wy)) for wx, wy in windows]
         yield from self._history_trends
         r = len(self._recent)
         if not self._recent_active() or r < cfg.min_window_buckets:
@@ -449,7 +450,7 @@ class LeakDetector:
             window = recent[r - size:]
             if window[-1][0] - window[0][0] < shortest_span:
                 window_xs, window_floors = [b[0] for b in window], [b[1] for b in window]
-                yield fit_trend(window_xs, window_floors, cfg.interval_z), window_xs, window_floors
+                yield fit_trend(window_xs, window_floors, cfg.interval_z), Series(window_xs, window_floors)
 
     def _confirm(self, trend: Trend, excursion: float) -> str:
         """'' once a candidate has held long enough without slowing; else why it is not confirmed.

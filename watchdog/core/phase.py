@@ -30,11 +30,11 @@ import re
 from typing import NamedTuple
 
 from watchdog.core.errors import ConfigError
-from watchdog.core.trend import Trend, fit_trend, newest_evidence
+from watchdog.core.trend import Series, Trend, fit_trend, newest_evidence
 
 TRAIN = "train"
 STEADY_LABELS = frozenset(("", TRAIN))  # no phase given, or training: the detector's floor
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,31}$")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,31}")
 POINT_SAMPLES = 4  # samples per point at first: their minimum is the floor under the phase's transients
 MIN_PHASE_POINTS = 8  # a line through fewer points says too little to act on
 MAX_POINTS = 64  # points kept per phase run (neighbours merge beyond)
@@ -55,7 +55,7 @@ def phase_label(name: str, steps: int | None = None) -> str:
     Raises ConfigError on a name that would not survive a CSV cell or a Prometheus label value
     (a letter, then up to 31 letters, digits, `_`, `.` or `-`) or a length that is not positive.
     """
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError("phase", f"name must be a letter then up to 31 of [A-Za-z0-9_.-], got {name!r}")
     if steps is None or name == TRAIN:
         return name
@@ -143,7 +143,7 @@ class PhaseEpisode:
             self._next_refresh = self.n + max(1, self.n // 4)
             trend = fit_trend(self._xs, self._floors, z)
             if trend.low > 0 and trend.slope * trend.span >= rise_sigmas * trend.sigma:
-                trend = newest_evidence(trend, self._xs, self._floors, z)
+                trend = newest_evidence(trend, Series(self._xs, self._floors), z)
                 self._trend = trend if trend.low > 0 else None
             else:
                 self._trend = None

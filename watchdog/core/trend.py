@@ -127,14 +127,28 @@ TAIL_BUCKETS = 4  # the shortest tail of newest buckets compared with its window
 
 
 class Series:
-    """Bucket steps and floors whose largest lump and neighbour noise are measured once, when
-    first asked for (most analyses find no leak-shaped window and never ask)."""
+    """Bucket steps and floors, their largest lump and neighbour noise measured once, when first
+    asked for (most analyses find no leak-shaped window and never ask). `buckets`, if given,
+    stands for (step, floor, ...) tuples whose steps and floors are drawn when first needed."""
 
-    __slots__ = ("xs", "ys", "_lump", "_noise")
+    __slots__ = ("_xs", "_ys", "_buckets", "_lump", "_noise", "steady_beyond")
 
-    def __init__(self, xs: list[float], ys: list[float]):
-        self.xs, self.ys = xs, ys
+    def __init__(self, xs: list[float] | None = None, ys: list[float] | None = None, buckets=None):
+        self._xs, self._ys, self._buckets = xs, ys, buckets
         self._lump = self._noise = None
+        self.steady_beyond: float | None = None  # no tail longer than this is slower, even against the bounds
+
+    @property
+    def xs(self) -> list[float]:
+        if self._xs is None:
+            self._xs = [b[0] for b in self._buckets]
+        return self._xs
+
+    @property
+    def ys(self) -> list[float]:
+        if self._ys is None:
+            self._ys = [b[1] for b in self._buckets]
+        return self._ys
 
     @property
     def lump(self) -> float:
@@ -149,15 +163,14 @@ class Series:
         return self._noise
 
 
-def newest_evidence(trend: Trend, xs: list[float], ys: list[float], z: float = 1.96,
-                    fine: Series | None = None) -> Trend:
+def newest_evidence(trend: Trend, window: Series, z: float = 1.96, fine: Series | None = None) -> Trend:
     """The trend as the newest buckets tell it, when they show growth slower than the whole window.
 
     A window's median of slopes describes the window as a whole: growth that has slowed or stopped
     in its newest part still projects at the old rate, and a line through fast-then-slow growth
     even overshoots the floor measured now. So the newest tails (the last 4, 6, 9, 14, ... buckets
-    and the newest half, never more than half the window's span) are compared with the window by their
-    rise, from the median floor of the tail's first quarter to that of its last quarter:
+    and the newest half, never more than half the window's span) are compared with the window by
+    their rise, from the median floor of the tail's first quarter to that of its last quarter:
 
     - growth in lumps makes any stretch look faster or slower than it is, but a lump counts once,
       at its full height, in a rise: a steady leak's regular lumps leave any stretch at most one
@@ -172,57 +185,100 @@ def newest_evidence(trend: Trend, xs: list[float], ys: list[float], z: float = 1
       the shortest (the newest evidence) wins: its wider interval is the price of being current.
 
     `fine` is the `Series` of finer buckets over the newest part (the detector's recent tier), used
-    when at least 8 of them lie inside the window: its tails are tried first, so a stop late in a long run shows within a few fine buckets, not
-    a few of the window's coarse ones; the window's own tails follow (a slowdown that shows only
-    over thousands of steps). The lump is then the fine buckets' largest, or the coarse buckets'
-    largest less their own steady growth (a staircase whose steps are further apart than the fine
-    buckets reach), whichever is larger.
+    when at least 8 of them lie inside the window: its tails are tried first, so a stop late in a
+    long run shows within a few fine buckets, not a few of the window's coarse ones; the window's
+    own tails follow (a slowdown that shows only over thousands of steps). The lump is then the
+    fine buckets' largest, or the coarse buckets' largest less their own steady growth (a
+    staircase whose steps are further apart than the fine buckets reach), whichever is larger.
 
     A leak that stops leaves a flat tail: its low edge falls to zero or below, so the window is no
     longer a leak. Returns `trend` itself when no tail shows a slowdown. O(n log n) for the lump
-    and the noise, O(1) per tail; run only on windows that already look like leaks.
+    and the noise (once per series), O(1) per tail; run only on windows that look like leaks.
     """
-    lump = largest_lump(ys)
-    if fine is not None and (len(fine.xs) < 2 * TAIL_BUCKETS or fine.xs[-2 * TAIL_BUCKETS] < xs[0]):
-        fine = None  # too few fine buckets inside the window
+    xs, ys = window.xs, window.ys
+    if fine is not None and (len(fine.xs) < 2 * TAIL_BUCKETS or fine.xs[-2 * TAIL_BUCKETS] < xs[0]
+                             or (fine.xs[-1] == xs[-1] and fine.xs[1] - fine.xs[0] == xs[1] - xs[0])):
+        fine = None  # too few fine buckets inside the window, or the window is made of them
+    n = len(xs)
+    m = max(1, n // (2 * SEGMENTS))
+    span = 0.5 * (xs[n - m] + xs[n - 1] - xs[0] - xs[m - 1])
+    if span <= 0:
+        return trend
+    allowance = _Allowance(trend, window, fine, median(ys[n - m:]) - median(ys[:m]), span)
+    if allowance.rate_bound * 0.5 * trend.span <= allowance.lump_bound:
+        return trend  # even a flat tail of half the window would not miss more than a lump
+    covered = 0.0  # tail spans the fine buckets tried: the window's coarser tails start beyond
     if fine is not None:
+        found = _slower_tail(trend, allowance, fine, z, 0.0)
+        if found is not None:  # first: newer, and shorter in steps
+            return found
+        covered = 0.25 * (fine.xs[-1] - fine.xs[0])
+    return _slower_tail(trend, allowance, window, z, covered) or trend
+
+
+class _Allowance:
+    """The lump and the window's rate a tail is held to, with cheap bounds on both (the coarse
+    lump alone is a lower bound of the lump, so the rate it gives an upper bound of the rate): a
+    tail that is not slower even against the bounds needs neither the fine buckets' lump nor
+    their noise, and a steady leak's tails never are, so those are measured only when it matters."""
+
+    __slots__ = ("_fine", "_rise", "_span", "_slope", "lump_bound", "rate_bound", "_lump")
+
+    def __init__(self, trend: Trend, window: Series, fine: Series | None, rise: float, span: float):
         # In the window's coarse buckets steady growth rises by slope * width from one to the next:
         # that is no lump. A lump the fine buckets see counts at its height; one rarer than they
         # reach shows in the coarse buckets well above their own growth.
-        lump = max(fine.lump, lump - trend.slope * (xs[1] - xs[0]))
-    # The window's rate by its rise, less a lump: never above a steady leak's own rate, however its
-    # lumps fall (a median of slopes can be, by up to a lump over half the window).
-    n = len(xs)
-    m = max(1, n // (2 * SEGMENTS))
-    span = (sum(xs[n - m:]) - sum(xs[:m])) / m
-    if span <= 0:
-        return trend
-    window_rate = min(trend.slope, (median(ys[n - m:]) - median(ys[:m]) - lump) / span)
-    if fine is not None:
-        found = _slower_tail(trend, window_rate, fine.xs, fine.ys, lump, fine.noise, z)
-        if found is not None:  # first: newer, and shorter in steps
-            return found
-    return _slower_tail(trend, window_rate, xs, ys, lump, None, z) or trend
+        coarse = window.lump - trend.slope * (window.xs[1] - window.xs[0]) if fine is not None else window.lump
+        self._fine, self._rise, self._span, self._slope = fine, rise, span, trend.slope
+        self.lump_bound = coarse
+        self.rate_bound = self.rate(coarse)
+        self._lump = coarse if fine is None else None
+
+    def rate(self, lump: float) -> float:
+        """The window's rate by its rise, less a lump: never above a steady leak's own rate, however
+        its lumps fall (a median of slopes can be, by up to a lump over half the window)."""
+        return min(self._slope, (self._rise - lump) / self._span)
+
+    @property
+    def lump(self) -> float:
+        if self._lump is None:
+            self._lump = max(self._fine.lump, self.lump_bound)
+        return self._lump
 
 
-def _slower_tail(trend: Trend, window_rate: float, xs: list[float], ys: list[float], lump: float,
-                 step_noise: float | None, z: float) -> Trend | None:
-    """The shortest tail of (xs, ys) slower than `window_rate` (see `newest_evidence`)."""
+def _slower_tail(trend: Trend, allowance: _Allowance, series: Series, z: float, covered: float) -> Trend | None:
+    """The shortest tail of `series`, longer than `covered` steps, slower than the window (see
+    `newest_evidence`)."""
+    if series.steady_beyond is not None and series.steady_beyond <= covered:
+        return None  # a window kept between analyses, found steady before (its bounds depend on it alone)
+    xs, ys = series.xs, series.ys
     n = len(xs)
+    rate_bound, lump_bound = allowance.rate_bound, allowance.lump_bound
+    steady = True
     for k in tail_sizes(n):
         m = max(1, k // SEGMENTS)  # buckets in each end group of the tail
-        span = (sum(xs[n - m:]) - sum(xs[n - k:n - k + m])) / m
+        span = 0.5 * (xs[n - m] + xs[n - 1] - xs[n - k] - xs[n - k + m - 1])  # between the groups' middles
         if span <= 0 or span > 0.5 * trend.span:
             break  # longer tails only grow: at most half the window
-        if step_noise is None:
-            step_noise = neighbour_noise(ys)
-        first, last = median(ys[n - k:n - k + m]), median(ys[n - m:])
+        if span <= covered or rate_bound * span <= lump_bound:
+            continue  # tried in finer buckets already, or could not miss more than a lump
+        needed = rate_bound * span - lump_bound  # a tail must rise less than this to be slower
+        head, end = ys[n - k:n - k + m], ys[n - m:]
+        if min(end) - max(head) >= needed:
+            continue  # not slower even against the bounds (and the medians rose at least this much)
+        first, last = median(head), median(end)
         rise = last - first
-        noise = z * MEDIAN_EFFICIENCY * step_noise / math.sqrt(m)
+        if rise >= needed:
+            continue
+        steady = False
+        lump = allowance.lump
+        noise = z * MEDIAN_EFFICIENCY * series.noise / math.sqrt(m)
         high = (rise + lump + noise) / span
-        if high < window_rate:
+        if high < allowance.rate(lump):
             return trend._replace(slope=rise / span, low=(rise - noise) / span, high=high,
                                   level=min(last, trend.level))
+    if steady:
+        series.steady_beyond = covered
     return None
 
 
@@ -253,9 +309,9 @@ def largest_lump(ys: list[float]) -> float:
     """The largest rise that stays: from the higher of two neighbouring floors to the lower of the
     next two. A level that steps up counts at its height; one bucket whose samples all missed the
     floor (a reading noise, gone at the next bucket) does not."""
-    pairs = list(zip(ys, ys[1:]))
-    highs = [a if a > b else b for a, b in pairs]  # highs[i]: the higher of floors i and i + 1
-    lows = [a if a < b else b for a, b in pairs]
+    after = ys[1:]
+    highs = [a if a > b else b for a, b in zip(ys, after)]  # highs[i]: the higher of floors i and i + 1
+    lows = [a if a < b else b for a, b in zip(ys, after)]
     return max(0.0, max(map(sub, lows[2:], highs), default=0.0))
 
 
