@@ -2,6 +2,7 @@
 
 import gzip
 import math
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from watchdog.bench.memory_model import (
     KiB,
     LevelShift,
     LinearLeak,
+    LumpyFill,
     MemoryModel,
     MiB,
     SaturatingGrowth,
@@ -144,10 +146,49 @@ def test_the_corpus_is_deterministic_given_the_seed(corpus):
     assert other[0].samples != corpus[0].samples
 
 
-def test_hard_negatives_and_slow_growth_are_marked(corpus):
+def test_hard_negatives_and_growth_that_is_fair_to_alarm_on_are_marked(corpus):
     growing = [t for t in corpus if t.growing]
-    assert growing and all(t.kind == "slow_growth" and not t.leak for t in growing)
+    assert {t.kind for t in growing} == {"slow_growth", "first_eval_ramp", "leak_that_stops"}
+    assert not any(t.leak for t in growing)
     assert all(t.hard_negative == (not t.leak and not t.growing) for t in corpus)
+
+
+def test_growth_that_stops_levels_off_below_the_limit_in_each_of_its_shapes(corpus):
+    stopping = {kind: [t for t in corpus if t.kind == kind]
+                for kind in ("lumpy_cache_fill", "eval_outputs_kept", "first_eval_ramp", "leak_that_stops")}
+    assert all(len(traces) >= 5 for traces in stopping.values())  # several random variants each
+    for trace in (t for traces in stopping.values() for t in traces):
+        used = np.array([s.bytes_used for s in trace.samples])
+        assert used.max() < 0.96 * trace.limit_bytes and not trace.leak
+    labelled = {s.phase for t in stopping["eval_outputs_kept"] for s in t.samples}
+    assert "" in labelled and all(p == "" or re.fullmatch(r"eval/\d+", p) for p in labelled)
+    assert all(s.phase == "" for t in stopping["first_eval_ramp"] for s in t.samples)
+
+
+def test_a_lumpy_fill_is_concave_and_rises_in_lumps_of_its_size():
+    fill = LumpyFill(onset_step=100, size_bytes=800.0, tau_steps=400.0, lump_bytes=100.0)
+    values = fill.bytes_at(np.arange(0, 5000))
+    assert values[99] == 0 and values[-1] == 800.0
+    assert set(np.unique(values)) <= {100.0 * k for k in range(9)}  # whole lumps only
+    rises = np.flatnonzero(np.diff(values))
+    assert np.all(np.diff(rises)[3:] >= np.diff(rises)[2:-1])  # each lump comes later than the last
+
+
+def test_a_leak_that_stops_is_flat_after_its_stop_step():
+    leak = LinearLeak(onset_step=10, bytes_per_step=2.0, stop_step=20).bytes_at(np.arange(40))
+    assert leak[10] == 0 and leak[15] == 10 and leak[20] == leak[39] == 20
+
+
+def test_an_evaluation_that_keeps_its_outputs_holds_them_until_it_ends_and_labels_its_samples():
+    model = _quiet_model(eval_every=1000, eval_span=200, eval_bytes=GiB, eval_accumulates=True,
+                         eval_phase_label="eval/200")
+    rendered = render(model, np.random.default_rng(0))
+    floor = rendered.floor_bytes
+    assert floor[1199] - floor[999] == pytest.approx(GiB, rel=0.01)  # held memory climbs through the evaluation
+    assert floor[1200] == floor[999]  # and goes when it ends
+    assert floor[500] == floor[999]  # the first evaluation waits for eval_every steps
+    phases = {s.step: s.phase for s in rendered.samples}
+    assert phases[999] == "" and phases[1000] == phases[1199] == "eval/200" and phases[1200] == ""
 
 
 # ----------------------------------------------------------------------------------- real traces

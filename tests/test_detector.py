@@ -20,7 +20,8 @@ from watchdog.core.errors import ConfigError
 from watchdog.core.judge import Judge
 from watchdog.core.replay import replay
 from watchdog.core.sample import Sample
-from watchdog.core.trend import fit_trend
+from watchdog.core.trend import Series, fit_trend, newest_evidence
+from watchdog.core.units import format_bytes
 from watchdog.core.verdict import Status
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -251,3 +252,116 @@ def test_detector_memory_stays_flat_over_a_million_samples():
         tracemalloc.stop()
     assert len(detector._xs) <= detector.config.max_buckets
     assert late - early < 64 * KiB, f"detector grew by {late - early} bytes over 950k samples"
+
+
+# -------------------------------------------------------------- growth that stops (issue 16)
+# PJRT-CPU-like memory: a small transient on a resident floor, sampled every few steps, and a
+# budget tens of MiB above the peak, as in the runs that found these cases.
+
+def small_job(steps, floor, *, limit, every=5, transient=3 * MiB, jitter=0.3 * MiB, seed=1):
+    rng = random.Random(seed)
+    return [Sample(s, 1.7e9 + 0.1 * s, int(floor(s) + transient * rng.random() + rng.gauss(0.0, jitter)), limit)
+            for s in range(0, steps, every)]
+
+
+def cache_fill(slots, total, lump, seed, steps=8000):
+    """A cache of `slots` entries filled by random draws, one per step (each step finds fewer new
+    ones), held in memory that grows in lumps of `lump` bytes (an allocator's heap growth)."""
+    rng = random.Random(seed)
+    filled, held = set(), []
+    for _ in range(steps):
+        filled.add(rng.randrange(slots))
+        held.append(lump * math.ceil(len(filled) * total / slots / lump))
+    return lambda step: BASE + held[step], held
+
+
+@pytest.mark.parametrize("slots, lump, seed", [(500, 32 * MiB, 0), (500, 32 * MiB, 1), (1000, 32 * MiB, 0),
+                                               (1000, 32 * MiB, 1), (1000, 8 * MiB, 0)])
+def test_a_lumpy_concave_fill_is_not_extrapolated_linearly_once_it_slows(slots, lump, seed):
+    # 185 MiB in lumps, levelling off 75 MiB below the budget. Two lumps can land close together
+    # and then none for a long while, so the newest quarters of a window can look alike while the
+    # fill slows: the newest buckets' rise, allowing one lump, shows it.
+    total = 185 * MiB
+    floor, held = cache_fill(slots, total, lump, seed)
+    last_lump = max(s for s in range(1, len(held)) if held[s] != held[s - 1])
+    judge = Judge()
+    outcomes = [(s.step, *judge.judge(s)) for s in small_job(8000, floor, limit=int(BASE + total + 78 * MiB))]
+    assert not [step for step, _, action in outcomes if action.needs_checkpoint]
+    late_alarms = [step for step, verdict, _ in outcomes if step > last_lump + 400 and verdict.status is Status.LEAKING]
+    assert late_alarms == [], f"still projecting the old rate {late_alarms[0] - last_lump} steps after the last lump"
+
+
+def test_the_newest_buckets_are_believed_when_they_show_a_slowdown_and_not_for_a_lump_that_is_due():
+    xs = [float(64 * i) for i in range(64)]
+    staircase = [1e9 + 32 * MiB * (i // 8) for i in range(64)]  # a steady leak in lumps: 32 MiB every 8 buckets
+    for end in range(40, 64):  # wherever the window ends between two lumps, it is still the same leak
+        trend = fit_trend(xs[:end], staircase[:end])
+        assert newest_evidence(trend, Series(xs[:end], staircase[:end])) is trend
+    concave = [1e9 + 16 * MiB * math.ceil(16 * -math.expm1(-i / 25)) for i in range(64)]  # lumps ever further apart
+    trend = fit_trend(xs, concave)
+    believed = newest_evidence(trend, Series(xs, concave))
+    assert believed.slope < 0.5 * trend.slope and believed.high < trend.slope
+    assert believed.level == concave[-1]  # projected from the floor measured now, not the line's overshoot
+    stopped = [1e9 + 256 * KiB * min(x, 2500) for x in xs]  # a leak that stopped 1,500 steps ago
+    assert newest_evidence(fit_trend(xs, stopped), Series(xs, stopped)).low <= 0
+
+
+def stopped_leak(onset, duration, rate, every, seed=1):
+    """A leak that runs for `duration` steps and stops 17.7 MiB below the budget, as in the issue."""
+    floor = lambda s: BASE + rate * min(max(0, s - onset), duration)  # noqa: E731
+    limit = int(BASE + rate * duration + 3 * MiB + 17.7 * MiB)
+    return small_job(onset + duration + 3000, floor, limit=limit, every=every, seed=seed), onset + duration, limit
+
+
+RECOVERY_BUCKET = DetectorConfig().recent_bucket_steps  # the widest bucket the newest evidence comes from
+RECOVERY_BOUND = 5 * RECOVERY_BUCKET  # the detector's docstring, item 5: the 4-bucket tail, clear of the stop
+
+
+@pytest.mark.parametrize("onset, duration, rate, every, buckets", [
+    (300, 1200, 85 * KiB, 5, 5),  # the issue's case: 1,200 steps of 85 KiB/step, early in the run
+    (200, 600, 200 * KiB, 2, 5),
+    (5000, 3000, 40 * KiB, 5, 5),
+    (20_000, 2000, 100 * KiB, 4, 5),  # recent tier: 64-step buckets beside 256-step ones
+    (60_000, 3000, 30 * KiB, 8, 7),  # slower: the 6-bucket tail
+    (9000, 1000, 20 * KiB, 1, 7),
+])
+def test_a_leak_that_stops_is_healthy_again_within_the_stated_bound_and_stays_so(onset, duration, rate, every,
+                                                                                   buckets):
+    samples, stop, _ = stopped_leak(onset, duration, rate, every)
+    judge = Judge()
+    outcomes = [(s.step, *judge.judge(s)) for s in samples]
+    assert any(v.status is Status.LEAKING for step, v, _ in outcomes if step < stop)  # it was caught running
+    after = [(step, v, a) for step, v, a in outcomes if step >= stop + buckets * RECOVERY_BUCKET + every]
+    assert after and all(v.status is Status.HEALTHY for _, v, _ in after), \
+        next(f"{v.status.value} at stop + {step - stop}: {v.explanation}" for step, v, _ in after if v.status is not Status.HEALTHY)
+    assert not any(a.needs_checkpoint for _, _, a in after)
+
+
+def test_a_projection_never_says_the_limit_is_reached_while_the_measured_peak_is_below_it():
+    samples, stop, limit = stopped_leak(300, 1200, 85 * KiB, 5)
+    judge, peak = Judge(), 0
+    for sample in samples:
+        verdict, _ = judge.judge(sample)
+        peak = max(peak, sample.bytes_used)
+        assert peak < limit
+        if verdict.projected_oom_step is not None:
+            assert verdict.projected_oom_steps > 0 and verdict.projected_oom_step > sample.step, (
+                f"step {sample.step}: '{verdict.explanation}' with the peak {format_bytes(limit - peak)} below the limit")
+        if sample.step > stop + RECOVERY_BOUND:  # the floor is the one measured, not a line's overshoot
+            assert verdict.floor_bytes < BASE + 85 * KiB * 1200 + 2 * MiB
+
+
+def test_a_transient_margin_past_the_limit_is_not_the_limit_reached():
+    """The margin for unsampled transient tops may reach past the limit before the measured peak does:
+    the central projection still counts down (to the measured peak's crossing); the pessimistic one,
+    which actions read, may say now."""
+    rate = 64 * KiB
+    floor = lambda s: BASE + rate * s  # noqa: E731
+    transient = 2 * GiB
+    measured_room = 150 * MiB  # at the last sample; the 10% margin on 2 GiB takes 205 MiB
+    limit = int(BASE + rate * 6000 + transient + measured_room)
+    judge = Judge()
+    verdicts = [judge.judge(s)[0] for s in small_job(6000, floor, limit=limit, every=1, transient=transient)]
+    last = verdicts[-1]
+    assert last.status is Status.LEAKING
+    assert last.projected_oom_steps > 0 and last.projected_oom_steps_pessimistic == 0

@@ -5,6 +5,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from watchdog import WatchdogConfig
+from watchdog.core.sample import load_trace
 from watchdog.integrations.lightning import HbmWatchdogCallback
 from watchdog.runtime.sources import RssSource
 
@@ -63,3 +64,36 @@ def test_no_leak_runs_to_the_end_without_action(tmp_path):
     assert trainer.global_step == 150
     assert callback.exit_code == 0 and callback.resume_path() is None
     assert callback.watchdog.telemetry.samples_total > 10
+
+
+class EvaluatingModule(LeakyModule):
+    """Validation collects every batch's predictions for an epoch-end metric, then lets them go."""
+
+    def __init__(self):
+        super().__init__(leak=False)
+        self.predictions = []
+
+    def validation_step(self, batch, batch_idx):
+        x, _ = batch
+        self.predictions.append(self.layer(x).detach() + torch.zeros(1 << 18))  # 1 MiB a batch, written
+
+    def on_validation_epoch_end(self):
+        self.predictions.clear()
+
+
+def test_validation_runs_under_the_eval_phase_and_the_counter_keeps_rising_through_it(tmp_path):
+    torch.manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 1)), batch_size=8)
+    trace = tmp_path / "trace.csv"
+    config = WatchdogConfig(sample_every=1, source="rss", trace_file=trace,
+                            memory_limit_bytes=RssSource().read().bytes_used + (1 << 30))
+    callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
+    trainer = L.Trainer(max_steps=24, val_check_interval=8, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
+    trainer.fit(EvaluatingModule(), data, data)
+    assert callback.exit_code == 0 and trainer.global_step == 24
+    samples = load_trace(trace)
+    steps = [s.step for s in samples]
+    assert steps == sorted(set(steps))  # global_step stands still in validation; the watchdog's counter does not
+    assert {s.phase for s in samples} == {"", "eval/8"}  # as many batches as Lightning planned
+    assert callback._phase is None and callback.watchdog._phase == ""  # back to training after each validation

@@ -46,13 +46,57 @@ def test_leak_with_oom_far_away_only_warns_once_per_cooldown():
     assert not any(a.needs_checkpoint for a in actions)
 
 
+def watched(policy, until, every=10):
+    """Healthy verdicts every `every` steps up to `until`: what a sidecar sampling every 10 steps gives."""
+    run(policy, [verdict(s, Status.HEALTHY) for s in range(0, until, every)])
+
+
 def test_action_horizon_grows_with_the_steps_watched():
     config = PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, lead_factor=4, horizon_fraction=0.5)
     policy = ActionPolicy(config)
-    assert policy.decide(verdict(0, Status.HEALTHY)) is Action.NONE
-    assert policy.action_horizon_steps(0) == 40  # four margins
+    watched(policy, 10_000)
+    assert policy.action_horizon_steps(0) == 40 + 10  # four margins, and the gap between two verdicts
     assert policy.action_horizon_steps(10_000) == 5_000  # half the run watched so far
-    assert policy.decide(verdict(10_000, projected_oom_steps=4_000.0)) is Action.CHECKPOINT_REINIT
+    assert policy.decide(verdict(10_000, projected_oom_steps=4_000.0, window=8_000)) is Action.CHECKPOINT_REINIT
+
+
+# ---------------------------------------------------------- a first steep ramp is treated with caution
+
+def test_a_first_steep_ramp_gets_a_warning_not_a_checkpoint_unless_imminent():
+    # An evaluation that keeps its outputs climbs like a leak: seen over 300 steps, the OOM 1,000 ahead.
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=50, cooldown_steps=500))
+    watched(policy, 10_000)
+    ramp = [verdict(s, projected_oom_steps=1_000.0 - (s - 10_000), window=300.0) for s in range(10_000, 10_400, 10)]
+    actions = run(policy, ramp)
+    assert actions[0] is Action.WARN and not any(a.needs_checkpoint for a in actions)
+    # Without the caution, the horizon (a quarter of 10,000 steps watched) would have taken it.
+    assert policy.action_horizon_steps(10_000) == 2_500
+    # Once it is imminent (four checkpoint margins, plus one gap between verdicts), it is acted on.
+    assert policy.decide(verdict(10_400, projected_oom_steps=200.0, window=700.0)) is Action.CHECKPOINT_REINIT
+
+
+def test_a_first_ramp_seen_for_twice_as_long_as_it_projects_is_acted_on():
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=50))
+    watched(policy, 10_000)
+    assert policy.decide(verdict(10_000, projected_oom_steps=2_000.0, window=3_000.0)) is Action.WARN
+    assert policy.decide(verdict(10_010, projected_oom_steps=2_000.0, window=4_000.0)) is Action.CHECKPOINT_REINIT
+
+
+def test_after_a_first_checkpoint_the_usual_horizon_applies_until_a_reinit_starts_a_new_baseline():
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=50, cooldown_steps=0))
+    watched(policy, 10_000)
+    assert policy.decide(verdict(10_000, projected_oom_steps=100.0, window=50.0)) is Action.CHECKPOINT_REINIT
+    young = verdict(10_010, projected_oom_steps=2_000.0, window=300.0)  # the growth is known real now
+    assert policy.decide(young) is Action.CHECKPOINT_REINIT
+    policy.rearm()  # a reinit brought memory down: the detector starts over, and so does the caution
+    assert policy.decide(young._replace(step=10_020)) is Action.WARN
+
+
+def test_a_gap_between_verdicts_makes_an_oom_within_it_imminent():
+    # Samples that arrive hours apart (missing data): an OOM that could fall between two is imminent.
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10))
+    run(policy, [verdict(0, Status.HEALTHY), verdict(3_000, Status.HEALTHY)])
+    assert policy.decide(verdict(3_010, projected_oom_steps=2_500.0, window=100.0)) is Action.CHECKPOINT_REINIT
 
 
 def test_pessimistic_projection_decides_not_the_central_one():
@@ -99,7 +143,7 @@ def test_healthy_and_suspect_verdicts_never_act():
 
 @pytest.mark.parametrize("field, value", [("checkpoint_margin_steps", -1), ("max_restarts", -1),
                                           ("confirm_verdicts", 0), ("horizon_fraction", math.nan),
-                                          ("min_recovery", 2.0)])
+                                          ("min_recovery", 2.0), ("first_ramp_reach", -1.0)])
 def test_config_errors_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"policy.{field}"):
         PolicyConfig(**{field: value})

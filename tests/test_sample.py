@@ -5,13 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from watchdog.core.errors import TraceFormatError
-from watchdog.core.sample import (
-    TRACE_HEADER,
-    Sample,
-    TraceWriter,
-    load_trace,
-    write_trace,
-)
+from watchdog.core.sample import TRACE_HEADER, TRACE_HEADER_WITH_PHASE, Sample, TraceWriter, load_trace, write_trace
 
 sizes = st.integers(min_value=0, max_value=1 << 50)
 samples = st.builds(
@@ -21,6 +15,7 @@ samples = st.builds(
     bytes_used=sizes,
     bytes_limit=st.none() | sizes,
     peak_bytes_used=st.none() | sizes,
+    phase=st.sampled_from(["", "train", "eval", "eval/300", "checkpoint"]),
 )
 
 
@@ -37,10 +32,25 @@ def test_writer_appends_to_an_existing_trace_without_a_second_header(tmp_path):
     with TraceWriter(path) as writer:
         writer.write(Sample(1, 2.0, 11))
     lines = path.read_text().splitlines()
-    assert lines[0] == ",".join(TRACE_HEADER)
-    assert lines.count(",".join(TRACE_HEADER)) == 1
+    assert lines[0] == ",".join(TRACE_HEADER_WITH_PHASE)
+    assert lines.count(",".join(TRACE_HEADER_WITH_PHASE)) == 1
     assert [s.step for s in load_trace(path)] == [0, 1]
     assert load_trace(path)[1].bytes_limit is None
+
+
+def test_a_trace_without_the_phase_column_reads_and_is_appended_to_in_its_own_five_columns(tmp_path):
+    path = tmp_path / "old.csv"
+    path.write_text(",".join(TRACE_HEADER) + "\n0,1.0,10,100,12\n")
+    with TraceWriter(path) as writer:
+        writer.write(Sample(1, 2.0, 11, phase="eval/300"))  # the phase cannot go into an old trace
+    assert path.read_text().splitlines()[-1] == "1,2.000000,11,,"
+    assert load_trace(path) == [Sample(0, 1.0, 10, 100, 12), Sample(1, 2.0, 11)]
+
+
+def test_the_phase_column_round_trips_and_may_be_empty(tmp_path):
+    path = tmp_path / "new.csv"
+    path.write_text(",".join(TRACE_HEADER_WITH_PHASE) + "\n0,1.0,10,,,\n1,2.0,11,,,eval/300\n")
+    assert [s.phase for s in load_trace(path)] == ["", "eval/300"]
 
 
 @pytest.mark.parametrize(
@@ -52,6 +62,9 @@ def test_writer_appends_to_an_existing_trace_without_a_second_header(tmp_path):
         ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5,,\n2,x,5,,\n", 3, "timestamp"),
         ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5\n", 2, "expected 5 fields"),
         ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,-5,,\n", 2, "negative"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used,phase\n1,2.0,5,,,eval\n2,3.0,5,,\n", 3,
+         "expected 6 fields"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5,,,eval\n", 2, "expected 5 fields"),
         ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5.5,,\n", 2, "whole number"),
     ],
 )

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from watchdog import Watchdog, WatchdogConfig
+from watchdog.core.errors import ConfigError
 from watchdog.core.sample import load_trace
 from watchdog.runtime.sources import MemoryReading, RssSource
 
@@ -142,3 +143,51 @@ def test_requests_made_while_one_is_in_flight_coalesce_to_the_newest_step():
         steps = [s.step for s in wd.history]
     assert source.calls < 200  # not one read per step: the sidecar reads at its own pace ...
     assert steps == sorted(steps) and steps[-1] == 1999  # ... always the newest step, the last one too
+
+
+class ScriptedSource:
+    """Memory as the loop's phase makes it: a test double for a device whose numbers we choose."""
+
+    name = "scripted"
+
+    def __init__(self):
+        self.bytes_used = 1 << 30
+
+    def read(self) -> MemoryReading:
+        return MemoryReading(self.bytes_used, 2 << 30, None)
+
+
+def test_phase_labels_every_sample_and_the_trace_taken_in_it(tmp_path):
+    source = ScriptedSource()
+    trace = tmp_path / "trace.csv"
+    with Watchdog(WatchdogConfig(sample_every=1, trace_file=trace), source=source) as wd:
+        for step in range(5):
+            wd.step(step)
+            wd.drain()
+        with wd.phase("eval", steps=3):  # the loop's counter keeps rising through the phase
+            for step in range(5, 8):
+                source.bytes_used += 1 << 20
+                wd.step(step)
+                wd.drain()
+        source.bytes_used = 1 << 30
+        wd.step(8)
+        wd.drain()
+        wd.phase("checkpoint")  # a plain call sets it until the next one
+        wd.step(9)
+        wd.drain()
+        wd.phase("train")
+        wd.step(10)
+        wd.drain()
+    phases = [(s.step, s.phase) for s in load_trace(trace)]
+    assert phases == [(0, ""), (1, ""), (2, ""), (3, ""), (4, ""), (5, "eval/3"), (6, "eval/3"), (7, "eval/3"),
+                      (8, ""), (9, "checkpoint"), (10, "train")]
+
+
+def test_a_phase_is_checked_once_and_then_only_an_attribute_write():
+    wd = Watchdog(WatchdogConfig(sample_every=1))  # not started: the phase is the loop's, not the thread's
+    with pytest.raises(ConfigError, match="phase"):
+        wd.phase("eval predictions")
+    scope = wd.phase("eval", steps=100)
+    assert wd._phase == "eval/100" and wd._labels[("eval", 100)] == "eval/100"
+    scope.end()
+    assert wd._phase == ""

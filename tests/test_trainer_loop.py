@@ -11,9 +11,11 @@ import torch
 from conftest import REPO, hbm_watchdog_env, json_lines, run_python
 
 from watchdog.commands.cli import main
+from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESTART_REQUESTED
+from watchdog.core.sample import load_trace
 from watchdog.core.verdict import Action
-from watchdog.trainer.loop import TrainConfig, Trainer, off_device_tensors
+from watchdog.trainer.loop import TrainConfig, Trainer, off_device_tensors, watch_step
 from watchdog.trainer.model import ModelConfig
 
 N = 6
@@ -158,6 +160,8 @@ def test_sigterm_saves_at_the_step_boundary_exits_42_and_resumes(tmp_path):
     (["--memory-limit", "lots"], "--memory-limit"),
     (["--sample-every", "0"], "--sample-every must be at least 1"),
     (["--force-action", "explode@3"], "reinit@STEP or restart@STEP"),
+    (["--eval-every", "-5"], "--eval-every must not be negative"),
+    (["--eval-steps", "0"], "--eval-steps must be at least 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, fragment, capsys):
     assert main(["train", *argv]) == EXIT_BAD_INPUT
@@ -187,3 +191,29 @@ def test_periodic_checkpoints_every_n_steps(tmp_path):
     assert result.exit_code == EXIT_OK
     assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == [
         "ckpt-00000003.pt", "ckpt-00000006.pt", "ckpt-00000009.pt", "ckpt-00000010.pt"]  # and the final one
+
+
+def test_the_watchdogs_counter_counts_evaluation_batches_and_depends_on_the_step_alone():
+    config = replace(TINY, eval_every=4, eval_steps=3)
+    assert [watch_step(config, s) for s in range(9)] == [0, 1, 2, 3, 7, 8, 9, 10, 14]
+    assert watch_step(replace(TINY, eval_every=0), 8) == 8
+
+
+def test_an_evaluation_runs_under_the_eval_phase_keeps_its_outputs_until_it_ends_and_changes_no_step(tmp_path):
+    trace = tmp_path / "trace.csv"
+    watched = WatchdogConfig(sample_every=1, source="rss", memory_limit_bytes=1 << 40, trace_file=trace)
+    with_eval, with_eval_state = finish(replace(TINY, watchdog=watched, eval_every=4, eval_steps=3,
+                                                eval_keep_outputs=True, checkpoint_dir=tmp_path / "a"))
+    plain, plain_state = finish(replace(TINY, checkpoint_dir=tmp_path / "b"))
+    assert with_eval.losses == plain.losses  # an evaluation reads the model and draws no random number
+    assert_bitwise_equal(with_eval_state, plain_state)
+    samples = load_trace(trace)
+    steps = [s.step for s in samples]
+    # One counter through 12 training steps and three evaluations of 3 batches (after training
+    # steps 3, 7 and 11: counts 4-6, 11-13, 18-20). The sidecar reads the newest step it was asked
+    # for and the phase at the moment it reads memory, so a step asked for just before an
+    # evaluation may be read, and labelled, inside it.
+    assert steps == sorted(set(steps)) and steps[-1] <= 20
+    evaluating = {s.step for s in samples if s.phase == "eval/3"}
+    assert evaluating and evaluating <= {3, 4, 5, 6, 10, 11, 12, 13, 17, 18, 19, 20}
+    assert {s.phase for s in samples} == {"", "eval/3"}

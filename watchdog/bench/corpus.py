@@ -2,8 +2,18 @@
 
 Labels are honest by construction: `leak=True` iff the rendered job really reaches its memory
 limit inside the trace or shortly after its end (the generator computes the step), and every
-negative is checked never to reach it. A few `growing` negatives hold a genuine but slow leak that
-would need several times the run to exhaust memory: an alarm on them is fair, an action is not.
+negative is checked never to reach it. `growing` negatives rise for real, so an alarm on them is
+fair and an action is not: a genuine but slow leak that would need several times the run to
+exhaust memory, a leak that stops, an evaluation ramp recorded without its phase.
+
+Growth that stops by itself has three hard-negative families: a cache that fills with decreasing
+speed in memory that grows in lumps, evaluations that keep their outputs on the device until they
+end (with and without the phase label a loop using `Watchdog.phase` records), and a leak that runs
+for a while and stops. Each levels off 5-25% of the limit below it. Some growth is worth acting
+on whatever it turns out to be, so the families leave it out: a ramp that would reach the limit
+within a few checkpoint times (each leaves the job more than `NOT_IMMINENT_MARGINS` checkpoint
+times at its steepest), and, where the watchdog cannot know the ramp will stop (no phase label,
+a leak that stops), a ramp that has already risen by more than it leaves.
 
 Each family draws its parameters from ranges seen in practice (16/32 GiB HBM, 0.15-2 s steps,
 3k-80k steps, activations 15-35% of the footprint); `synthetic_corpus(seed)` is deterministic.
@@ -22,6 +32,7 @@ from watchdog.bench.memory_model import (
     KiB,
     LevelShift,
     LinearLeak,
+    LumpyFill,
     MemoryModel,
     MiB,
     SaturatingGrowth,
@@ -31,6 +42,7 @@ from watchdog.bench.memory_model import (
 from watchdog.core.sample import Sample
 
 SOON_AFTER_FRACTION = 0.2  # an OOM at most this far (fraction of the run) past the end still counts as a leak
+NOT_IMMINENT_MARGINS = 12  # growth that stops leaves this many checkpoint times at its steepest (3x imminent)
 
 
 @dataclass
@@ -193,6 +205,76 @@ def _slow_growth(rng, steps):
             f"slow growth {rate / KiB:.2f} KiB/step, not OOM-bound within the run")
 
 
+def _stopping_limit(rng, *, rises_less_than_it_leaves: bool) -> tuple[int, float, float]:
+    """(limit, spare, rise) for growth that stops 5-20% of the limit below it, having risen by
+    8-25% of the limit; or, when it must rise by less than it leaves (what the watchdog cannot
+    tell from the start of a leak: see the module docstring), 8-25% below, by 50-90% of that."""
+    limit = _limit(rng)
+    if rises_less_than_it_leaves:
+        spare = limit * rng.uniform(0.08, 0.25)
+        return limit, spare, spare * rng.uniform(0.5, 0.9)
+    return limit, limit * rng.uniform(0.05, 0.2), limit * rng.uniform(0.08, 0.25)
+
+
+def _not_imminent_steps(model: MemoryModel, rise: float, spare: float) -> int:
+    """The fewest steps a ramp of `rise` may take so that, at its rate, the `spare` it leaves (less
+    the tenth of the largest transient a watchdog keeps for tops its samples miss) lasts
+    `NOT_IMMINENT_MARGINS` checkpoint times."""
+    usable = max(spare - 0.1 * max(model.activation_bytes, model.eval_bytes), 0.25 * spare)
+    return math.ceil(NOT_IMMINENT_MARGINS * _margin_steps(model) * rise / usable)
+
+
+def _lumpy_cache_fill(rng, steps):
+    """Entries drawn at random fill a cache (each step finds fewer new ones) in memory that grows
+    in lumps, 5-10 of them: concave, and a staircase whose newest quarters can look alike. (With
+    fewer, a fill is a handful of level shifts that nothing tells from a stepwise leak's start.)"""
+    limit, spare, size = _stopping_limit(rng, rises_less_than_it_leaves=False)
+    model = _job(rng, steps, limit, spare + size)
+    lumps = int(rng.integers(5, 11))
+    # At its steepest (the start) it adds size / tau per step.
+    tau = max(steps * rng.uniform(0.05, 0.3), _not_imminent_steps(model, size, spare))
+    onset = int(steps * rng.uniform(0.0, 0.2))
+    growth = (LumpyFill(onset, size, tau, size / lumps),)
+    return (replace(model, growth=growth),
+            f"cache filling towards {size / GiB:.2f} GiB in {lumps} lumps (time constant {tau:.0f} steps)")
+
+
+def _eval_ramp(rng, steps, labelled: bool):
+    limit, spare, kept = _stopping_limit(rng, rises_less_than_it_leaves=not labelled)
+    model = _job(rng, steps, limit, spare + kept)
+    span = int(rng.integers(150, 600))
+    if not labelled:
+        span = max(span, _not_imminent_steps(model, kept, spare))
+    every = int(span * rng.uniform(2.5, 6.0))  # the first early, when a ramp spans many buckets
+    label = f"eval/{span}" if labelled else ""
+    model = replace(model, eval_every=every, eval_span=span, eval_bytes=int(kept), eval_accumulates=True,
+                    eval_phase_label=label)
+    return model, (f"evaluation of {span} steps every {every} keeping {kept / GiB:.2f} GiB of outputs until it ends"
+                   + (f" (phase label {label})" if labelled else " (no phase label)"))
+
+
+def _eval_outputs_kept(rng, steps):
+    """Evaluations keep each batch's outputs on the device until they end, with the phase label."""
+    return _eval_ramp(rng, steps, labelled=True)
+
+
+def _first_eval_ramp(rng, steps):
+    """The same without the phase label: the first one climbs like a leak's start."""
+    return _eval_ramp(rng, steps, labelled=False)
+
+
+def _leak_that_stops(rng, steps):
+    """A leak runs for 10-30% of the run, then its code path stops and memory stays flat."""
+    limit, spare, grown = _stopping_limit(rng, rises_less_than_it_leaves=True)
+    model = _job(rng, steps, limit, spare + grown)
+    duration = max(int(steps * rng.uniform(0.1, 0.3)), _not_imminent_steps(model, grown, spare))
+    onset = int(steps * rng.uniform(0.1, 0.4))
+    rate = grown / duration
+    growth = (LinearLeak(onset, rate, onset + duration),)
+    return (replace(model, growth=growth),
+            f"leak of {rate / KiB:.1f} KiB/step from step {onset} that stops after {duration} steps")
+
+
 # ------------------------------------------------------------------------------------------- leaks
 
 def _leak_window(rng, steps, onset_range, oom_range) -> tuple[int, int]:
@@ -281,7 +363,12 @@ NEGATIVES: tuple[tuple[str, Negative, int, tuple[int, ...]], ...] = (
     ("saturating_cache", _saturating_cache, 7, LENGTHS),
     ("heavy_noise", _heavy_noise, 7, LENGTHS),
     ("slow_growth", _slow_growth, 4, LENGTHS[2:]),
+    ("lumpy_cache_fill", _lumpy_cache_fill, 6, LENGTHS[:5]),
+    ("eval_outputs_kept", _eval_outputs_kept, 5, LENGTHS[1:5]),
+    ("first_eval_ramp", _first_eval_ramp, 5, LENGTHS[1:5]),
+    ("leak_that_stops", _leak_that_stops, 6, LENGTHS[1:5]),
 )
+GROWING = frozenset(("slow_growth", "first_eval_ramp", "leak_that_stops"))  # alarms fair, actions not
 POSITIVES: tuple[tuple[str, Positive, int, tuple[int, ...]], ...] = (
     ("linear_small_leak", _linear_small, 8, LENGTHS[4:]),
     ("linear_large_leak", _linear_large, 8, LENGTHS[:5]),
@@ -307,7 +394,7 @@ def _negative(kind: str, make: Negative, rng: np.random.Generator, lengths, inde
         rendered = render(model, rng)
         spare = model.limit_bytes - float(rendered.peak_bytes.max())
         if rendered.oom_step is None and spare > _noise_floor(model):
-            growing = kind == "slow_growth"
+            growing = kind in GROWING
             return LabelledTrace(
                 name=f"{kind}-{index:02d}", kind=kind, family="synthetic", samples=rendered.samples,
                 limit_bytes=model.limit_bytes, leak=False, onset_step=None, oom_step=None,
@@ -333,7 +420,7 @@ def _positive(kind: str, make: Positive, rng: np.random.Generator, lengths, inde
 
 def _meta(model: MemoryModel) -> dict:
     leak_rate = sum(g.bytes_per_step if isinstance(g, LinearLeak) else g.chunk_bytes / g.every
-                    for g in model.growth if isinstance(g, (LinearLeak, StepwiseLeak)))
+                    for g in model.growth if isinstance(g, (LinearLeak, StepwiseLeak)))  # while it runs
     return {"steps": model.steps, "sample_every": model.sample_every, "step_seconds": model.step_seconds,
             "leak_bytes_per_step": leak_rate}
 

@@ -7,7 +7,9 @@ HBM does in a PyTorch/XLA job:
 - runtime/program memory from step 0, weights + optimizer state allocated at step 1-2;
 - per-step activations: a sample lands at a random point inside a step, so readings jump
   between the floor and floor + activations (and sometimes the idle gap between steps);
-- periodic evaluation and checkpoint spikes (both also stretch the wall clock);
+- periodic evaluation and checkpoint spikes (both also stretch the wall clock); an evaluation
+  may keep each batch's outputs on the device until it ends (`eval_accumulates`), and the
+  samples taken in it may carry the phase label a loop using `Watchdog.phase` records;
 - allocator jitter (white) and fragmentation drift (slow, bounded);
 - `growth` components added to the floor: leaks, level shifts, caches that fill and stop.
 
@@ -34,13 +36,16 @@ DRIFT_KNOT_STEPS = 64  # fragmentation drift is an AR(1) on knots this far apart
 
 @dataclass(frozen=True)
 class LinearLeak:
-    """Small tensors kept every step (a list of losses, a held graph): `bytes_per_step` from onset."""
+    """Small tensors kept every step (a list of losses, a held graph): `bytes_per_step` from onset,
+    until `stop_step` if it stops (the code path that leaked ran its course)."""
 
     onset_step: int
     bytes_per_step: float
+    stop_step: int | None = None
 
     def bytes_at(self, steps: np.ndarray) -> np.ndarray:
-        return np.maximum(steps - self.onset_step, 0) * self.bytes_per_step
+        until = steps if self.stop_step is None else np.minimum(steps, self.stop_step)
+        return np.maximum(until - self.onset_step, 0) * self.bytes_per_step
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,24 @@ class SaturatingGrowth:
         return self.size_bytes * -np.expm1(-elapsed / self.tau_steps)
 
 
-Growth = LinearLeak | StepwiseLeak | LevelShift | SaturatingGrowth
+@dataclass(frozen=True)
+class LumpyFill:
+    """A cache that fills with decreasing speed (entries drawn at random: each step finds fewer new
+    ones), held in memory that grows in lumps of `lump_bytes` (an allocator's heap growth, buffers
+    added in blocks): `size_bytes * (1 - exp(-t / tau))`, rounded up to whole lumps."""
+
+    onset_step: int
+    size_bytes: float
+    tau_steps: float
+    lump_bytes: float
+
+    def bytes_at(self, steps: np.ndarray) -> np.ndarray:
+        elapsed = np.maximum(steps - self.onset_step, 0)
+        filled = self.size_bytes * -np.expm1(-elapsed / self.tau_steps)
+        return np.minimum(np.ceil(filled / self.lump_bytes - 1e-9) * self.lump_bytes, self.size_bytes)
+
+
+Growth = LinearLeak | StepwiseLeak | LevelShift | SaturatingGrowth | LumpyFill
 
 
 @dataclass(frozen=True)
@@ -101,6 +123,8 @@ class MemoryModel:
     eval_every: int = 0  # 0: no evaluation
     eval_span: int = 2  # steps an evaluation's buffers are live
     eval_bytes: int = 0
+    eval_accumulates: bool = False  # outputs kept on the device batch by batch: eval_bytes by its end
+    eval_phase_label: str = ""  # the phase label samples taken in an evaluation carry ("": none)
     checkpoint_every: int = 0  # 0: no checkpoints
     checkpoint_bytes: int = 0
     jitter_bytes: float = 0.0  # sd of white allocator jitter on each reading
@@ -139,7 +163,11 @@ def _drift(model: MemoryModel, horizon: int, rng: np.random.Generator) -> np.nda
 def _phase_masks(model: MemoryModel, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     evals = np.zeros(steps.shape, dtype=bool)
     if model.eval_every:
-        evals = (steps > 0) & (steps % model.eval_every < model.eval_span)
+        # Spikes of a few steps run from step 1 on; an evaluation that keeps its outputs runs for
+        # hundreds of steps, so the first waits for a trained model (and a weights allocation
+        # inside it would be no evaluation growth).
+        first = model.eval_every if model.eval_accumulates else 1
+        evals = (steps >= first) & (steps % model.eval_every < model.eval_span)
     checkpoints = np.zeros(steps.shape, dtype=bool)
     if model.checkpoint_every:
         checkpoints = (steps > 0) & (steps % model.checkpoint_every == 0) & ~evals
@@ -157,7 +185,14 @@ def render(model: MemoryModel, rng: np.random.Generator, horizon_factor: float =
 
     evals, checkpoints = _phase_masks(model, steps)
     scale = 1.0 - model.activation_spread * rng.random(horizon)
-    transient_peak = np.where(evals, float(model.eval_bytes),
+    eval_peak = float(model.eval_bytes)
+    if model.eval_accumulates:
+        # Outputs kept batch by batch are held memory while the evaluation runs (freed at its end);
+        # each batch's forward pass adds its activations on top, as a transient.
+        kept = np.minimum((steps % max(model.eval_every, 1) + 1) / model.eval_span, 1.0)
+        floor = floor + np.where(evals, model.eval_bytes * kept, 0.0)
+        eval_peak = 0.5 * model.activation_bytes * scale
+    transient_peak = np.where(evals, eval_peak,
                               np.where(checkpoints, float(model.checkpoint_bytes),
                                        model.activation_bytes * scale))
     transient_peak[steps < model.state_step] = 0.0  # nothing trains before the state exists
@@ -177,10 +212,12 @@ def render(model: MemoryModel, rng: np.random.Generator, horizon_factor: float =
     high_water = np.minimum(np.maximum.accumulate(peak[:end]), model.limit_bytes)[sampled].astype(np.int64)
 
     timestamps = _timestamps(model, horizon, evals, checkpoints, rng)[sampled]
+    labels = np.where(evals[sampled], model.eval_phase_label, "") if model.eval_phase_label else [""] * sampled.size
     samples = [
         Sample(step=int(s), timestamp=round(float(t), 6), bytes_used=int(u), bytes_limit=model.limit_bytes,
-               peak_bytes_used=int(p) if model.report_peak else None)
-        for s, t, u, p in zip(sampled.tolist(), timestamps.tolist(), used.tolist(), high_water.tolist())
+               peak_bytes_used=int(p) if model.report_peak else None, phase=str(label))
+        for s, t, u, p, label in zip(sampled.tolist(), timestamps.tolist(), used.tolist(), high_water.tolist(),
+                                     labels)
     ]
     return RenderedTrace(samples=samples, oom_step=oom_step, floor_bytes=floor[:end], peak_bytes=peak[:end])
 

@@ -79,7 +79,7 @@ def build(args: argparse.Namespace):
     from watchdog.daemon.loop import WatchConfig
     from watchdog.daemon.readers import ProcessTreeReader
     from watchdog.daemon.signalling import parse_escalation, parse_signal
-    from watchdog.daemon.targets import PatternFinder, PidFinder, PidfileFinder
+    from watchdog.daemon.targets import PatternFinder, PidfileFinder, PidFinder
     from watchdog.daemon.timeaxis import TimeAxis
 
     given = [flag for flag, value in (("--pid", args.pid), ("--cmd-pattern", args.cmd_pattern),

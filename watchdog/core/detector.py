@@ -30,10 +30,33 @@ How it reads memory (and why):
    beyond its evidence), and the candidate must hold for `confirm_closes` closes and
    `confirm_fraction` of its span without its slope falling by `max_slope_drop` (or for half the
    steps left to the projected OOM, when that is shorter: confirming past the OOM helps nobody).
-5. Projection. OOM happens at the peak, so the fitted floor plus the largest excursion seen
+5. The newest evidence wins. A window's median of slopes describes the window as a whole, so a
+   candidate's newest buckets are compared with it (`trend.newest_evidence`): the rise of its
+   newest 4, 6, 9, ... buckets (the recent tier's first) against what the window's slope says
+   they should have risen, allowing one lump (the largest rise that stays, so growth in lumps
+   such as an allocator's heap growth or buffers added in blocks is not misread either way) and
+   the noise of neighbouring floors. When even their pessimistic rate is below the window's
+   central one, their rate is the one projected: a concave fill is not extrapolated linearly to
+   the limit. When their rate is no confident rise, the growth has stopped: healthy.
+   Recovery bound: after a leak of slope s stops, the first analysis for which the newest k
+   buckets of the finest tier (buckets at most `recent_bucket_steps` wide) all lie after the stop
+   and s times their span exceeds the largest lump plus the noise allowance says healthy, and so
+   does every later one while memory stays flat. For a leak whose growth over three buckets stands
+   out of that allowance the 4-bucket tail does it: healthy within five buckets of the stop plus
+   one sample, at most 5 * `recent_bucket_steps` + sample interval (320 steps and a sample with the
+   defaults) however long the run, fewer early on while buckets are 8-32 steps wide; a slower
+   leak needs a longer tail (6 or 9 buckets: within 7 or 10). tests/test_detector.py checks it.
+6. Projection. OOM happens at the peak, so the fitted floor plus the largest excursion seen
    (the runtime's high-water mark included, plus `excursion_margin`: samples rarely catch the very
    top of a transient) is projected against the limit minus `headroom_bytes`, with the central
-   slope and, for actions, the pessimistic (high) edge of the interval.
+   slope and, for actions, the pessimistic (high) edge of the interval. The floor projected from
+   is never above the floor measured in the newest buckets (a line through fast-then-slower growth
+   overshoots it), and the central projection never says the limit is reached while the measured
+   peak is below it: its margin takes at most half the room the measured peak leaves, and a
+   projected step that comes before the next analysis counts down again from the open bucket.
+7. Phases. Samples from a bounded phase of the training loop (an evaluation: `update_transient`)
+   only raise the open bucket's peak: what the phase holds until it ends is a transient above the
+   training floor (`watchdog.core.phase`).
 """
 
 from __future__ import annotations
@@ -47,11 +70,14 @@ from watchdog.core.errors import ConfigError
 from watchdog.core.sample import Sample
 from watchdog.core.trend import (
     SEGMENTS,
+    TAIL_BUCKETS,
+    Series,
     Trend,
     crossing,
     excursion_at,
     fit_trend,
     largest_excursion,
+    newest_evidence,
     plateau_rise,
     window_sizes,
     with_level,
@@ -91,7 +117,8 @@ class DetectorConfig:
     max_extrapolation: float = 2.0
     """Alarm only when the projected OOM is within this many times the span the growth was seen over."""
     excursion_margin: float = 0.1
-    """Samples rarely catch a transient at its very top: the excursion is taken this much larger."""
+    """Samples rarely catch a transient at its very top: the excursion is taken this much larger
+    (in the central projection, by at most half the room the measured peak leaves)."""
     confirm_closes: int = 3
     """Consecutive bucket closes a leak candidate must survive before the alarm goes up ..."""
     confirm_fraction: float = 0.25
@@ -142,6 +169,16 @@ def leak_shape(trend: Trend, config: DetectorConfig, room: float = INF) -> str |
         return "growth slowing towards a plateau"
     if plateau_rise(trend) < room:
         return "growth slowing, levelling off below the limit"
+    return None
+
+
+def _slowed(newest: Trend, window: Trend, config: DetectorConfig) -> str | None:
+    """Why a leak-shaped window whose newest buckets grow slower is no leak; None if it still is."""
+    if newest.low <= 0:
+        return (f"growth stopped: {format_bytes(window.slope)}/step over {window.span:,.0f} steps, "
+                f"{format_bytes(max(newest.slope, 0.0))}/step in the newest buckets")
+    if newest.slope * window.span < config.rise_sigmas * window.sigma:
+        return f"growth slowed to {format_bytes(newest.slope)}/step, within noise"
     return None
 
 
@@ -214,7 +251,7 @@ class LeakDetector:
         self._floors: list[float] = []
         self._peaks: list[float] = []
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=self.config.recent_buckets)  # (x, floor, peak)
-        self._history_trends: list[tuple] | None = None  # (fit, xs, floors) of the history since it last changed
+        self._history_trends: list[tuple] | None = None  # (fit, window) of the history since it last changed
         self._settled_excursion = -INF  # largest excursion of the buckets before the newest
         self._pending: _PendingBucket | None = None  # closed buckets not yet a whole-run bucket
         self._end: float = -INF  # the open bucket takes samples until this step (-INF: none open yet)
@@ -253,6 +290,27 @@ class LeakDetector:
             self._b_t0 = self._b_t1 = sample.timestamp
             self._b_min = self._b_max = used
         self._b_high_water = sample.peak_bytes_used
+        return self._verdict(sample)
+
+    def update_transient(self, sample: Sample) -> Verdict:
+        """A sample from a bounded phase (an evaluation): a transient, not a floor reading.
+
+        It can only raise the open bucket's peak, never its floor, and never opens a bucket of
+        its own: what the phase holds on the device while it runs is an excursion above the
+        training floor (it counts in every projection, since the next run of the phase reaches it
+        again), and its growth is judged by the phase's own end (`watchdog.core.phase`), never
+        extrapolated as floor growth. A phase that kept memory after it ended shows up in the
+        training floor after it, where a leak belongs.
+        """
+        step = sample.step
+        if step < self._last_step:
+            self.reset()
+        self._last_step = step
+        self._seen += 1
+        if self._seen > self._warmup_samples and self._end > -INF:
+            if sample.bytes_used > self._b_max:
+                self._b_max = sample.bytes_used
+            self._b_high_water = sample.peak_bytes_used
         return self._verdict(sample)
 
     @property
@@ -319,47 +377,69 @@ class LeakDetector:
     def _analyse(self) -> _Analysis:
         cfg = self.config
         xs, floors, n = self._xs, self._floors, len(self._xs)
-        newest_excursion = excursion_at(floors, self._peaks, n - 1)
-        excursion = (1.0 + cfg.excursion_margin) * max(self._settled_excursion, newest_excursion)
+        # The newest bucket has no neighbour after it: the newest recent bucket's floor stands in,
+        # or a floor that rose inside the bucket would count as a transient (a leak's own growth).
+        newest_excursion = self._peaks[-1] - max(floors[-2:] + [self._recent[-1][1]])
+        excursion = max(self._settled_excursion, newest_excursion)  # as measured; `_room` adds the margin
         seconds_per_step = _seconds_per_step(xs, self._ts)
         if n < cfg.min_window_buckets:
             return _Analysis(Status.WARMING_UP, None, floors[-1], excursion, seconds_per_step,
                              f"warming up: {n} of {cfg.min_window_buckets} buckets")
         candidate: Trend | None = None
+        stopped: Trend | None = None  # the newest evidence of a window whose growth stopped
         reason = ""
-        for trend, window_xs, window_floors in self._trends():
-            room = self._room(trend, excursion) if trend.low > 0 else INF  # no rise: room is not looked at
+        fine = None  # the newest evidence comes from the finest buckets: the recent tier once it is finer
+        if self._recent_active() and len(self._recent) >= 2 * TAIL_BUCKETS:
+            fine = Series(buckets=self._recent)  # drawn only if a window needs it
+        for trend, window in self._trends():
+            room = self._room(trend.level, excursion) if trend.low > 0 else INF  # no rise: room is not looked at
             why_not = leak_shape(trend, cfg, room)
             if why_not is None:
-                candidate = trend
-                break
+                newest = newest_evidence(trend, window, cfg.interval_z, fine)
+                why_not = _slowed(newest, trend, cfg) if newest is not trend else None
+                if why_not is None:
+                    # The fitted line may run above the floor measured now: the projection starts from
+                    # what was measured (a line through fast-then-slower growth overshoots it).
+                    candidate = newest._replace(level=min(newest.level, max(window.ys[-3:])))
+                    break
+                if newest.low <= 0 and stopped is None:
+                    stopped = newest
             reason = reason or why_not
         if candidate is not None:
             self._misses = 0
             why_not = self._too_far(candidate, excursion) or self._confirm(candidate, excursion)
             status = Status.SUSPECT if why_not else Status.LEAKING
             return _Analysis(status, candidate, candidate.level, excursion, seconds_per_step, why_not)
-        # No leak: describe the newest window (after a level shift, that is the new baseline).
+        # No leak: describe the newest window (after a level shift, that is the new baseline), or,
+        # when a leak-shaped window's newest buckets show its growth has stopped, those buckets.
         self._misses += 1
         if self._misses >= cfg.confirm_closes:  # one noisy close does not undo a confirmation
             self._streak = 0
-        newest = with_level(trend, window_xs, window_floors)
+        if stopped is not None:
+            return _Analysis(Status.HEALTHY, stopped, stopped.level, excursion, seconds_per_step, reason)
+        newest = with_level(trend, window.xs, window.ys)
         rising = newest.low > 0 and newest.slope * newest.span >= cfg.rise_sigmas * newest.sigma
+        if rising:  # a short window that still holds the end of a stopped climb: its newest buckets say
+            evidence = newest_evidence(newest, window, cfg.interval_z, fine)
+            if evidence.low <= 0:
+                return _Analysis(Status.HEALTHY, evidence, evidence.level, excursion, seconds_per_step,
+                                 _slowed(evidence, newest, cfg) or reason)
         return _Analysis(Status.SUSPECT if rising else Status.HEALTHY, newest, newest.level, excursion,
                          seconds_per_step, reason)
 
     def _trends(self):
-        """(fit, xs, floors) of the whole history, its newest half, quarter, ..., then of the recent
-        tier's windows.
+        """(fit, window as a `Series`) of the whole history, its newest half, quarter, ..., then of
+        the recent tier's windows.
 
-        The history's fits change only when it gains a bucket, so they are kept between its closes;
-        the recent tier, which closes more often, is fitted afresh.
+        The history's fits (and their windows' lumps and noise, once measured) change only when it
+        gains a bucket, so they are kept between its closes; the recent tier, which closes more
+        often, is fitted afresh.
         """
         cfg = self.config
         xs, floors, n = self._xs, self._floors, len(self._xs)
         if self._history_trends is None:
             windows = [(xs[n - size:], floors[n - size:]) for size in window_sizes(n, cfg.min_window_buckets)]
-            self._history_trends = [(fit_trend(wx, wy, cfg.interval_z), wx, wy) for wx, wy in windows]
+            self._history_trends = [(fit_trend(wx, wy, cfg.interval_z), Series(wx, wy)) for wx, wy in windows]
         yield from self._history_trends
         r = len(self._recent)
         if not self._recent_active() or r < cfg.min_window_buckets:
@@ -370,7 +450,7 @@ class LeakDetector:
             window = recent[r - size:]
             if window[-1][0] - window[0][0] < shortest_span:
                 window_xs, window_floors = [b[0] for b in window], [b[1] for b in window]
-                yield fit_trend(window_xs, window_floors, cfg.interval_z), window_xs, window_floors
+                yield fit_trend(window_xs, window_floors, cfg.interval_z), Series(window_xs, window_floors)
 
     def _confirm(self, trend: Trend, excursion: float) -> str:
         """'' once a candidate has held long enough without slowing; else why it is not confirmed.
@@ -387,22 +467,40 @@ class LeakDetector:
         if trend.high < (1.0 - cfg.max_slope_drop) * self._streak_slope:
             self._streak = 0
             return "growth slowing while being confirmed"
-        room = self._room(trend, excursion)
+        room = self._room(trend.level, excursion)
         hold = min(cfg.confirm_fraction * trend.span, URGENT_SHARE * max(room, 0.0) / trend.slope)
         if self._streak < cfg.confirm_closes or trend.x_last - self._streak_from < hold:
             return "not yet confirmed"
         return ""
 
-    def _room(self, trend: Trend, excursion: float) -> float:
-        """Bytes between the fitted peak now and limit - headroom (inf when no limit is known)."""
+    def _room(self, level: float, excursion: float) -> float:
+        """Bytes between the peak now and limit - headroom (inf when no limit is known).
+
+        The peak is floor `level` + the measured `excursion` taken `excursion_margin` larger:
+        samples rarely catch a transient at its very top. Every decision and the pessimistic
+        projection (what actions use) aim at this peak; it may reach the limit while the peak
+        measured is still below it.
+        """
         limit = self._limit
         if limit is None:
             return INF
-        return limit - self.config.headroom_bytes - trend.level - excursion
+        return limit - self.config.headroom_bytes - level - (1.0 + self.config.excursion_margin) * excursion
+
+    def _room_measured(self, level: float, excursion: float) -> float:
+        """`_room` for the central projection, which never says the limit is reached while the peak
+        measured is below it: the margin takes at most half of the room the measured peak leaves.
+        (<= 0 exactly when the measured peak is at the limit.)"""
+        limit = self._limit
+        if limit is None:
+            return INF
+        measured = limit - self.config.headroom_bytes - level - excursion
+        if measured <= 0:
+            return measured
+        return measured - min(self.config.excursion_margin * excursion, 0.5 * measured)
 
     def _too_far(self, trend: Trend, excursion: float) -> str:
         """A reason not to alarm yet when the OOM lies far beyond the evidence; '' when it does not."""
-        room = self._room(trend, excursion)
+        room = self._room(trend.level, excursion)
         if room == INF:
             return "no memory limit known"
         if room <= 0:
@@ -431,14 +529,28 @@ class LeakDetector:
             if step < oom_x:
                 projected_oom_steps, projected = oom_x - step, oom_step
             else:
-                projected_oom_steps, projected = 0.0, step
+                projected_oom_steps = self._overdue(self._room_measured(self._b_min, excursion), slope)
+                projected = math.ceil(step + projected_oom_steps)
             projected_oom_seconds = projected_oom_steps * seconds_per_step if seconds_per_step > 0 else INF
         else:
             projected_oom_steps, projected, projected_oom_seconds = INF, None, INF
-        pessimistic = (oom_x_high - step if step < oom_x_high else 0.0) if oom_x_high < INF else INF
+        if oom_x_high < INF:
+            pessimistic = oom_x_high - step if step < oom_x_high else self._overdue(self._room(self._b_min, excursion), high)
+        else:
+            pessimistic = INF
         # Positional, in Verdict's field order: this runs once per sample.
         return Verdict(step, sample.timestamp, status, intercept + slope * step, excursion, limit, slope, low, high,
                        slope_per_second, projected, projected_oom_steps, projected_oom_seconds, explanation, pessimistic, span)
+
+    @staticmethod
+    def _overdue(room: float, slope: float) -> float:
+        """Steps to the OOM once the step a projection named has come before the next analysis:
+        the countdown starts again from the floor measured in the open bucket (`room` from it), so
+        only a peak at the limit is "reached". Rare: analyses are at most a recent bucket apart, so
+        only a projection shorter than that can run out between them."""
+        if room <= 0:
+            return 0.0
+        return room / slope if slope > 0 else INF
 
     def _project(self, analysis: _Analysis, limit: int | None) -> _Projection:
         """Everything a verdict needs that changes only at a bucket close (or when the limit does)."""
@@ -446,9 +558,8 @@ class LeakDetector:
         assert trend is not None
         oom_x = oom_x_high = INF
         if limit is not None and analysis.status is not Status.HEALTHY:
-            room = limit - self.config.headroom_bytes - trend.level - analysis.excursion
-            oom_x = crossing(trend.x_last, room, trend.slope)
-            oom_x_high = crossing(trend.x_last, room, trend.high)
+            oom_x = crossing(trend.x_last, self._room_measured(trend.level, analysis.excursion), trend.slope)
+            oom_x_high = crossing(trend.x_last, self._room(trend.level, analysis.excursion), trend.high)
         sps = analysis.seconds_per_step
         return _Projection(analysis.status, trend.slope, trend.low, trend.high,
                            trend.level - trend.slope * trend.x_last, analysis.excursion, limit, sps,

@@ -8,16 +8,23 @@ Every caller drives this object and nothing else: the sidecar thread (one sample
 `analyze`, `report` and `bench` (a recorded trace, sample by sample), the Lightning callback
 (through the sidecar). None of them wires a detector to a policy, so "analyze says exactly what
 the live watchdog would have said" holds by construction. Pure: no threads, no I/O, no torch.
+
+Each sample carries the loop's phase (`watchdog.core.phase`). Training samples (or samples with
+no phase) feed the detector's floor; a sample from a bounded phase (an evaluation) is a transient
+to the detector, and the judge watches the phase's own growth for an OOM before the phase ends.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from watchdog.core.detector import DetectorConfig, LeakDetector
+from watchdog.core.phase import PhaseEpisode, PhaseForecast, parse_label
 from watchdog.core.policy import ActionPolicy, PolicyConfig
 from watchdog.core.sample import Sample
-from watchdog.core.verdict import Action, Verdict
+from watchdog.core.units import format_bytes
+from watchdog.core.verdict import Action, Status, Verdict
 
 _NO_LIMIT_SEEN = -1  # sentinel: no sample's bytes_limit has been seen yet (None is a real value)
 
@@ -60,7 +67,12 @@ class Judge:
         self._device_limit: int | None = _NO_LIMIT_SEEN
         self._floor_before_restart: float | None = None
         self._update = self.detector.update  # bound once: judge() runs once per sample
+        self._route = self._update
         self._decide = self.policy.decide
+        self._last_step = -math.inf
+        self._label = ""  # the phase label of the last sample
+        self._episode: PhaseEpisode | None = None  # the bounded phase running now, if any
+        self._phase_steps: dict[str, float] = {}  # how long each bounded phase ran last time
 
     @property
     def limit_bytes(self) -> int | None:
@@ -75,8 +87,57 @@ class Judge:
         if sample.bytes_limit != self._device_limit:
             self._device_limit = sample.bytes_limit
             self.detector.set_limit(effective_limit(sample.bytes_limit, self.memory_limit_bytes))
-        verdict = self.latest = self._update(sample)
+        if sample.phase != self._label or sample.step < self._last_step:
+            self._transition(sample)
+        self._last_step = sample.step
+        verdict = self.latest = self._route(sample)  # the detector, or the watch on a bounded phase
         return verdict, self._decide(verdict)
+
+    def _transition(self, sample: Sample) -> None:
+        if sample.step < self._last_step:
+            self._new_process()
+        if sample.phase != self._label:
+            self._phase_changed(sample)
+        self._route = self._update if self._episode is None else self._in_phase
+
+    def _new_process(self) -> None:
+        """Steps went back: a restarted process appending to the same trace. Its sidecar started
+        from scratch (the detector sees the same and resets itself), so a replay does too; only
+        the restart count carries over, as it does through the supervisor."""
+        self.policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far)
+        self._decide = self.policy.decide
+        self._label, self._episode, self._phase_steps = "", None, {}
+
+    # -- bounded phases --------------------------------------------------------------------------
+
+    def _phase_changed(self, sample: Sample) -> None:
+        """A phase ended or began: remember how long a bounded one ran, start watching a new one."""
+        episode = self._episode
+        if episode is not None and episode.n:
+            self._phase_steps[episode.phase.name] = episode.span
+        self._label = sample.phase
+        phase = parse_label(sample.phase)
+        if not phase.bounded:
+            self._episode = None
+            return
+        expected = phase.planned_steps if phase.planned_steps is not None else self._phase_steps.get(phase.name)
+        self._episode = PhaseEpisode(phase, expected, sample.step, sample.timestamp)
+
+    def _in_phase(self, sample: Sample) -> Verdict:
+        """The detector's verdict on the floor (the sample is a transient to it), unless the phase's
+        own growth reaches the limit before the phase ends: then that is the verdict."""
+        floor_verdict = self.detector.update_transient(sample)
+        episode = self._episode
+        episode.add(sample.step, sample.timestamp, sample.bytes_used)
+        limit = self.detector.limit_bytes
+        if limit is None:
+            return floor_verdict
+        config = self.detector.config
+        room = limit - config.headroom_bytes - episode.peak
+        forecast = episode.forecast(room, config.interval_z, config.rise_sigmas, config.max_extrapolation)
+        if forecast is None:
+            return floor_verdict
+        return _phase_verdict(sample, episode, forecast, floor_verdict, limit)
 
     def reinit_finished(self, bytes_after: float) -> Recovery | None:
         """Told after a checkpoint-and-reinit, with one reading taken between steps.
@@ -93,6 +154,7 @@ class Judge:
         recovered = self.policy.reinit_finished(before, bytes_after)
         if recovered:
             self.detector.reset()
+            self.policy.rearm()
         return Recovery(before, float(bytes_after), recovered)
 
     def restarted(self) -> None:
@@ -121,3 +183,25 @@ class Judge:
         if before is None:
             return None
         return Recovery(before, float(bytes_after), bytes_after < before)
+
+
+def _phase_verdict(sample: Sample, episode: PhaseEpisode, forecast: PhaseForecast, floor: Verdict,
+                   limit: int) -> Verdict:
+    """LEAKING: the peak reaches the limit inside a bounded phase (not a leak, but an OOM to act on)."""
+    step = sample.step
+    steps = max(0.0, forecast.oom_x - step)
+    pessimistic = max(0.0, forecast.oom_x_high - step)
+    sps = forecast.seconds_per_step
+    name = episode.phase.name
+    # The window the growth was seen over, for the policy's caution on a first ramp: a phase whose
+    # end is unknown is known to end, so its ramp never earns trust by its length (0): only an
+    # imminent OOM acts on it before a first checkpoint action.
+    seen_over = float(episode.last_step - episode.first_step) if forecast.end_step is not None else 0.0
+    ends = (f"before it ends at step {math.ceil(forecast.end_step):,}" if forecast.end_step is not None
+            else "its end unknown (first run)")
+    explanation = (f"{name} phase: memory rising {format_bytes(forecast.slope)}/step; peak reaches the "
+                   f"{format_bytes(limit)} limit at step {math.ceil(forecast.oom_x):,}, in {steps:,.0f} steps, {ends}")
+    return Verdict(step, sample.timestamp, Status.LEAKING, floor.floor_bytes, float(episode.peak) - (floor.floor_bytes or 0.0),
+                   limit, forecast.slope, forecast.slope, forecast.high, forecast.slope / sps if sps > 0 else 0.0,
+                   math.ceil(forecast.oom_x), steps, steps * sps if sps > 0 else math.inf, explanation, pessimistic,
+                   seen_over)

@@ -19,6 +19,18 @@ The action horizon is the larger of `lead_factor` checkpoint margins and `horizo
 the steps watched so far: the checkpoint is asked for while the pessimistic projection still
 leaves at least the margin it needs, with room for the projection to be wrong, and a growth that
 would need many more runs than this one to fill memory only warns.
+
+A first steep ramp is treated with caution. Until the first checkpoint action since the
+detector's baseline began (the start of the process, or a reinit that brought memory back down),
+a checkpoint also needs the pessimistic projection to reach no further ahead than
+`first_ramp_reach` (half) of the steps the growth was seen over (`window_steps`, which may
+include a flat stretch before the climb), unless it is imminent: within `lead_factor` checkpoint
+margins, plus the longest gap seen between two verdicts (an OOM that could fall between two
+samples is imminent too). A climb young for the time it projects to the OOM gets a WARN and no
+checkpoint: without phase information it may be an evaluation that keeps its outputs until it
+ends, or a cache filling, and those stop by themselves, while a leak keeps going until its
+history is long enough for its future, or until it is imminent, and is acted on then. After one
+checkpoint action the growth is known to be real and the usual horizon applies.
 """
 
 from __future__ import annotations
@@ -48,6 +60,9 @@ class PolicyConfig:
     """... or to this fraction of the steps watched so far, whichever is larger."""
     min_recovery: float = 0.5
     """A reinit worked if the floor came down by at least this share of the growth seen before it."""
+    first_ramp_reach: float = 0.5
+    """Before the first checkpoint action, a climb is acted on only once its pessimistic projection
+    reaches no further ahead than this share of the steps it was seen over (or is imminent)."""
 
     def __post_init__(self) -> None:
         for name in ("checkpoint_margin_steps", "max_restarts", "cooldown_steps"):
@@ -56,7 +71,7 @@ class PolicyConfig:
                 raise ConfigError(f"policy.{name}", f"must be a non-negative integer, got {value!r}")
         if not isinstance(self.confirm_verdicts, int) or self.confirm_verdicts < 1:
             raise ConfigError("policy.confirm_verdicts", f"must be at least 1, got {self.confirm_verdicts!r}")
-        for name in ("lead_factor", "horizon_fraction"):
+        for name in ("lead_factor", "horizon_fraction", "first_ramp_reach"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
                 raise ConfigError(f"policy.{name}", f"must be a non-negative number, got {value!r}")
@@ -78,27 +93,45 @@ class ActionPolicy:
         self._warned_until = -math.inf  # no repeated warning before this step
         self._escalate = False  # the last reinit did not bring memory down
         self._growth_at_action = 0.0
+        self._cautious = True  # no checkpoint action yet since the detector's baseline began
+        self._last_step: int | None = None
+        self._largest_gap = 0  # steps between two verdicts, at most
 
-    def action_horizon_steps(self, step: int) -> float:
+    def rearm(self) -> None:
+        """The detector started a new baseline (a reinit brought memory down): the next climb is a
+        first ramp again."""
+        self._cautious = True
+
+    def action_horizon_steps(self, step: int, seen_over: float = math.inf) -> float:
+        """How close the pessimistic OOM must be for a checkpoint action at `step`, for growth
+        seen over `seen_over` steps (see the module docstring: the first ramp is held to it)."""
+        imminent = self.config.lead_factor * self.config.checkpoint_margin_steps + self._largest_gap
         watched = 0 if self._first_step is None else step - self._first_step
-        return max(self.config.lead_factor * self.config.checkpoint_margin_steps,
-                   self.config.horizon_fraction * watched)
+        horizon = max(imminent, self.config.horizon_fraction * watched)
+        if self._cautious:
+            return min(horizon, max(imminent, self.config.first_ramp_reach * seen_over))
+        return horizon
 
     def decide(self, verdict: Verdict) -> Action:
+        step = verdict.step
         if self._first_step is None:
-            self._first_step = verdict.step
+            self._first_step = step
+        elif step - self._last_step > self._largest_gap:
+            self._largest_gap = step - self._last_step
+        self._last_step = step
         if verdict.status is not Status.LEAKING:
             self._confirmed = 0
             return Action.NONE
         self._confirmed += 1
         if self._confirmed < self.config.confirm_verdicts or verdict.step < self._quiet_until:
             return Action.NONE
-        if verdict.projected_oom_steps_pessimistic > self.action_horizon_steps(verdict.step):
+        if verdict.projected_oom_steps_pessimistic > self.action_horizon_steps(step, verdict.window_steps):
             if verdict.step < self._warned_until:
                 return Action.NONE
             self._warned_until = verdict.step + self.config.cooldown_steps
             return Action.WARN
         action = self._checkpoint_action()
+        self._cautious = False
         self._quiet_until = self._warned_until = verdict.step + self.config.cooldown_steps
         self._confirmed = 0
         self._growth_at_action = max(0.0, verdict.slope_bytes_per_step * verdict.window_steps)

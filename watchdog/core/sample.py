@@ -1,8 +1,10 @@
 """The `Sample` record and the trace CSV every other part reads and writes.
 
-Format (watchdog/ARCHITECTURE.md): header `step,timestamp,bytes_used,bytes_limit,peak_bytes_used`;
-`timestamp` is Unix seconds as a float; `bytes_limit` and `peak_bytes_used` may be empty.
-A writer appends to an existing trace, so a resumed run continues the same file.
+Format (watchdog/ARCHITECTURE.md): header `step,timestamp,bytes_used,bytes_limit,peak_bytes_used`,
+then an optional `phase` column (the loop's phase label, `watchdog.core.phase`; empty: training or
+not said); `timestamp` is Unix seconds as a float; `bytes_limit` and `peak_bytes_used` may be
+empty. Traces without the phase column read as before. A writer appends to an existing trace, so
+a resumed run continues the same file, in the columns that file has.
 
 A writer killed mid-row (SIGKILL, the OOM killer, a full disk) leaves a last line without its
 newline. Readers skip that torn line with a warning (a row cut inside its last field can still
@@ -25,6 +27,7 @@ from typing import IO, Iterable, Iterator
 from watchdog.core.errors import InputError, TraceFormatError
 
 TRACE_HEADER = ("step", "timestamp", "bytes_used", "bytes_limit", "peak_bytes_used")
+TRACE_HEADER_WITH_PHASE = TRACE_HEADER + ("phase",)
 MAX_LINE_CHARS = 4096  # a row is about 100 characters; a longer line is not a trace
 _LINE_ENDS = ("\n", "\r")
 # open() failures that are the configuration's fault (exit 2), not the disk's (best effort, retried)
@@ -43,15 +46,19 @@ class Sample:
     bytes_used: int
     bytes_limit: int | None = None
     peak_bytes_used: int | None = None
+    phase: str = ""  # the loop's phase label (`watchdog.core.phase`); "": training, or not said
 
-    def to_row(self) -> list[str]:
-        return [
+    def to_row(self, with_phase: bool = True) -> list[str]:
+        row = [
             str(self.step),
             f"{self.timestamp:.6f}",
             str(self.bytes_used),
             "" if self.bytes_limit is None else str(self.bytes_limit),
             "" if self.peak_bytes_used is None else str(self.peak_bytes_used),
         ]
+        if with_phase:
+            row.append(self.phase)
+        return row
 
 
 def _int_field(text: str, name: str, path: str, line: int, optional: bool) -> int | None:
@@ -78,17 +85,19 @@ def parse_rows(rows: Iterable[list[str]], path: str) -> Iterator[Sample]:
     header = next(rows, None)
     if header is None:
         raise TraceFormatError(path, 1, "empty file, expected the header " + ",".join(TRACE_HEADER))
-    if tuple(h.strip() for h in header) != TRACE_HEADER:
+    columns = tuple(h.strip() for h in header)
+    if columns not in (TRACE_HEADER, TRACE_HEADER_WITH_PHASE):
         raise TraceFormatError(
-            path, 1, f"expected header {','.join(TRACE_HEADER)!r}, got {','.join(header)!r}"
+            path, 1, f"expected header {','.join(TRACE_HEADER)!r} (then optionally ',phase'), got {','.join(header)!r}"
         )
+    fields = len(columns)
     line = 1
     for row in rows:
         line += 1
         if not row:
             continue
-        if len(row) != len(TRACE_HEADER):
-            raise TraceFormatError(path, line, f"expected {len(TRACE_HEADER)} fields, got {len(row)}")
+        if len(row) != fields:
+            raise TraceFormatError(path, line, f"expected {fields} fields, got {len(row)}")
         step = _int_field(row[0], "step", path, line, optional=False)
         try:
             timestamp = float(row[1])
@@ -102,6 +111,7 @@ def parse_rows(rows: Iterable[list[str]], path: str) -> Iterator[Sample]:
             bytes_used=_int_field(row[2], "bytes_used", path, line, optional=False),  # type: ignore[arg-type]
             bytes_limit=_int_field(row[3], "bytes_limit", path, line, optional=True),
             peak_bytes_used=_int_field(row[4], "peak_bytes_used", path, line, optional=True),
+            phase=row[5].strip() if fields > 5 else "",
         )
 
 
@@ -160,7 +170,7 @@ class TraceWriter:
         self.flush_every = flush_every
         self._pending = 0
         try:
-            self._check_existing_header()
+            self._with_phase = self._check_existing_header()
             self._drop_torn_tail()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._handle: IO[str] = open(self.path, "a", newline="", encoding="utf-8")
@@ -170,16 +180,18 @@ class TraceWriter:
             raise
         self._writer = csv.writer(self._handle)
         if self._handle.tell() == 0:
-            self._writer.writerow(TRACE_HEADER)
+            self._writer.writerow(TRACE_HEADER_WITH_PHASE)
             self._handle.flush()
 
-    def _check_existing_header(self) -> None:
+    def _check_existing_header(self) -> bool:
+        """Whether rows carry the phase column: a new file does; an old trace keeps its five."""
         if not self.path.exists() or self.path.stat().st_size == 0:
-            return
+            return True
         with open(self.path, newline="", encoding="utf-8", errors="replace") as handle:
-            first = handle.readline(MAX_LINE_CHARS).strip()
-        if tuple(first.split(",")) != TRACE_HEADER:
+            first = tuple(handle.readline(MAX_LINE_CHARS).strip().split(","))
+        if first not in (TRACE_HEADER, TRACE_HEADER_WITH_PHASE):
             raise TraceFormatError(str(self.path), 1, "exists but is not a trace CSV; refusing to append")
+        return first == TRACE_HEADER_WITH_PHASE
 
     def _drop_torn_tail(self) -> None:
         """Cut off a last row its writer never finished, so the next row starts on a line of its own.
@@ -211,7 +223,7 @@ class TraceWriter:
                      self.path, tail[cut + 1:cut + 81].decode("utf-8", "replace"))
 
     def write(self, sample: Sample) -> None:
-        self._writer.writerow(sample.to_row())
+        self._writer.writerow(sample.to_row(self._with_phase))
         self._pending += 1
         if self._pending >= self.flush_every:
             self.flush()

@@ -10,18 +10,26 @@ Why these estimators:
 - a transient's height is measured against the floors on both sides of it, so a bucket in which
   the floor itself moved is not mistaken for a transient;
 - a window is split in quarters (`SEGMENTS`) to tell growth spread over it from a one-off shift,
-  and the newest quarters tell a filling cache (geometric slowdown) from a leak.
+  and the newest quarters tell a filling cache (geometric slowdown) from a leak;
+- the newest buckets are compared with the whole window by their rise, allowing one lump: memory
+  that grows in lumps (an allocator's heap growth, buffers added in blocks) can make two quarters
+  look alike while the growth is slowing, and a median of slopes counts a single lump as a slope
+  over the pairs that straddle it (`newest_evidence`).
 """
 
 from __future__ import annotations
 
 import math
+from operator import sub
 from typing import NamedTuple
 
 INF = math.inf
 SEGMENTS = 4  # a window is split in quarters to tell spread-out growth from a one-off shift
 IQR_TO_SIGMA = 1.349
+MAD_TO_SIGMA = 1.4826
+MEDIAN_EFFICIENCY = 1.2533  # the standard error of a median of normal values, over that of their mean
 SQRT2 = math.sqrt(2.0)
+SQRT3 = math.sqrt(3.0)
 
 
 def median(values: list[float]) -> float:
@@ -113,6 +121,198 @@ def plateau_rise(trend: Trend) -> float:
         return INF
     q = newest / older
     return newest * q / (1 - q)
+
+
+TAIL_BUCKETS = 4  # the shortest tail of newest buckets compared with its window; then 6, 9, 14, ...
+
+
+class Series:
+    """Bucket steps and floors, their largest lump and neighbour noise measured once, when first
+    asked for (most analyses find no leak-shaped window and never ask). `buckets`, if given,
+    stands for (step, floor, ...) tuples whose steps and floors are drawn when first needed."""
+
+    __slots__ = ("_xs", "_ys", "_buckets", "_lump", "_noise", "steady_beyond")
+
+    def __init__(self, xs: list[float] | None = None, ys: list[float] | None = None, buckets=None):
+        self._xs, self._ys, self._buckets = xs, ys, buckets
+        self._lump = self._noise = None
+        self.steady_beyond: float | None = None  # no tail longer than this is slower, even against the bounds
+
+    @property
+    def xs(self) -> list[float]:
+        if self._xs is None:
+            self._xs = [b[0] for b in self._buckets]
+        return self._xs
+
+    @property
+    def ys(self) -> list[float]:
+        if self._ys is None:
+            self._ys = [b[1] for b in self._buckets]
+        return self._ys
+
+    @property
+    def lump(self) -> float:
+        if self._lump is None:
+            self._lump = largest_lump(self.ys)
+        return self._lump
+
+    @property
+    def noise(self) -> float:
+        if self._noise is None:
+            self._noise = neighbour_noise(self.ys)
+        return self._noise
+
+
+def newest_evidence(trend: Trend, window: Series, z: float = 1.96, fine: Series | None = None) -> Trend:
+    """The trend as the newest buckets tell it, when they show growth slower than the whole window.
+
+    A window's median of slopes describes the window as a whole: growth that has slowed or stopped
+    in its newest part still projects at the old rate, and a line through fast-then-slow growth
+    even overshoots the floor measured now. So the newest tails (the last 4, 6, 9, 14, ... buckets
+    and the newest half, never more than half the window's span) are compared with the window by
+    their rise, from the median floor of the tail's first quarter to that of its last quarter:
+
+    - growth in lumps makes any stretch look faster or slower than it is, but a lump counts once,
+      at its full height, in a rise: a steady leak's regular lumps leave any stretch at most one
+      lump (`largest_lump`) short of or ahead of its rate. So the tail's pessimistic rate adds one
+      lump and the noise of its two medians (`z` standard errors, from `neighbour_noise`) to its
+      rise, and is held against the window's rate by its rise (first eighth to last) less one
+      lump, or its median of slopes if lower (pairs half a window apart can overstate a staircase
+      by up to a lump over half the window);
+    - when even so the tail is slower, the newest evidence shows a slowdown and is believed: the
+      returned trend has the tail's rate (central `rise / span`, low and high edges by those
+      allowances) and the floor measured at its end as its level. Of several tails that show it,
+      the shortest (the newest evidence) wins: its wider interval is the price of being current.
+
+    `fine` is the `Series` of finer buckets over the newest part (the detector's recent tier), used
+    when at least 8 of them lie inside the window: its tails are tried first, so a stop late in a
+    long run shows within a few fine buckets, not a few of the window's coarse ones; the window's
+    own tails follow (a slowdown that shows only over thousands of steps). The lump is then the
+    fine buckets' largest, or the coarse buckets' largest less their own steady growth (a
+    staircase whose steps are further apart than the fine buckets reach), whichever is larger.
+
+    A leak that stops leaves a flat tail: its low edge falls to zero or below, so the window is no
+    longer a leak. Returns `trend` itself when no tail shows a slowdown. O(n log n) for the lump
+    and the noise (once per series), O(1) per tail; run only on windows that look like leaks.
+    """
+    xs, ys = window.xs, window.ys
+    if fine is not None and (len(fine.xs) < 2 * TAIL_BUCKETS or fine.xs[-2 * TAIL_BUCKETS] < xs[0]
+                             or (fine.xs[-1] == xs[-1] and fine.xs[1] - fine.xs[0] == xs[1] - xs[0])):
+        fine = None  # too few fine buckets inside the window, or the window is made of them
+    n = len(xs)
+    m = max(1, n // (2 * SEGMENTS))
+    span = 0.5 * (xs[n - m] + xs[n - 1] - xs[0] - xs[m - 1])
+    if span <= 0:
+        return trend
+    allowance = _Allowance(trend, window, fine, median(ys[n - m:]) - median(ys[:m]), span)
+    if allowance.rate_bound * 0.5 * trend.span <= allowance.lump_bound:
+        return trend  # even a flat tail of half the window would not miss more than a lump
+    covered = 0.0  # tail spans the fine buckets tried: the window's coarser tails start beyond
+    if fine is not None:
+        found = _slower_tail(trend, allowance, fine, z, 0.0)
+        if found is not None:  # first: newer, and shorter in steps
+            return found
+        covered = 0.25 * (fine.xs[-1] - fine.xs[0])
+    return _slower_tail(trend, allowance, window, z, covered) or trend
+
+
+class _Allowance:
+    """The lump and the window's rate a tail is held to, with cheap bounds on both (the coarse
+    lump alone is a lower bound of the lump, so the rate it gives an upper bound of the rate): a
+    tail that is not slower even against the bounds needs neither the fine buckets' lump nor
+    their noise, and a steady leak's tails never are, so those are measured only when it matters."""
+
+    __slots__ = ("_fine", "_rise", "_span", "_slope", "lump_bound", "rate_bound", "_lump")
+
+    def __init__(self, trend: Trend, window: Series, fine: Series | None, rise: float, span: float):
+        # In the window's coarse buckets steady growth rises by slope * width from one to the next:
+        # that is no lump. A lump the fine buckets see counts at its height; one rarer than they
+        # reach shows in the coarse buckets well above their own growth.
+        coarse = window.lump - trend.slope * (window.xs[1] - window.xs[0]) if fine is not None else window.lump
+        self._fine, self._rise, self._span, self._slope = fine, rise, span, trend.slope
+        self.lump_bound = coarse
+        self.rate_bound = self.rate(coarse)
+        self._lump = coarse if fine is None else None
+
+    def rate(self, lump: float) -> float:
+        """The window's rate by its rise, less a lump: never above a steady leak's own rate, however
+        its lumps fall (a median of slopes can be, by up to a lump over half the window)."""
+        return min(self._slope, (self._rise - lump) / self._span)
+
+    @property
+    def lump(self) -> float:
+        if self._lump is None:
+            self._lump = max(self._fine.lump, self.lump_bound)
+        return self._lump
+
+
+def _slower_tail(trend: Trend, allowance: _Allowance, series: Series, z: float, covered: float) -> Trend | None:
+    """The shortest tail of `series`, longer than `covered` steps, slower than the window (see
+    `newest_evidence`)."""
+    if series.steady_beyond is not None and series.steady_beyond <= covered:
+        return None  # a window kept between analyses, found steady before (its bounds depend on it alone)
+    xs, ys = series.xs, series.ys
+    n = len(xs)
+    rate_bound, lump_bound = allowance.rate_bound, allowance.lump_bound
+    steady = True
+    for k in tail_sizes(n):
+        m = max(1, k // SEGMENTS)  # buckets in each end group of the tail
+        span = 0.5 * (xs[n - m] + xs[n - 1] - xs[n - k] - xs[n - k + m - 1])  # between the groups' middles
+        if span <= 0 or span > 0.5 * trend.span:
+            break  # longer tails only grow: at most half the window
+        if span <= covered or rate_bound * span <= lump_bound:
+            continue  # tried in finer buckets already, or could not miss more than a lump
+        needed = rate_bound * span - lump_bound  # a tail must rise less than this to be slower
+        head, end = ys[n - k:n - k + m], ys[n - m:]
+        if min(end) - max(head) >= needed:
+            continue  # not slower even against the bounds (and the medians rose at least this much)
+        first, last = median(head), median(end)
+        rise = last - first
+        if rise >= needed:
+            continue
+        steady = False
+        lump = allowance.lump
+        noise = z * MEDIAN_EFFICIENCY * series.noise / math.sqrt(m)
+        high = (rise + lump + noise) / span
+        if high < allowance.rate(lump):
+            return trend._replace(slope=rise / span, low=(rise - noise) / span, high=high,
+                                  level=min(last, trend.level))
+    if steady:
+        series.steady_beyond = covered
+    return None
+
+
+def tail_sizes(n: int) -> list[int]:
+    """The newest 4, 6, 9, 14, ... buckets (half as many again each time: a flat stretch is found
+    to within a third of its length) up to half of a series of n, and that half."""
+    sizes, k = [], TAIL_BUCKETS
+    while 2 * k <= n:
+        sizes.append(k)
+        k = (3 * k + 1) // 2
+    if n // 2 > (sizes[-1] if sizes else 0) and n // 2 >= TAIL_BUCKETS:
+        sizes.append(n // 2)
+    return sizes
+
+
+def neighbour_noise(ys: list[float]) -> float:
+    """Robust standard deviation of the difference between two floors, from second differences
+    (y[i+1] - 2 y[i] + y[i-1], of variance three times that of a difference): growth at any steady
+    rate cancels out of them, so a window whose rate changed (a leak that stopped) or that grows in
+    lumps (two outliers per lump, which the median ignores) does not pass for noisy."""
+    if len(ys) < 3:
+        return 0.0
+    seconds = [abs(b - 2.0 * a + c) for a, b, c in zip(ys[1:], ys, ys[2:])]
+    return MAD_TO_SIGMA * median(seconds) / SQRT3
+
+
+def largest_lump(ys: list[float]) -> float:
+    """The largest rise that stays: from the higher of two neighbouring floors to the lower of the
+    next two. A level that steps up counts at its height; one bucket whose samples all missed the
+    floor (a reading noise, gone at the next bucket) does not."""
+    after = ys[1:]
+    highs = [a if a > b else b for a, b in zip(ys, after)]  # highs[i]: the higher of floors i and i + 1
+    lows = [a if a < b else b for a, b in zip(ys, after)]
+    return max(0.0, max(map(sub, lows[2:], highs), default=0.0))
 
 
 def window_sizes(n: int, smallest: int) -> list[int]:

@@ -9,12 +9,19 @@ Lightning owns the training loop, so a rebuild in process is not ours to do: bot
 actions save an atomic checkpoint, stop `fit` at the step boundary, and set `exit_code` to 42
 for the supervisor (or JobSet) to restart the job, which resumes from `resume_path()`.
 
-The watchdog only ever sees `trainer.global_step`: unlike `self.log(tensor)`, it reads no tensor,
-so on TPU it adds no compilation and no device-to-host transfer.
+The watchdog only ever sees step counts: unlike `self.log(tensor)`, it reads no tensor, so on TPU
+it adds no compilation and no device-to-host transfer.
+
+Validation runs under the watchdog's "eval" phase, said to last as many batches as Lightning
+plans for it: what validation holds on the device until it ends (predictions collected for an
+epoch-end metric) is judged against the peak it reaches by its end, not extrapolated as a leak.
+The watchdog's counter is `global_step` plus the validation batches run so far, so it keeps
+rising through validation (where `global_step` stands still).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -41,6 +48,9 @@ class HbmWatchdogCallback(Callback):
         self.watchdog: Watchdog | None = None
         self.exit_code = EXIT_OK
         self.action_step: int | None = None
+        self._validation_batches = 0  # run so far in this process: the watchdog's counter adds them
+        self._phase = None  # the eval phase scope while validation runs
+        self._pending = None  # an action asked for during validation, carried out when it ends
 
     @property
     def checkpoint_path(self) -> Path:
@@ -57,9 +67,34 @@ class HbmWatchdogCallback(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.watchdog is None:
             return
-        action = self.watchdog.step(trainer.global_step)
-        if action is None:
+        action = self.watchdog.step(trainer.global_step + self._validation_batches)
+        if action is not None:
+            self._checkpoint_and_stop(trainer, action)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self.watchdog is None:  # the sanity check runs before training (and the watchdog) starts
             return
+        planned = sum(trainer.num_val_batches) if trainer.num_val_batches else 0
+        steps = int(planned) if math.isfinite(planned) and planned > 0 else None
+        self._phase = self.watchdog.phase("eval", steps=steps)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.watchdog is None:
+            return
+        self._validation_batches += 1
+        action = self.watchdog.step(trainer.global_step + self._validation_batches)
+        if action is not None and self._pending is None:
+            self._pending = action
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._phase is not None:
+            self._phase.end()  # back to training
+            self._phase = None
+        action, self._pending = self._pending, None
+        if action is not None:
+            self._checkpoint_and_stop(trainer, action)
+
+    def _checkpoint_and_stop(self, trainer, action) -> None:
         started = time.perf_counter()
         self._save_atomically(trainer)
         self.watchdog.observe_checkpoint(time.perf_counter() - started)

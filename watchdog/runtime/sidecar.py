@@ -17,6 +17,9 @@ The trace file is best-effort telemetry: an I/O error writing it (disk full, rea
 system) is logged once per kind and counted (`hbmwatch_trace_errors_total`), the file is reopened
 a while later (its torn last row cut off), and nothing of it ever reaches training or its exit status.
 
+`phase(name)` is an attribute write too: the sidecar reads the phase when it takes a sample, so
+each sample (and the trace) carries the phase the loop was in when memory was read.
+
 An APScheduler background job watches the step counter: a loop that stops stepping for longer
 than `stall_after_seconds` is reported as stalled (a hung collective, a dead input pipeline).
 """
@@ -35,6 +38,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge
+from watchdog.core.phase import phase_label
 from watchdog.core.sample import Sample, TraceWriter
 from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger
@@ -70,6 +74,8 @@ class Watchdog:
         self._post = self._mailbox.put  # bound once: the hot path skips an attribute lookup
         self._requested_step = 0
         self._sample_posted = False
+        self._phase = ""  # the loop's phase label; read by the sidecar with each sample
+        self._labels: dict[tuple[str, int | None], str] = {}  # phase labels, validated once each
         self._actions: deque[Action] = deque()
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
@@ -142,6 +148,30 @@ class Watchdog:
             return self._actions.popleft()
         return None
 
+    def phase(self, name: str, steps: int | None = None) -> "PhaseScope":
+        """Tell the watchdog which phase the loop is in; also a context manager that restores the
+        phase it replaced::
+
+            with wd.phase("eval", steps=len(val_loader)):   # or wd.phase("eval") ... wd.phase("train")
+                for batch in val_loader:
+                    evaluate(batch)
+                    wd.step(global_step)
+
+        "train" is the steady phase, whose floor the leak detector extrapolates. Any other name is
+        a bounded phase: it ends, and what it allocates goes when it ends, so its growth is judged
+        against the peak it reaches by its end (`steps`, if known: how many `step()` calls it
+        lasts; else as long as it ran last time), not extrapolated past it
+        (`watchdog.core.phase`). `step()` keeps counting through the phase. An attribute write on
+        the training thread (a bad name raises ConfigError the first time it is used).
+        """
+        key = (name, steps)
+        label = self._labels.get(key)
+        if label is None:
+            label = self._labels[key] = phase_label(name, steps)
+        scope = PhaseScope(self, self._phase)
+        self._phase = label
+        return scope
+
     def reinit_finished(self) -> None:
         """After checkpoint-and-reinit: one reading now (between steps, so no activations are live)
         tells the policy whether the rebuild brought memory back down or the leak survived it."""
@@ -191,12 +221,13 @@ class Watchdog:
                 self._count_error(kind, exc)
 
     def _sample_and_evaluate(self, step: int) -> None:
+        phase = self._phase  # read before memory: the phase the reading was taken in (or just after)
         try:
             reading = self._source.read()  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - a failing source is counted, never raised
             self._count_error("source_read", exc)
             return
-        sample = Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used)
+        sample = Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used, phase)
         self.history.append(sample)
         if self.config.trace_file is not None:
             self._record(sample)
@@ -319,3 +350,22 @@ class Watchdog:
                       stall_after_seconds=self.config.stall_after_seconds)
 
 
+
+
+class PhaseScope:
+    """What `Watchdog.phase()` returns: leaving a `with` block puts the phase it replaced back."""
+
+    __slots__ = ("_watchdog", "_previous")
+
+    def __init__(self, watchdog: Watchdog, previous: str):
+        self._watchdog, self._previous = watchdog, previous
+
+    def __enter__(self) -> "PhaseScope":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+
+    def end(self) -> None:
+        """Put back the phase this one replaced (for hooks that start and end a phase apart)."""
+        self._watchdog._phase = self._previous

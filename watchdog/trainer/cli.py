@@ -36,6 +36,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument("--lr", type=float, default=3e-3, help="peak learning rate of AdamW")
     run_group.add_argument("--text-file", type=Path, help="train on this file, byte level (default: synthetic data)")
     run_group.add_argument("--log-every", type=int, default=50, help="a progress line (and a loss read) every N steps")
+    run_group.add_argument("--eval-every", type=int, default=0,
+                           help="a small evaluation after every N training steps, under the watchdog's eval phase "
+                                "(default: none)")
+    run_group.add_argument("--eval-steps", type=int, default=20, help="batches per evaluation (default: %(default)s)")
+    run_group.add_argument("--eval-keep-outputs", action="store_true",
+                           help="keep each evaluation batch's logits on the device until the evaluation ends "
+                                "(the 'eval predictions accumulated on the device' pattern)")
     run_group.add_argument("--probe-activations", action="store_true",
                            help="print saved-activation bytes per step with and without checkpointing, then exit")
 
@@ -89,10 +96,10 @@ def build_config(args: argparse.Namespace):
     from watchdog.trainer.loop import TrainConfig
     from watchdog.trainer.model import ModelConfig
 
-    for flag in ("steps", "checkpoint_every", "seed"):
+    for flag in ("steps", "checkpoint_every", "seed", "eval_every"):
         if getattr(args, flag) < 0:
             raise InputError(f"--{flag.replace('_', '-')} must not be negative, got {getattr(args, flag)}")
-    for flag in ("batch_size", "log_every", "sample_every", "num_devices"):
+    for flag in ("batch_size", "log_every", "sample_every", "num_devices", "eval_steps"):
         if getattr(args, flag) < 1:
             raise InputError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     if args.spmd and args.num_devices > 1:
@@ -127,6 +134,7 @@ def build_config(args: argparse.Namespace):
         overwrite_checkpoints=args.overwrite_checkpoints,
         log_every=args.log_every, forced_actions=tuple(_parse_forced(s) for s in args.force_action),
         progress_bar=False if getattr(args, "quiet", False) else None,
+        eval_every=args.eval_every, eval_steps=args.eval_steps, eval_keep_outputs=args.eval_keep_outputs,
         watchdog=watchdog,
     )
 

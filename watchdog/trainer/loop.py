@@ -3,6 +3,7 @@
     build the state (model, AdamW, LR schedule, data position, RNG)
     -> resume from the newest checkpoint, if asked and there is one
     -> for each step: batch, forward, backward, optimizer step, (leak), sync, ask the watchdog
+       -> every `eval_every` steps, a small evaluation under the watchdog's "eval" phase
        -> carry out what it asks for, between steps:
           checkpoint-and-reinit: save, drop every reference to the state, collect, rebuild
                                  from the checkpoint, tell the watchdog (it re-measures the floor)
@@ -13,7 +14,12 @@
        on; if an action or a signal needed it, a restart is still requested (exit 42)
 
 A step depends only on the state, the RNG and the data position, and all three are in the
-checkpoint, so a reinit or a restart continues bit for bit where the run would have been.
+checkpoint, so a reinit or a restart continues bit for bit where the run would have been. An
+evaluation reads the model and draws nothing from the RNG, so it changes no training step.
+
+The watchdog's step counter keeps rising through evaluations: it is the training step plus the
+evaluation batches run before it (`watch_step`), a pure function of the step, so a resumed run
+counts as the uninterrupted one would have.
 The device object is created once per process and reused by every rebuild: the XLA runtime is
 never initialised twice.
 """
@@ -29,6 +35,7 @@ import signal
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -59,6 +66,7 @@ log = get_logger(__name__)
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_KEYS = ("step", "data_position", "model", "optimizer", "scheduler", "rng")  # what a resume reads
+EVAL_POSITION = 1 << 40  # held out: the same batches every evaluation, at positions no training step reaches
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,9 @@ class TrainConfig:
     log_every: int = 50
     progress_bar: bool | None = None  # None: on a TTY
     forced_actions: tuple[tuple[int, Action], ...] = ()  # drills: (step, action) as if the watchdog asked
+    eval_every: int = 0  # an evaluation after every this many training steps; 0: none
+    eval_steps: int = 20  # batches per evaluation
+    eval_keep_outputs: bool = False  # keep each eval batch's logits on the device until the evaluation ends
     watchdog: WatchdogConfig | None = field(default_factory=WatchdogConfig)  # None: train unwatched
 
 
@@ -278,6 +289,21 @@ def _optimizer_step_function(replicated: bool) -> Callable[[torch.optim.Optimize
     return xm.optimizer_step
 
 
+def eval_step(model: TransformerLM, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One evaluation batch: (logits, loss), no autograd graph."""
+    with torch.no_grad():
+        logits, loss = model(tokens, targets)
+    return logits, loss
+
+
+def watch_step(config: TrainConfig, step: int) -> int:
+    """The watchdog's counter at training step `step`: the step plus every evaluation batch run
+    before it (evaluations run after steps eval_every - 1, 2 * eval_every - 1, ...)."""
+    if not config.eval_every:
+        return step
+    return step + (step // config.eval_every) * config.eval_steps
+
+
 def release_host_memory() -> None:
     """Hand freed heap pages back to the OS (glibc), so an RSS reading sees what a reinit freed."""
     try:
@@ -390,6 +416,7 @@ class Trainer:
                                 text_file=config.text_file, shard=shard, num_shards=shards)
         # One agreement across processes per sampling step (the watchdog decides no more often).
         self._coordinator = ActionCoordinator(every=config.watchdog.sample_every if config.watchdog else 1)
+        self.eval_losses: dict[int, float] = {}
         self._optimizer_step = _optimizer_step_function(replica.replicated)
         self._loader = None  # several replicas: MpDeviceLoader batches, rebuilt with the state
         self.forced = dict(config.forced_actions)
@@ -418,6 +445,8 @@ class Trainer:
                 if self._census is None:  # after one step, so the optimizer state is in the baseline
                     self._census = forensics.census()
                 proposal = self._ask(step)
+                if proposal is None and self._evaluation_due(step):
+                    proposal = self._evaluate(step)
                 if self._stop_signal is not None:  # preempted: save and exit 42, every process at the same step
                     proposal = Action.CHECKPOINT_RESTART
                 action = self._coordinator.agree(proposal, step)
@@ -516,8 +545,47 @@ class Trainer:
     def _extra_forward(self, state: TrainerState) -> torch.Tensor:
         return state.model(*self.strategy.to_device(self.data.batch_at(state.data_position)))[1]
 
+    def _evaluation_due(self, step: int) -> bool:
+        return bool(self.config.eval_every) and (step + 1) % self.config.eval_every == 0
+
+    def _evaluate(self, step: int) -> Action | None:
+        """`eval_steps` held-out batches under the watchdog's "eval" phase, after training step
+        `step`. With `eval_keep_outputs` each batch's logits stay on the device until the
+        evaluation ends (the "predictions accumulated on the device" pattern): memory climbs through
+        the evaluation and falls back after it. An action the watchdog asks for meanwhile ends the
+        evaluation early and is returned, to be carried out between steps."""
+        config, state = self.config, self.state
+        first = watch_step(config, step) + 1
+        kept: list[torch.Tensor] = []
+        losses: list[torch.Tensor] = []
+        action = None
+        phase = self.watchdog.phase("eval", steps=config.eval_steps) if self.watchdog is not None else nullcontext()
+        state.model.eval()
+        try:
+            with phase:
+                for index in range(config.eval_steps):
+                    batch = self.data.batch_at(EVAL_POSITION + index)
+                    logits, loss = eval_step(state.model, *self.strategy.to_device(batch))
+                    losses.append(loss)
+                    if config.eval_keep_outputs:
+                        kept.append(logits)
+                    del logits
+                    self._sync()
+                    action = self.watchdog.step(first + index) if self.watchdog is not None else None
+                    if action is not None:
+                        log.warning("evaluation_stopped", step=step, batches=index + 1, action=action.value)
+                        break
+        finally:
+            state.model.train()
+        kept_bytes = sum(t.numel() * t.element_size() for t in kept)
+        del kept
+        value = float(torch.stack(losses).mean().item())  # one read per evaluation, after its last sync
+        self.eval_losses[step] = value
+        log.info("evaluated", step=step, loss=round(value, 4), batches=len(losses), kept_output_bytes=kept_bytes)
+        return action
+
     def _ask(self, step: int) -> Action | None:
-        action = self.watchdog.step(step) if self.watchdog is not None else None
+        action = self.watchdog.step(watch_step(self.config, step)) if self.watchdog is not None else None
         forced = self.forced.get(step)
         if forced is not None:
             log.warning("forced_action", action=forced.value, step=step)
