@@ -28,7 +28,7 @@ def test_the_action_block_says_what_was_seen_leaking_done_and_given_back():
     assert "floor rising +4.0 MiB/step at 1.5 GiB; OOM in ~8 s (step 271)" in text
     assert re.search(r"leaking\s+\+301 tensors", text)
     assert "checkpoint ckpt/ckpt-00000270.pt, reinitialised in process" in text
-    assert "1.2 GiB given back (memory now 780.0 MiB)" in text
+    assert "1.20 GiB given back (memory now 780.00 MiB)" in text
 
 
 def test_a_reinit_that_freed_nothing_says_what_comes_next():
@@ -46,7 +46,7 @@ def test_the_summary_table_has_units_and_the_command_to_draw_the_trace():
     text = summary.block()
     assert text.splitlines()[0].startswith("── hbm-watchdog train: done ")
     assert "600 / 600, 9.6 steps/s" in text
-    assert "1.9 GiB of 2.0 GiB budget (95%)" in text
+    assert "1.90 GiB of 2.00 GiB budget (95%)" in text
     assert "leaking, floor +4.0 MiB/step; OOM in 120 steps (step 271)" in text
     assert "runs/demo/ckpt (newest: step 600)" in text
     assert "hbm-watchdog report runs/demo/trace.csv -o runs/demo/trace.png" in text

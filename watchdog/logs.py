@@ -31,11 +31,13 @@ _PRE_CHAIN = [
 
 LEVELS = ("debug", "info", "warning", "error")
 
-# Events a person does not need on a terminal unless debugging; JSON logs keep them all.
+# Events a person does not need on a terminal unless debugging; JSON logs keep them all. The
+# second line's events are parts of the action block (`watchdog_acted`), which shows them together.
 ROUTINE_EVENTS = frozenset({
-    "memory_source_unavailable", "memory_source_selected", "watchdog_started", "watchdog_stopped",
-    "metrics_serving", "checkpoint_loaded", "checkpoint_saved", "checkpoint_stale_temporary_removed",
-    "child_started", "train_progress",
+    "memory_source_unavailable", "memory_source_selected", "watchdog_started",
+    "watchdog_stopped", "metrics_serving", "checkpoint_loaded", "checkpoint_saved",
+    "checkpoint_stale_temporary_removed", "child_started", "train_progress", "spmd_mesh",
+    "leak_suspects", "reinitialised", "reinit_measured",
 })
 
 
@@ -83,7 +85,8 @@ def _without_routine_events(record: logging.LogRecord) -> bool:
 # ---- the console's processors: pure functions of the event dict ---------------------------------
 
 def with_units(_logger, _name, event: dict) -> dict:
-    """Numbers a person reads, with units: `*_bytes`, `bytes_*`, `*_bytes_per_step`, `*_seconds` fields.
+    """Numbers a person reads, with units: `*_bytes`, `bytes_*`, `*_bytes_per_step`, `*_seconds` fields;
+    step counts whole, other floats to four significant digits.
 
     Only the console chain runs this; JSON keeps raw base units for machines.
     """
@@ -96,6 +99,10 @@ def with_units(_logger, _name, event: dict) -> dict:
             event[key] = format_bytes(value)
         elif key.endswith("_seconds") and math.isfinite(value):
             event[key] = format_duration(value)
+        elif key.endswith("_steps") and math.isfinite(value):
+            event[key] = f"{value:,.0f}"
+        elif isinstance(value, float) and math.isfinite(value):
+            event[key] = float(f"{value:.4g}")
     return event
 
 

@@ -41,8 +41,8 @@ def memory_limit_option(text: str | None, flag: str = "--memory-limit") -> int |
     return limit
 
 
-def format_bytes(n: float | None) -> str:
-    """`1536` -> `1.5 KiB`; signed, so it also prints slopes."""
+def format_bytes(n: float | None, digits: int = 1) -> str:
+    """`1536` -> `1.5 KiB` (`digits` after the point); signed, so it also prints slopes."""
     if n is None:
         return "n/a"
     sign = "-" if n < 0 else ""
@@ -50,7 +50,7 @@ def format_bytes(n: float | None) -> str:
     if value < 1024:
         return f"{sign}{value:.0f} B"
     power = min(len(_UNITS) - 1, (int(value).bit_length() - 1) // 10)  # explanations format a few per bucket
-    return f"{sign}{value / (1 << 10 * power):.1f} {_UNITS[power]}"
+    return f"{sign}{value / (1 << 10 * power):.{digits}f} {_UNITS[power]}"
 
 
 def format_duration(seconds: float) -> str:

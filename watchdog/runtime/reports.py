@@ -64,8 +64,8 @@ class ActionReport:
             done.insert(0, f"checkpoint {self.checkpoint}")
         rows.append(("done", ", ".join(done)))
         if self.recovered_bytes is not None:
-            after = f" (memory now {format_bytes(self.memory_after_bytes)})" if self.memory_after_bytes is not None else ""
-            rows.append(("recovered", f"{format_bytes(self.recovered_bytes)} given back{after}" if self.recovered_bytes > 0
+            after = f" (memory now {format_bytes(self.memory_after_bytes, 2)})" if self.memory_after_bytes is not None else ""
+            rows.append(("recovered", f"{format_bytes(self.recovered_bytes, 2)} given back{after}" if self.recovered_bytes > 0
                          else f"nothing given back{after}: the leak outlives a rebuild, the next action restarts"))
         return "\n".join([_title(f"watchdog: {self.action.value.replace('_', ' ')} at step {self.step:,}"),
                           *_rows(rows)])
@@ -106,9 +106,9 @@ class RunSummary:
             steps += f", {self.steps_per_second:.1f} steps/s"
         rows = [("steps", steps), ("reinits", f"{self.reinits}    restarts {self.restarts}")]
         if self.peak_bytes is not None:
-            peak = format_bytes(self.peak_bytes)
+            peak = format_bytes(self.peak_bytes, 2)
             if self.limit_bytes:
-                peak += f" of {format_bytes(self.limit_bytes)} budget ({self.peak_bytes / self.limit_bytes:.0%})"
+                peak += f" of {format_bytes(self.limit_bytes, 2)} budget ({self.peak_bytes / self.limit_bytes:.0%})"
             rows.append(("peak memory", peak))
         rows.append(("watchdog", self._verdict_text()))
         if self.trace_file:

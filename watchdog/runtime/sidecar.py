@@ -37,7 +37,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import InputError
-from watchdog.core.judge import Judge
+from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import phase_label
 from watchdog.core.sample import Sample, TraceWriter
 from watchdog.core.verdict import Action, Verdict
@@ -67,6 +67,7 @@ class Watchdog:
                            restarts_so_far=self.config.restarts_so_far)
         self.history: deque[Sample] = deque(maxlen=self.config.history_size)
         self.latest_verdict: Verdict | None = None
+        self.last_recovery: Recovery | None = None  # what the last reinit gave back (the terminal's action block)
         self._source = source
         self._every = self.config.sample_every
         self._last_step = -1
@@ -233,6 +234,7 @@ class Watchdog:
             self._record(sample)
         telemetry = self.telemetry
         telemetry.sample = sample
+        telemetry.peak_bytes_seen = max(telemetry.peak_bytes_seen, sample.bytes_used, sample.peak_bytes_used or 0)
         telemetry.chips = reading.devices
         telemetry.samples_total += 1
         if self._track_compilations:
@@ -255,7 +257,7 @@ class Watchdog:
     def _after_reinit(self, reading: MemoryReading | None) -> None:
         if reading is None:
             return
-        recovery = self.judge.reinit_finished(float(reading.bytes_used))
+        recovery = self.last_recovery = self.judge.reinit_finished(float(reading.bytes_used))
         if recovery is not None:
             log.info("reinit_measured", floor_before_bytes=recovery.floor_before_bytes,
                      bytes_after=recovery.bytes_after, recovered_bytes=recovery.recovered_bytes,

@@ -59,6 +59,7 @@ class Telemetry:
     sample_errors_total: int = 0
     trace_errors_total: int = 0
     samples_total: int = 0
+    peak_bytes_seen: int = 0  # the highest usage or high-water mark any sample showed (the run summary)
     xla_compilations_total: int | None = None
     checkpoint_seconds: Histogram = field(default_factory=Histogram)
     checkpoint_disk_free_bytes: int | None = None  # free space where checkpoints go (the trainer fills it)

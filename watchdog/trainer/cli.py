@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from watchdog.core.errors import InputError
+from watchdog.logs import console_wanted
 from watchdog.core.units import memory_limit_option
 from watchdog.runtime.exporter import DEFAULT_ADDRESS
 from watchdog.trainer.leaks import parse_leak_spec
@@ -207,7 +208,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.close()
-    print(result.summary(), flush=True)
+    if console_wanted(getattr(args, "log_format", "auto")):
+        print(result.table, file=sys.stderr, flush=True)  # a table for a person at a terminal
+    else:
+        print(result.summary(), flush=True)  # one line for scripts and logs
     return result.exit_code
 
 

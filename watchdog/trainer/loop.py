@@ -55,6 +55,7 @@ from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUEST
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.runtime import forensics
+from watchdog.runtime.reports import ActionReport, RunSummary
 from watchdog.runtime.telemetry import Telemetry
 from watchdog.trainer import leaks
 from watchdog.trainer.data import Batch, TokenSource
@@ -120,6 +121,7 @@ class TrainResult:
     source: str
     steps_per_second: float
     losses: dict[int, float]  # read at log steps only (a read is a device-to-host transfer)
+    table: str = ""  # the end-of-run summary a person reads on a terminal (RunSummary.block)
 
     def summary(self) -> str:
         loss = "n/a" if self.final_loss is None else f"{self.final_loss:.4f}"
@@ -450,18 +452,24 @@ class Trainer:
                 if self._stop_signal is not None:  # preempted: save and exit 42, every process at the same step
                     proposal = Action.CHECKPOINT_RESTART
                 action = self._coordinator.agree(proposal, step)
+                report = None
                 if action is not None and action.needs_checkpoint and self._stop_signal is None:
-                    self._name_the_leak(step)
+                    report = ActionReport(step, action, self.watchdog.latest_verdict if self.watchdog else None,
+                                          suspects=self._name_the_leak(step))
                 if action is Action.CHECKPOINT_RESTART:
                     interrupted = self._stop_signal == signal.SIGINT
                     if self._stop_signal is not None:
                         log.warning("interrupted" if interrupted else "preempted",
                                     signal=signal.Signals(self._stop_signal).name, step=step)
-                    self._save(restart=self._stop_signal is None)  # a preemption is not the watchdog's restart
+                    saved = self._save(restart=self._stop_signal is None)  # a preemption is not the watchdog's restart
                     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_RESTART_REQUESTED
+                    self._tell(report, saved, "exit 42: restart requested")
                 elif action is Action.CHECKPOINT_REINIT:
-                    if not self._reinit():  # no checkpoint to rebuild from: only a new process frees memory
+                    reinitialised = self._reinit()
+                    if not reinitialised:  # no checkpoint to rebuild from: only a new process frees memory
                         exit_code = EXIT_RESTART_REQUESTED
+                    self._tell(report, reinitialised, "reinitialised in process" if reinitialised
+                               else "the checkpoint failed: exit 42 to restart")
                 elif self.config.checkpoint_every and self.state.step % self.config.checkpoint_every == 0:
                     self._save()  # a failure is logged; the next one may fit
                 progress.update(step, loss, self.watchdog)
@@ -480,13 +488,15 @@ class Trainer:
                 self.watchdog.stop()
         final_loss = float(loss.item()) if loss is not None else None
         verdict = self.watchdog.latest_verdict if self.watchdog is not None else None
-        return TrainResult(
+        result = TrainResult(
             exit_code=exit_code, first_step=first_step, step=self.state.step, steps_total=self.config.steps,
             reinits=self.reinits, restarts=self.restarts_so_far, final_loss=final_loss,
             verdict=verdict.status.value if verdict is not None else "none",
             source=self.watchdog.source_name if self.watchdog is not None else "none",
             steps_per_second=(self.state.step - first_step) / elapsed if elapsed > 0 else 0.0,
             losses=progress.losses)
+        result.table = self.run_summary(result).block()
+        return result
 
     def close(self) -> None:
         if self._temporary_dir is not None:
@@ -592,12 +602,46 @@ class Trainer:
             return forced
         return action
 
-    def _name_the_leak(self, step: int) -> None:
+    def _name_the_leak(self, step: int) -> list[str]:
         """Log which live tensors grew since the baseline and what holds them: the Python to fix."""
         started = time.perf_counter()
         suspects = forensics.explain_leak(self._census) if self._census is not None else []
         log.warning("leak_suspects", step=step, suspects=suspects or ["no growing group of live tensors"],
                     census_seconds=round(time.perf_counter() - started, 3))
+        return suspects
+
+    def _tell(self, report: ActionReport | None, saved: bool, outcome: str) -> None:
+        """One readable block for a person (and its fields for a log pipeline): what the watchdog
+        saw, what is leaking, what was done, and, after a reinit, what it gave back."""
+        if report is None:
+            return
+        report.outcome = outcome
+        if saved and self.checkpoints.latest_step() is not None:
+            report.checkpoint = str(self.checkpoints.list()[-1])
+        watchdog = self.watchdog
+        if report.action is Action.CHECKPOINT_REINIT and saved and watchdog is not None:
+            watchdog.drain(timeout=10)  # the sidecar measures what the rebuild gave back
+            recovery = watchdog.last_recovery
+            if recovery is not None:
+                report.recovered_bytes, report.memory_after_bytes = recovery.recovered_bytes, recovery.bytes_after
+        log.warning("watchdog_acted", block=report.block(), **report.fields())
+
+    def run_summary(self, result: "TrainResult") -> RunSummary:
+        """How the run ended, for the last lines of the terminal."""
+        telemetry = self.watchdog.telemetry if self.watchdog is not None else None
+        watch = self.config.watchdog
+        newest = self.checkpoints.latest_step()
+        outcome = {EXIT_OK: "done", EXIT_INTERRUPTED: "interrupted, checkpoint saved (exit 130)"}.get(
+            result.exit_code, f"restart requested (exit {result.exit_code})")
+        return RunSummary(
+            command="train", outcome=outcome, steps_done=result.step, steps_total=result.steps_total,
+            first_step=result.first_step, steps_per_second=result.steps_per_second, reinits=result.reinits,
+            restarts=result.restarts, peak_bytes=telemetry.peak_bytes_seen if telemetry and telemetry.sample else None,
+            limit_bytes=self.watchdog.judge.limit_bytes if self.watchdog is not None else None,
+            verdict=self.watchdog.latest_verdict if self.watchdog is not None else None,
+            trace_file=str(watch.trace_file) if watch is not None and watch.trace_file else None,
+            checkpoint_dir=str(self.checkpoints.directory) if self.config.checkpoint_dir is not None else None,
+            newest_checkpoint_step=newest)
 
     def _save(self, *, restart: bool = False) -> bool:
         """A checkpoint of the state as it is now; a restart's records the restart it asks for.

@@ -71,7 +71,7 @@ def bar_text(loss: float, watchdog) -> str:
     sample, verdict = watchdog.telemetry.sample, watchdog.telemetry.verdict
     if sample is not None:
         limit = verdict.limit_bytes if verdict is not None else None
-        parts.append(format_bytes(sample.bytes_used) + (f" / {format_bytes(limit)}" if limit else ""))
+        parts.append(format_bytes(sample.bytes_used, 2) + (f" / {format_bytes(limit, 2)}" if limit else ""))
     if verdict is None:
         parts.append("watchdog starting")
         return " | ".join(parts)
