@@ -27,10 +27,16 @@ def run_python(code: str, *args: str, timeout: float = 300, env: dict[str, str] 
     torch_xla's runtime starts once per process, so each XLA scenario gets its own. A child that
     exits non-zero fails the calling test with the tail of its stderr.
     """
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+    return run_python_args(["-c", code, *args], timeout=timeout, env=env).stdout
+
+
+def run_python_args(args: list[str], *, timeout: float = 300, env: dict[str, str] | None = None
+                    ) -> subprocess.CompletedProcess:
+    """`python ARGS...` in a fresh process (a script file, where Python frames must name real lines)."""
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
                          cwd=REPO, env=env or hbm_watchdog_env())
     assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+    return out
 
 
 def json_lines(text: str) -> list[dict]:

@@ -54,6 +54,9 @@ class Telemetry:
     sample_errors_total: int = 0
     samples_total: int = 0
     xla_compilations_total: int | None = None
+    recompilation_detected: bool | None = None  # None: not watched (off XLA)
+    steps_per_recompilation: float | None = None  # since warm-up; inf while none
+    recompilation: dict | None = None  # the newest `recompilation` finding, as logged
     checkpoint_seconds: Histogram = field(default_factory=Histogram)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -292,6 +292,10 @@ class Trainer:
         self.on_watchdog_started = on_watchdog_started
         self.replica = replica
         self.device = select_device(config.device)  # once per process; every rebuild reuses it
+        if self.device.type == "xla" and config.watchdog is not None and config.watchdog.recompilation.explain:
+            from watchdog.runtime import xla_stats
+
+            xla_stats.prepare_compile_analysis()  # before the first graph: torch_xla reads it only then
         self._sync = _sync_function(self.device)
         self._temporary_dir: tempfile.TemporaryDirectory | None = None
         if config.checkpoint_dir is None:
