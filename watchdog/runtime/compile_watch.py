@@ -50,8 +50,11 @@ class CompileWatch:
         if compiles is None:
             return
         self._last = (step, compiles)
+        was_active = self.detector.active
         found = self.detector.observe(step, compiles, xla_stats.compile_seconds())
         telemetry.recompilation_detected = self.detector.active is not None
+        if was_active is not None and self.detector.active is None:
+            log.info("recompilation_stopped", step=step, found_at_step=was_active.step, compilations=compiles)
         telemetry.steps_per_recompilation = self.detector.steps_per_compile
         if found is not None:
             self._start_capture(found, step, compiles)

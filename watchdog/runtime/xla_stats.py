@@ -225,10 +225,13 @@ def _prepare() -> CompileAnalysis:
             "torch_xla ran a graph before the watchdog was created, and it reads PT_XLA_DEBUG_LEVEL only at "
             "its first graph: create the Watchdog (or HbmWatchdogCallback) before the first step, or start "
             f"the job with {LEVEL_ENV}=1 {FILE_ENV}=<file>"))
-    directory = Path(tempfile.mkdtemp(prefix="hbm-watchdog-xla-"))
-    atexit.register(shutil.rmtree, directory, ignore_errors=True)
-    path = directory / "compile-analysis.txt"
-    path.symlink_to(os.devnull)  # off until a recompilation is found
+    try:
+        directory = Path(tempfile.mkdtemp(prefix="hbm-watchdog-xla-"))
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        path = directory / "compile-analysis.txt"
+        path.symlink_to(os.devnull)  # off until a recompilation is found
+    except OSError as exc:
+        return CompileAnalysis(None, owned=False, unavailable=f"no place for torch_xla's compile analysis: {exc}")
     env[LEVEL_ENV] = "1"
     env[FILE_ENV] = str(path)
     if env.get(MAX_FRAME_ENV) is None or owner is not None:
