@@ -146,3 +146,17 @@ def test_without_reports_the_finding_says_what_it_knows_and_why_not_more():
     assert "reported none of the 5 compilations" in silent.message
     stopped = explain(FOUND, [], compiles_in_window=0, window_steps=1000)
     assert stopped.kind == "stopped" and "the recompilation stopped" in stopped.message
+
+
+def test_a_sync_inside_a_library_names_the_library_line_between_it_and_the_user():
+    frames = ["sync (/venv/lib/python3.11/site-packages/torch_xla/torch_xla.py:87)",
+              "mark_step (/venv/lib/python3.11/site-packages/torch_xla/core/xla_model.py:1032)",
+              "wrapper (/venv/lib/python3.11/site-packages/typing_extensions.py:3140)",
+              "optimizer_step (/venv/lib/python3.11/site-packages/lightning/pytorch/plugins/precision/xla.py:75)",
+              "fit (/venv/lib/python3.11/site-packages/lightning/pytorch/trainer/trainer.py:584)",
+              "main (/home/me/train.py:20)"]
+    cause = explain(SLOW, parse_compile_analysis(report("user torch_xla.sync", frames)), compiles_in_window=1,
+                    window_steps=50, source=SOURCE)
+    assert (cause.file, cause.line) == ("/home/me/train.py", 20)
+    assert "main() at train.py:20 (through optimizer_step in " \
+           "/venv/lib/python3.11/site-packages/lightning/pytorch/plugins/precision/xla.py:75)" in cause.message

@@ -41,6 +41,7 @@ _POST_FIELDS = {"Graph input size": "input_bytes", "Graph output size": "output_
                 "Compiled program size": "program_bytes"}
 
 VALUE_READ, STEP_BOUNDARY, DYNAMO, OTHER = "value_read", "step_boundary", "dynamo", "other"
+_PLUMBING = {"sync", "mark_step", "wrapper"}  # torch_xla's sync and its aliases: the cut, not a cause
 
 
 @dataclass(frozen=True)
@@ -229,18 +230,14 @@ def _where(frame: Frame | None, code: str | None, source: SourceView) -> str:
 
 
 def _through(record: CompileRecord, frame: Frame | None, source: SourceView) -> str:
-    """Where in a library the graph was cut, when that is not the user's own line."""
-    if not record.frames or frame is None or record.frames[0] == frame:
+    """The library line between the user's frame and the graph's cut, if there is one."""
+    if frame is None or frame not in record.frames:
         return ""
-    inner = record.frames[0]
-    if inner.function == "sync" or inner.function == "mark_step":
-        # The sync itself; name the library frame that called it if the user did not.
-        callers = [f for f in record.frames[1:] if f != frame and source.is_library(f.file)]
-        caller = next((f for f in callers if f.function not in ("sync", "mark_step", "wrapper")), None)
-        if caller is None or record.frames.index(caller) > record.frames.index(frame):
-            return ""
-        inner = caller
-    return f" (through {inner.function} in {source.shorten(inner.file)}:{inner.line})"
+    inside = record.frames[:record.frames.index(frame)]
+    named = [f for f in inside if f.function not in _PLUMBING]
+    if not named:
+        return ""
+    return f" (through {named[0].function} in {source.shorten(named[0].file)}:{named[0].line})"
 
 
 def _graph_change(records: list[CompileRecord]) -> str:
@@ -254,7 +251,7 @@ def _graph_change(records: list[CompileRecord]) -> str:
         shown = [format_bytes(s) for s in sizes]
         if len(set(shown)) < len(set(sizes)):
             shown = [f"{s:,} B" for s in sizes]
-        return f"its inputs change size{count}, so an input's shape changes: " + _sequence(shown)
+        return f"has inputs that change size{count}, so an input's shape changes: " + _sequence(shown)
     return ""
 
 
