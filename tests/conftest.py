@@ -17,6 +17,8 @@ def hbm_watchdog_env(**extra: str) -> dict[str, str]:
     """The environment for a child `hbm-watchdog`: torch_xla on PJRT CPU, JSON logs, repo importable."""
     env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(REPO)}
     env.pop("HBMWATCH_RESTART_COUNT", None)
+    for name in ("PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE", "PT_XLA_DEBUG_MAX_FRAME", "HBMWATCH_COMPILE_ANALYSIS_PID"):
+        env.pop(name, None)  # each child decides its own compile analysis
     env.update(extra)
     return env
 

@@ -139,7 +139,8 @@ def test_off_xla_nothing_is_watched(monkeypatch):
 @pytest.fixture
 def clean_env(monkeypatch):
     for name in (xla_stats.LEVEL_ENV, xla_stats.FILE_ENV, xla_stats.MAX_FRAME_ENV, xla_stats.OWNER_ENV):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded first: `_prepare` sets them, and undo must remove them
+        monkeypatch.delenv(name)
     monkeypatch.setattr(xla_stats, "_graphs_already_run", lambda: False)
     return monkeypatch
 
