@@ -65,7 +65,6 @@ class Recompilation:
     compiles_after_warmup: int
     steps_after_warmup: int
     steps_per_compile: float
-    compile_seconds_after_warmup: float | None = None
 
     @property
     def every(self) -> str:
@@ -91,7 +90,6 @@ class RecompilationDetector:
         self._first_step: int | None = None
         self._warmup_end_step: int | None = None
         self._warmup_compiles = 0
-        self._warmup_seconds: float | None = None
         self._baseline = 0  # compilations already accounted for (warm-up, or up to a cleared finding)
         self._previous: tuple[int, int] | None = None
         self._run = 0  # sampling intervals in a row with compilations
@@ -107,7 +105,12 @@ class RecompilationDetector:
         steps = self._previous[0] - self._warmup_end_step
         return steps / compiles if compiles > 0 and steps > 0 else math.inf
 
-    def observe(self, step: int, compiles: int, compile_seconds: float | None = None) -> Recompilation | None:
+    @property
+    def warmup_end_step(self) -> int | None:
+        """The step warm-up ended at; None while warming up."""
+        return self._warmup_end_step
+
+    def observe(self, step: int, compiles: int) -> Recompilation | None:
         config = self.config
         previous = self._previous
         if previous is not None and step == previous[0]:
@@ -122,7 +125,8 @@ class RecompilationDetector:
             # Warm-up is counted from the first step this process saw: a resumed job compiles its
             # graphs again at step 5,000, and that is warm-up too.
             if step - self._first_step >= config.warmup_steps:
-                self._end_warmup(step, compiles, compile_seconds)
+                self._warmup_end_step = step
+                self._warmup_compiles = self._baseline = compiles
             return None
 
         new = compiles - previous[1]
@@ -145,20 +149,11 @@ class RecompilationDetector:
         else:
             return None
         steps_after = step - self._warmup_end_step
-        seconds = None
-        if compile_seconds is not None and self._warmup_seconds is not None:
-            seconds = max(0.0, compile_seconds - self._warmup_seconds)
         self.active = Recompilation(step=step, trigger=trigger, warmup_compiles=self._warmup_compiles,
                                     compiles_after_warmup=compiles - self._warmup_compiles,
                                     steps_after_warmup=steps_after,
-                                    steps_per_compile=self.steps_per_compile,
-                                    compile_seconds_after_warmup=seconds)
+                                    steps_per_compile=self.steps_per_compile)
         return self.active
-
-    def _end_warmup(self, step: int, compiles: int, compile_seconds: float | None) -> None:
-        self._warmup_end_step = step
-        self._warmup_compiles = self._baseline = compiles
-        self._warmup_seconds = compile_seconds
 
     def _maybe_clear(self, step: int, compiles: int) -> None:
         assert self.active is not None and self._last_compile_step is not None

@@ -28,6 +28,7 @@ class _Capture:
     start_compiles: int
     reader: AnalysisReader | None
     unavailable: str | None
+    compile_seconds: float | None
     text: list[str] = field(default_factory=list)
 
 
@@ -41,6 +42,7 @@ class CompileWatch:
         self._source = source
         self._capture: _Capture | None = None
         self._last: tuple[int, int] = (0, 0)
+        self._warmup_seconds: float | None = None  # compile time by the end of warm-up
 
     def observe(self, step: int) -> None:
         """Call at each sample, after the step's sync."""
@@ -51,13 +53,19 @@ class CompileWatch:
             return
         self._last = (step, compiles)
         was_active = self.detector.active
-        found = self.detector.observe(step, compiles, xla_stats.compile_seconds())
+        found = self.detector.observe(step, compiles)
+        if self.detector.warmup_end_step is None:
+            self._warmup_seconds = None
+        elif self._warmup_seconds is None:  # read twice per finding, not at every sample: it copies samples
+            self._warmup_seconds = xla_stats.compile_seconds()
         telemetry.recompilation_detected = self.detector.active is not None
         if was_active is not None and self.detector.active is None:
             log.info("recompilation_stopped", step=step, found_at_step=was_active.step, compilations=compiles)
         telemetry.steps_per_recompilation = self.detector.steps_per_compile
         if found is not None:
-            self._start_capture(found, step, compiles)
+            now = xla_stats.compile_seconds()
+            seconds = None if now is None or self._warmup_seconds is None else max(0.0, now - self._warmup_seconds)
+            self._start_capture(found, step, compiles, seconds)
         if self._capture is not None:
             self._continue_capture(step, compiles)
 
@@ -66,14 +74,14 @@ class CompileWatch:
         if self._capture is not None:
             self._report(self._capture, *self._last)
 
-    def _start_capture(self, found: Recompilation, step: int, compiles: int) -> None:
+    def _start_capture(self, found: Recompilation, step: int, compiles: int, seconds: float | None) -> None:
         if self._capture is not None:  # a finding cleared and came back before its report: report it now
             self._report(self._capture, step, compiles)
         analysis = self._analysis or xla_stats.current_compile_analysis()
         reader = analysis.open() if self.config.explain else None
         unavailable = None if reader is not None else (
             analysis.why_not() if self.config.explain else "recompilation.explain is off")
-        self._capture = _Capture(found, step, compiles, reader, unavailable)
+        self._capture = _Capture(found, step, compiles, reader, unavailable, seconds)
 
     def _continue_capture(self, step: int, compiles: int) -> None:
         capture = self._capture
@@ -99,8 +107,8 @@ class CompileWatch:
             "step": found.step, "trigger": found.trigger, "warmup_compiles": found.warmup_compiles,
             "compiles_after_warmup": found.compiles_after_warmup, "steps_after_warmup": found.steps_after_warmup,
             "steps_per_compile": round(found.steps_per_compile, 2), "every": found.every,
-            "compile_seconds_after_warmup": (round(found.compile_seconds_after_warmup, 3)
-                                             if found.compile_seconds_after_warmup is not None else None),
+            "compile_seconds_after_warmup": (round(capture.compile_seconds, 3)
+                                             if capture.compile_seconds is not None else None),
             "cached_graphs": xla_stats.cached_graphs(), "captured_steps": step - capture.start_step,
             "compiles_captured": compiles - capture.start_compiles, **cause.fields(),
         }
