@@ -180,8 +180,7 @@ def test_lightning_logging_the_detached_tensor_read_after_the_sync_has_no_findin
     assert result["steps"] == 50
     assert result["compilations"] > 0, "the probe must see compilations at all"
     assert result["finding"] is None and not [r for r in records if r.get("event") == "recompilation"]
-    assert result["detected"] is False
-    assert result["steps_per_recompilation"] == float("inf")
+    assert result["detected"] is False  # (fit's end compiles the epoch's mean: one graph, not a finding)
 
 
 def test_a_plain_loop_reading_a_running_loss_mid_graph_is_named_with_its_line(tmp_path):
