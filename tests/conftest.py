@@ -17,6 +17,8 @@ def hbm_watchdog_env(**extra: str) -> dict[str, str]:
     """The environment for a child `hbm-watchdog`: torch_xla on PJRT CPU, JSON logs, repo importable."""
     env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(REPO)}
     env.pop("HBMWATCH_RESTART_COUNT", None)
+    for name in ("PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE", "PT_XLA_DEBUG_MAX_FRAME", "HBMWATCH_COMPILE_ANALYSIS_PID"):
+        env.pop(name, None)  # each child decides its own compile analysis
     env.update(extra)
     return env
 
@@ -27,10 +29,16 @@ def run_python(code: str, *args: str, timeout: float = 300, env: dict[str, str] 
     torch_xla's runtime starts once per process, so each XLA scenario gets its own. A child that
     exits non-zero fails the calling test with the tail of its stderr.
     """
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+    return run_python_args(["-c", code, *args], timeout=timeout, env=env).stdout
+
+
+def run_python_args(args: list[str], *, timeout: float = 300, env: dict[str, str] | None = None
+                    ) -> subprocess.CompletedProcess:
+    """`python ARGS...` in a fresh process (a script file, where Python frames must name real lines)."""
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
                          cwd=REPO, env=env or hbm_watchdog_env())
     assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+    return out
 
 
 def json_lines(text: str) -> list[dict]:

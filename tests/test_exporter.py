@@ -54,6 +54,7 @@ def leaking_telemetry() -> Telemetry:
                         projected_oom_seconds=1080.0, projected_oom_steps_pessimistic=2000.0, window_steps=640.0)
     t.training_step = 1210
     t.samples_total, t.sample_errors_total, t.restarts_total, t.xla_compilations_total = 120, 2, 1, 7
+    t.recompilation_detected, t.steps_per_recompilation = True, 2.5
     t.count_action(Action.WARN)
     t.count_action(Action.CHECKPOINT_REINIT)
     t.count_action(Action.CHECKPOINT_REINIT)
@@ -100,6 +101,8 @@ def test_every_design_metric_is_served_in_base_units_from_the_cache(served):
     assert value(samples, "hbmwatch_samples_total") == 120
     assert value(samples, "hbmwatch_sample_errors_total") == 2
     assert value(samples, "hbmwatch_xla_compilations_total") == 7
+    assert value(samples, "hbmwatch_recompilation_detected") == 1
+    assert value(samples, "hbmwatch_steps_per_recompilation") == 2.5
     assert value(samples, "hbmwatch_build_info", version=__version__, source="xla") == 1
     assert value(samples, "hbmwatch_training_stalled") == 0
     assert value(samples, "hbmwatch_seconds_since_last_step") >= 0
@@ -120,8 +123,9 @@ def test_before_any_verdict_nothing_is_made_up(served):
     assert value(samples, "hbmwatch_projected_oom_seconds") == math.inf
     assert value(samples, "hbmwatch_leak_detected") == 0
     unknown = {"hbmwatch_memory_used_bytes", "hbmwatch_memory_floor_bytes", "hbmwatch_memory_limit_bytes",
-               "hbmwatch_leak_slope_bytes_per_step", "hbmwatch_xla_compilations_total"}
-    assert not names(samples) & unknown  # absent until known (compilations: absent off XLA)
+               "hbmwatch_leak_slope_bytes_per_step", "hbmwatch_xla_compilations_total",
+               "hbmwatch_recompilation_detected", "hbmwatch_steps_per_recompilation"}
+    assert not names(samples) & unknown  # absent until known (compilations, recompilation: absent off XLA)
 
 
 def test_port_is_base_plus_local_rank_and_zero_means_any_free_port(served):

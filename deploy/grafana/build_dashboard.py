@@ -177,9 +177,17 @@ def panels() -> list[dict]:
             decimals=0),
          {"x": 16, "y": 23, "w": 8, "h": 8}),
         (timeseries(
-            "XLA compilations", "Graphs compiled per window; after warm-up this should stay at zero.",
+            "XLA compilations and steady-state recompilation",
+            "Graphs compiled per window; after warm-up this should stay at zero. Recompiling: the watchdog's "
+            "`recompilation` finding (the HbmSteadyStateRecompilation alert), whose log event names the cause "
+            "and the Python line.",
             "none", steps((GREEN, None), (ORANGE, 1)),
-            targets((f"increase(hbmwatch_xla_compilations_total{{{SEL}}}[{WINDOW}])", "compilations r{{rank}}")),
+            targets((f"increase(hbmwatch_xla_compilations_total{{{SEL}}}[{WINDOW}])", "compilations r{{rank}}"),
+                    (f"hbmwatch_recompilation_detected{{{SEL}}}", "recompiling r{{rank}}")),
+            overrides=[series_override("B", **{"custom.axisPlacement": "right", "custom.drawStyle": "line",
+                                               "custom.stacking": {"mode": "none", "group": "B"},
+                                               "custom.fillOpacity": 30, "max": 1, "min": 0,
+                                               "color": {"mode": "fixed", "fixedColor": RED}})],
             draw="bars", threshold_lines=True),
          {"x": 0, "y": 31, "w": 8, "h": 8}),
         (timeseries(

@@ -12,6 +12,7 @@ from pathlib import Path
 from watchdog.core.detector import DetectorConfig
 from watchdog.core.errors import ConfigError
 from watchdog.core.policy import PolicyConfig
+from watchdog.core.recompilation import RecompilationConfig
 
 SOURCES = ("auto", "xla", "tpu", "cuda", "rss", "replay")
 
@@ -40,6 +41,8 @@ class WatchdogConfig:
     """Restarts this job has already had (from the checkpoint); the policy's budget counts it."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    recompilation: RecompilationConfig = field(default_factory=RecompilationConfig)
+    """XLA graphs that keep compiling after warm-up: a finding with its cause, never an action."""
 
     def __post_init__(self) -> None:
         _positive_int("sample_every", self.sample_every)

@@ -31,6 +31,7 @@ from lightning.pytorch import Callback
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED
 from watchdog.logs import get_logger
+from watchdog.runtime import xla_stats
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.runtime.sources import MemorySource
 
@@ -59,6 +60,12 @@ class HbmWatchdogCallback(Callback):
     def resume_path(self) -> str | None:
         """The checkpoint a restarted job should resume from, if one was saved."""
         return str(self.checkpoint_path) if self.checkpoint_path.is_file() else None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # Before the strategy runs any graph (Lightning's first one checks the dataloader's length):
+        # torch_xla reads its compile analysis setting once, at its first graph.
+        if self.config.recompilation.explain and _on_xla(trainer):
+            xla_stats.prepare_compile_analysis()
 
     def on_train_start(self, trainer, pl_module) -> None:
         # Called on the training thread, after the strategy has put the model on its device.
@@ -122,3 +129,10 @@ class HbmWatchdogCallback(Callback):
     def _stop(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
+
+
+def _on_xla(trainer) -> bool:
+    try:
+        return trainer.strategy.root_device.type == "xla"
+    except Exception:  # noqa: BLE001 - a strategy without a device yet is not on XLA as far as we know
+        return False

@@ -149,6 +149,12 @@ class TelemetryCollector:
                            t.trace_errors_total)
         yield from counter("xla_compilations", "XLA graphs compiled in this process (absent off XLA).",
                            t.xla_compilations_total)
+        detected = t.recompilation_detected
+        yield from gauge("recompilation_detected", "1 while XLA keeps compiling new graphs after warm-up (the "
+                         "watchdog's `recompilation` finding, which names the cause), else 0; absent off XLA.",
+                         None if detected is None else float(detected))
+        yield from gauge("steps_per_recompilation", "Training steps per XLA compilation since warm-up; +Inf when "
+                         "none (absent off XLA).", t.steps_per_recompilation)
 
         yield from gauge("checkpoint_disk_free_bytes", "Free bytes on the file system checkpoints are written to.",
                          t.checkpoint_disk_free_bytes)

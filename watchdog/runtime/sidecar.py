@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -43,6 +44,7 @@ from watchdog.core.sample import Sample, TraceWriter
 from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger
 from watchdog.runtime import xla_stats
+from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.sources import MemoryReading, MemorySource, current_device, device_kind, select_source
 from watchdog.runtime.telemetry import Telemetry
 
@@ -86,6 +88,9 @@ class Watchdog:
         self._failed_kinds: set[str] = set()
         self._stall_seen_step = -1
         self._stall_seen_at = time.monotonic()
+        self._compile_watch: CompileWatch | None = None
+        if self.config.recompilation.explain and "torch_xla" in sys.modules:
+            xla_stats.prepare_compile_analysis()  # before the first graph, or torch_xla never reads it
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -99,7 +104,8 @@ class Watchdog:
                                             self.config.replay_trace)
         self.telemetry.device = device
         self.telemetry.source = self._source.name
-        self._track_compilations = device_kind(device) == "xla"
+        if device_kind(device) == "xla":
+            self._compile_watch = CompileWatch(self.config.recompilation, self.telemetry)
         if self.config.trace_file is not None:
             self._open_trace(at_start=True)
         self._thread = threading.Thread(target=self._run, name="hbm-watchdog", daemon=True)
@@ -120,6 +126,8 @@ class Watchdog:
         self._post((_STOP, None))
         self._thread.join(timeout=30)
         self._thread = None
+        if self._compile_watch is not None:
+            self._compile_watch.close()
         self._close_trace()
         log.info("watchdog_stopped", samples=self.telemetry.samples_total,
                  sample_errors=self.telemetry.sample_errors_total, trace_errors=self.telemetry.trace_errors_total,
@@ -237,11 +245,11 @@ class Watchdog:
         telemetry.peak_bytes_seen = max(telemetry.peak_bytes_seen, sample.bytes_used, sample.peak_bytes_used or 0)
         telemetry.chips = reading.devices
         telemetry.samples_total += 1
-        if self._track_compilations:
-            telemetry.xla_compilations_total = xla_stats.compilations()
         verdict, action = self.judge.judge(sample)
         self.latest_verdict = telemetry.verdict = verdict
         self._act_on(action, verdict)
+        if self._compile_watch is not None:  # after the memory pipeline: nothing here may delay an action
+            self._compile_watch.observe(sample.step)
 
     def _act_on(self, action: Action, verdict: Verdict) -> None:
         if action is Action.NONE:

@@ -61,6 +61,9 @@ class Telemetry:
     samples_total: int = 0
     peak_bytes_seen: int = 0  # the highest usage or high-water mark any sample showed (the run summary)
     xla_compilations_total: int | None = None
+    recompilation_detected: bool | None = None  # None: not watched (off XLA)
+    steps_per_recompilation: float | None = None  # since warm-up; inf while none
+    recompilation: dict | None = None  # the newest `recompilation` finding, as logged
     checkpoint_seconds: Histogram = field(default_factory=Histogram)
     checkpoint_disk_free_bytes: int | None = None  # free space where checkpoints go (the trainer fills it)
     checkpoint_size_bytes: int | None = None  # the newest checkpoint's size: what the next one needs

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from watchdog.core.errors import InputError
-from watchdog.logs import console_wanted
 from watchdog.core.units import memory_limit_option
+from watchdog.logs import console_wanted
 from watchdog.runtime.exporter import DEFAULT_ADDRESS
 from watchdog.trainer.leaks import parse_leak_spec
 

@@ -405,6 +405,10 @@ class Trainer:
         # The device is created once per process; every rebuild reuses it.
         self.strategy = strategy or SingleDevice(select_device(config.device))
         self.device = self.strategy.device
+        if self.device.type == "xla" and config.watchdog is not None and config.watchdog.recompilation.explain:
+            from watchdog.runtime import xla_stats
+
+            xla_stats.prepare_compile_analysis()  # before the first graph: torch_xla reads it only then
         self._sync = _sync_function(self.device)
         self._temporary_dir: tempfile.TemporaryDirectory | None = None
         if config.checkpoint_dir is None:
