@@ -5,13 +5,17 @@ forward pass saved for backward (activations, inputs, intermediate results). Tho
 have no Python holder of their own, so a census of Python objects sees one small tensor where
 the device holds a step's activations: `total_loss += loss` keeps every step's graph this way.
 
-The walk follows `grad_fn.next_functions` and unpacks the `_saved_*` attributes of each node
-(`saved_tensors` for custom Functions). Unpacking a saved tensor gives a tensor object sharing
-its data: shape, dtype and device are metadata, so nothing is synchronised, compiled or copied
-to the host. Saved tensors are counted once per buffer (an XLA tensor id, or a storage), so a
-buffer saved by several nodes, or by several steps' graphs, counts once; parameters are left
-out (they are the model, and live anyway). Tensors already freed by a backward pass raise when
-unpacked and count as nothing.
+The walk follows `grad_fn.next_functions` and reads each node's `_saved_*` tensors: shape, dtype
+and device are metadata, so nothing is synchronised, compiled or copied to the host. Reading a
+saved tensor runs its unpack hook if one was packed under `saved_tensors_hooks`; under
+non-reentrant checkpointing that hook would re-run the forward. The walk runs inside
+`disable_saved_tensors_hooks`, so such a hook fails at once instead (it must install hooks to
+recompute): those tensors are counted as `packed` and never unpacked. (An unpack hook that only
+copies, like `save_on_cpu`'s, is not stopped by this: it copies back once per walk.)
+
+Saved tensors are counted once per buffer (an XLA tensor id, or a storage), so a buffer saved by
+several nodes, or by several steps' graphs, counts once; parameters are left out (they are the
+model, and live anyway). Saved tensors already freed by a backward pass count as nothing.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable
 
-_NO_SAVED: tuple[str, ...] = ()
-_saved_names: dict[type, tuple[str, ...]] = {}  # per node type: its `_saved_*` attributes
+_saved_names: dict[type, tuple[str, ...]] = {}  # per node type: its saved-tensor attributes
+_GUARD = "hbm-watchdog reads saved tensors for their metadata only"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,14 +33,15 @@ class GraphSize:
     nodes: int = 0
     saved_tensors: int = 0
     saved_bytes: int = 0
+    packed: int = 0  # saved tensors packed by someone's saved-tensor hooks: not unpacked, not counted
 
     def __add__(self, other: GraphSize) -> GraphSize:
         return GraphSize(self.nodes + other.nodes, self.saved_tensors + other.saved_tensors,
-                         self.saved_bytes + other.saved_bytes)
+                         self.saved_bytes + other.saved_bytes, self.packed + other.packed)
 
     def __sub__(self, other: GraphSize) -> GraphSize:
         return GraphSize(self.nodes - other.nodes, self.saved_tensors - other.saved_tensors,
-                         self.saved_bytes - other.saved_bytes)
+                         self.saved_bytes - other.saved_bytes, self.packed - other.packed)
 
 
 def buffer_key(tensor) -> tuple[object, int]:
@@ -80,7 +85,13 @@ class GraphWalker:
 
     def walk(self, grad_fn, new_keys: list | None = None) -> GraphSize:
         """What this graph adds to the walks before it; `new_keys` collects its saved buffers' keys."""
-        nodes = saved = saved_bytes = 0
+        from torch.autograd.graph import disable_saved_tensors_hooks
+
+        with disable_saved_tensors_hooks(_GUARD):
+            return self._walk(grad_fn, new_keys)
+
+    def _walk(self, grad_fn, new_keys: list | None) -> GraphSize:
+        nodes = saved = saved_bytes = packed = 0
         stack = [grad_fn]
         seen = self._seen_nodes
         while stack:
@@ -92,7 +103,9 @@ class GraphWalker:
                 break
             seen.add(node)
             nodes += 1
-            for tensor in _saved_tensors(node):
+            tensors, hooked = _saved_tensors(node)
+            packed += hooked
+            for tensor in tensors:
                 try:
                     key, size = buffer_key(tensor)
                 except Exception:  # noqa: BLE001 - exotic tensors without metadata are skipped
@@ -107,28 +120,32 @@ class GraphWalker:
                     if new_keys is not None:
                         new_keys.append(key)
             stack.extend(next_node for next_node, _ in node.next_functions)
-        return GraphSize(nodes, saved, saved_bytes)
+        return GraphSize(nodes, saved, saved_bytes, packed)
 
 
-def _saved_tensors(node) -> list:
-    """The tensors a backward node saved, unpacked without reading a value."""
+def _saved_tensors(node) -> tuple[list, int]:
+    """(the tensors a backward node saved, how many were packed by someone's saved-tensor hooks)."""
     import torch
 
     kind = type(node)
     names = _saved_names.get(kind)
-    if names is None:
-        names = tuple(n for n in dir(node) if n.startswith("_saved_"))
-        if hasattr(node, "saved_tensors"):  # custom autograd.Function (and reentrant checkpoint)
-            names += ("saved_tensors",)
-        _saved_names[kind] = names or _NO_SAVED
-    found = []
+    if names is None:  # `_raw_saved_x` marks a saved tensor `_saved_x` (not an int or a size)
+        names = tuple("_" + n[len("_raw_"):] for n in dir(node) if n.startswith("_raw_saved_"))
+        _saved_names[kind] = tuple("saved_tensors" if n == "_saved_tensors" else n  # custom Functions
+                                   for n in names)
+        names = _saved_names[kind]
+    found, packed = [], 0
     for name in names:
         try:
             value = getattr(node, name)
-        except Exception:  # noqa: BLE001 - freed by a backward pass, or not a tensor attribute
+        except RuntimeError as exc:
+            if _GUARD in str(exc):
+                packed += 1  # someone's unpack hook wanted to run: checkpointing
+            continue  # or freed by a backward pass
+        except AttributeError:
             continue
         if isinstance(value, torch.Tensor):
             found.append(value)
         elif isinstance(value, (tuple, list)):
             found.extend(v for v in value if isinstance(v, torch.Tensor))
-    return found
+    return found, packed

@@ -145,15 +145,19 @@ class CreationSites:
         return True
 
     def reset(self) -> None:
-        """Forget the notes and allow a new capture (after a reinit, the old state is gone)."""
+        """Forget the notes and allow a new capture (after a reinit, the old state is gone). A
+        capture asked for and not started yet stays asked for: it will see the rebuilt state."""
         if self._state == _CAPTURING:
             self._stop()
         self._records.clear()
-        self._state, self._pending = _IDLE, False
+        if self._state != _ARMED:
+            self._state, self._pending = _IDLE, False
         self.dropped = self.captured_steps = 0
 
     def close(self) -> None:
+        """Remove the mode if a capture is running and forget everything."""
         self.reset()
+        self._state, self._pending = _IDLE, False
 
     def _start(self) -> None:
         if not self._prefixes:
@@ -180,7 +184,13 @@ class CreationSites:
 
     def site_of(self, tensor) -> Site | None:
         note = self._records.get(id(tensor))
-        return note.site if note is not None and note() is tensor else None
+        if note is None:
+            return None
+        noted = note()
+        if noted is None:
+            return None
+        noted._fix_weakref()  # a tensor reached through a weak reference must be told (torch.utils.weak)
+        return note.site if noted is tensor else None
 
     def commonest_site(self, tensors: Iterable) -> tuple[Site, int] | None:
         """The site most of `tensors` were created at, and how many of them; None if none was noted."""
@@ -202,7 +212,7 @@ class CreationSites:
         records = self._records
         key = id(tensor)
         known = records.get(key)
-        if known is not None and known() is tensor:
+        if known is not None and known() is not None:  # alive, so it is this very tensor
             return
         if len(records) >= self.max_records:
             self.dropped += 1

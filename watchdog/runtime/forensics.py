@@ -40,6 +40,7 @@ from watchdog.runtime.holders import MODULE_HOOKS, Namer, module_paths, paramete
 if TYPE_CHECKING:
     from watchdog.runtime.creation_sites import CreationSites
 
+MORE_LINES = 3  # beyond `top` tensor groups: graph roots, .grad, hooks, XLA
 MIN_GRAPH_BYTES = 1 << 20  # graph growth below this is noise (a step's loss with its graph)
 MIN_GRAPH_NODES = 1000  # ... unless its nodes pile up (a graph backpropagated, then kept)
 MIN_PENDING_IR_NODES = 1000
@@ -258,7 +259,7 @@ def explain_leak(baseline: Census, top: int = 3, sites: CreationSites | None = N
 
 
     findings = [_grad_finding(baseline, now, grads, live, ledger)]
-    grown = growth(baseline, now, top=top)
+    grown = _candidates(growth(baseline, now, top=len(now.count)), top)
     members = _members(live.tensors, {g.group for g in grown})
     namer.ignore(*members.values())
     held_by_python, held_by_graphs = [], []
@@ -282,8 +283,15 @@ def explain_leak(baseline: Census, top: int = 3, sites: CreationSites | None = N
     findings += _grown_tensor_findings(baseline, candidates, namer, sites)
     now.xla = xla_stats.activity()
     findings += _xla_findings(baseline.xla, now.xla, live, namer)
-    shown = [f for f in findings if f is not None and f.shown]
-    return [f.line() for f in sorted(shown, key=lambda f: (f.rank, -f.bytes_))]
+    shown = sorted((f for f in findings if f is not None and f.shown), key=lambda f: (f.rank, -f.bytes_))
+    return [f.line() for f in shown[:top + MORE_LINES]]
+
+
+def _candidates(grown: list[Growth], top: int) -> list[Growth]:
+    """The `top` groups that grew most in bytes, and the next few that hold autograd graphs: a
+    list of scalar losses is small itself and keeps each step's activations."""
+    with_graphs = [g for g in grown[top:] if g.group.has_graph][:MORE_LINES]
+    return grown[:top] + with_graphs
 
 
 def _members(tensors: list, groups: set[TensorGroup]) -> dict[TensorGroup, list]:
@@ -306,10 +314,13 @@ def _created(tensors: list, sites: CreationSites | None) -> str:
 
 
 def _graph_words(graph: GraphSize) -> str:
+    packed = (f", {graph.packed:,} more packed by saved-tensor hooks (checkpointing) and not counted"
+              if graph.packed else "")
     if not graph.saved_tensors:
-        return f"an autograd graph of {graph.nodes:,} nodes (its saved tensors already freed by a backward)"
+        freed = "" if graph.packed else " (its saved tensors already freed by a backward)"
+        return f"an autograd graph of {graph.nodes:,} nodes{freed}{packed}"
     return (f"an autograd graph of {graph.nodes:,} nodes with {format_bytes(graph.saved_bytes)} "
-            f"of saved tensors ({graph.saved_tensors:,} buffers)")
+            f"of saved tensors ({graph.saved_tensors:,} buffers{packed})")
 
 
 def _group_finding(g: Growth, held: list, namer: Namer, ledger: _Ledger, sites) -> _Finding:

@@ -40,6 +40,7 @@ from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED, InputError
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.runtime import forensics
+from watchdog.runtime.creation_sites import CreationSites
 from watchdog.runtime.telemetry import Telemetry
 from watchdog.trainer import leaks
 from watchdog.trainer.data import TokenSource
@@ -310,6 +311,7 @@ class Trainer:
         self.restarts_so_far = 0
         self._stop_signal: int | None = None
         self._census: forensics.Census | None = None  # live tensors once the state is built
+        self._sites = CreationSites()  # where leaked tensors are created, captured once a leak is suspected
 
     # -- the story --
 
@@ -328,8 +330,7 @@ class Trainer:
                 if self._census is None:  # after one step, so the optimizer state is in the baseline
                     self._census = forensics.census()
                 action = agree_on_action(self._ask(step))
-                if action is not None and action.needs_checkpoint:
-                    self._name_the_leak(step)
+                self._follow_the_leak(step, action)
                 if self._stop_signal is not None:
                     log.warning("preempted", signal=signal.Signals(self._stop_signal).name, step=step)
                     self._save()
@@ -350,6 +351,7 @@ class Trainer:
         finally:
             elapsed = time.perf_counter() - started
             progress.close()
+            self._sites.close()
             self._restore_sigterm(previous_handler)
             if self.watchdog is not None:
                 self.watchdog.drain()
@@ -403,7 +405,7 @@ class Trainer:
         tokens, targets = self._next_batch(state)
         loss = train_step(state, tokens, targets, self._optimizer_step)
         leaks.inject(self.config.leaks, step, state.sinks, self.device,
-                     forward_loss=lambda: self._extra_forward(state))
+                     forward_loss=lambda: self._extra_forward(state), model=state.model)
         self._sync()  # XLA: the step's graph runs here, leaks materialised with it
         state.step, state.data_position = step + 1, state.data_position + 1
         return loss
@@ -431,12 +433,24 @@ class Trainer:
             return forced
         return action
 
+    def _follow_the_leak(self, step: int, action: Action | None) -> None:
+        """Name the leak when an action comes. The first WARN or action also arms a capture of
+        creation sites for a few steps; when it ends, the census names where the leak was made."""
+        if self._sites.between_steps():
+            self._name_the_leak(step)
+        if action is not None or (self.watchdog is not None and self.watchdog.telemetry.actions_total):
+            self._sites.arm()  # once until the next reinit
+        if action is not None and action.needs_checkpoint:
+            self._name_the_leak(step)
+
     def _name_the_leak(self, step: int) -> None:
-        """Log which live tensors grew since the baseline and what holds them: the Python to fix."""
+        """Log what grew since the baseline, what holds it and, after a capture, where it was
+        created: the Python to fix."""
         started = time.perf_counter()
-        suspects = forensics.explain_leak(self._census) if self._census is not None else []
+        sites = self._sites if self._sites.state == "done" else None
+        suspects = forensics.explain_leak(self._census, sites=sites) if self._census is not None else []
         log.warning("leak_suspects", step=step, suspects=suspects or ["no growing group of live tensors"],
-                    census_seconds=round(time.perf_counter() - started, 3))
+                    creation_sites=sites is not None, census_seconds=round(time.perf_counter() - started, 3))
 
     def _save(self, *, restart: bool = False) -> None:
         """A checkpoint of the state as it is now; a restart's records the restart it asks for."""
@@ -456,6 +470,7 @@ class Trainer:
         self.reinits += 1
         self._save()
         self.state = self._loader = self._census = None
+        self._sites.reset()
         gc.collect()
         self._sync()
         release_host_memory()
