@@ -249,7 +249,7 @@ def explain_leak(baseline: Census, top: int = 3, sites: CreationSites | None = N
     survey = live.walker()
     now.grad_graphs = _walk_all((p.grad.grad_fn for p in grads), survey)
     now.graphs = now.grad_graphs + _walk_all((t.grad_fn for t in graph_tensors), survey)
-    ledger = _Ledger(live.walker())
+    ledger = _Ledger(live.walker())  # then who owns what: .grad first, then groups, then roots
 
     def kept_by_python(tensor) -> bool:
         try:
@@ -257,22 +257,22 @@ def explain_leak(baseline: Census, top: int = 3, sites: CreationSites | None = N
         except Exception:  # noqa: BLE001 - exotic subclasses without metadata are skipped
             return True
 
-
     findings = [_grad_finding(baseline, now, grads, live, ledger)]
     grown = _candidates(growth(baseline, now, top=len(now.count)), top)
     members = _members(live.tensors, {g.group for g in grown})
     namer.ignore(*members.values())
-    held_by_python, held_by_graphs = [], []
+    in_groups: set[int] = set()
+    held_by_graphs = []
     for g in grown:
         group_members = members[g.group]
         held = [t for t in group_members if kept_by_python(t)]
         namer.ignore(held)
         if len(held) * 2 >= len(group_members):
-            held_by_python.extend(map(id, held))
+            in_groups.update(map(id, held))
             findings.append(_group_finding(g, held, namer, ledger, sites))
-        else:
+        else:  # mostly saved tensors of some graph: told with the graph that keeps them
             held_by_graphs.append((g, group_members))
-    roots = [t for t in graph_tensors if id(t) not in held_by_python and kept_by_python(t)]
+    roots = [t for t in graph_tensors if id(t) not in in_groups and kept_by_python(t)]
     namer.ignore(roots)
     findings += _graph_root_findings(baseline, now, roots, namer, ledger, sites)
     findings += [_saved_group_finding(g, group_members, ledger, sites) for g, group_members in held_by_graphs]

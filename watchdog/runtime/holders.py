@@ -110,8 +110,6 @@ class Namer:
             for o in frontier:
                 self._parents[id(o)] = parents = []
                 self.ours.add(id(parents))
-            for local in self._locals_holding(ids):
-                self._parents[local[0]].append(local[1])
             climb = []
             for ref in self._referrers(frontier):
                 for child in gc.get_referents(ref):
@@ -119,6 +117,8 @@ class Namer:
                         self._parents[id(child)].append(ref)
                 if _anonymous(ref) and id(ref) not in self._parents:
                     climb.append(ref)
+            for key, local in self._locals_holding(ids):  # last: a running function's locals go
+                self._parents[key].append(local)          # when it returns; what else holds it stays
             self.ignore(climb)
             frontier = climb
 
