@@ -1,9 +1,18 @@
-"""Forensics on real tensors: the growing group is found, its holder named, parameters ignored."""
+"""Forensics on real tensors: what grew is found, its holder named, parameters ignored, and the
+mechanisms people write (graphs kept alive, hooks, caches, .grad graphs) told apart, on CPU."""
 
+import functools
+import gc
+import weakref
+
+import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from watchdog.runtime import forensics
+from watchdog.runtime.autograd_graphs import GraphWalker, buffer_key
 from watchdog.runtime.forensics import Census, TensorGroup, growth
+from watchdog.runtime.holders import Namer
 
 
 class TrainerState:
@@ -57,16 +66,6 @@ def test_parameters_are_not_counted():
 
 
 # ---- the mechanisms people write, on CPU (tests/test_leak_mechanisms.py runs them on XLA) -------
-
-import functools  # noqa: E402
-import gc  # noqa: E402
-import weakref  # noqa: E402
-
-import pytest  # noqa: E402
-from torch.utils.checkpoint import checkpoint  # noqa: E402
-
-from watchdog.runtime.autograd_graphs import GraphWalker, buffer_key  # noqa: E402
-from watchdog.runtime.holders import Namer  # noqa: E402
 
 
 def mlp():
