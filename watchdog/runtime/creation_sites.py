@@ -121,6 +121,11 @@ class CreationSites:
     def capturing(self) -> bool:
         return self._state == _CAPTURING
 
+    @property
+    def done(self) -> bool:
+        """A capture ran to its end: its notes name the sites of the tensors that survived it."""
+        return self._state == _DONE
+
     def arm(self) -> bool:
         """Ask for a capture from the next step on (any thread). False if one was already asked for
         or done since the last `reset()`: one capture per suspected leak is enough."""

@@ -447,7 +447,7 @@ class Trainer:
         """Log what grew since the baseline, what holds it and, after a capture, where it was
         created: the Python to fix."""
         started = time.perf_counter()
-        sites = self._sites if self._sites.state == "done" else None
+        sites = self._sites if self._sites.done else None
         suspects = forensics.explain_leak(self._census, sites=sites) if self._census is not None else []
         log.warning("leak_suspects", step=step, suspects=suspects or ["no growing group of live tensors"],
                     creation_sites=sites is not None, census_seconds=round(time.perf_counter() - started, 3))
