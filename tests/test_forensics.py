@@ -1,9 +1,18 @@
-"""Forensics on real tensors: the growing group is found, its holder named, parameters ignored."""
+"""Forensics on real tensors: what grew is found, its holder named, parameters ignored, and the
+mechanisms people write (graphs kept alive, hooks, caches, .grad graphs) told apart, on CPU."""
 
+import functools
+import gc
+import weakref
+
+import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from watchdog.runtime import forensics
+from watchdog.runtime.autograd_graphs import GraphWalker, buffer_key
 from watchdog.runtime.forensics import Census, TensorGroup, growth
+from watchdog.runtime.holders import Namer
 
 
 class TrainerState:
@@ -54,3 +63,166 @@ def test_parameters_are_not_counted():
     groups = forensics.census().count
     assert TensorGroup("cpu", "float32", (7, 7), False) not in groups
     assert len(params) == 10
+
+
+# ---- the mechanisms people write, on CPU (tests/test_leak_mechanisms.py runs them on XLA) -------
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+
+
+class Validation:
+    def __init__(self):
+        self.running_loss = 0
+
+
+def test_a_running_total_is_named_with_the_graph_and_saved_bytes_it_keeps():
+    model, x, state = mlp(), torch.randn(64, 32), Validation()
+    baseline = forensics.census()
+    for _ in range(20):
+        state.running_loss += model(x).square().mean()  # autograd on, never backpropagated
+    [line] = [line for line in forensics.explain_leak(baseline) if "running_loss" in line]
+    assert "held by attribute 'running_loss' of Validation" in line
+    assert "reachable from a float32[scalar] on cpu tensor (AddBackward0)" in line
+    # each step saves the 64x256 ReLU output (64 KiB) and the 64x256 Linear input of the head;
+    # the 64x32 input is the same tensor every step: one buffer
+    saved = GraphWalker(excluded={buffer_key(p)[0] for p in model.parameters()}).walk(state.running_loss.grad_fn)
+    assert saved.saved_bytes >= 20 * 64 * 256 * 4
+    assert f"{saved.nodes:,} nodes" in line
+
+
+def test_the_graph_walk_never_runs_a_checkpoint_recompute():
+    model, x = mlp(), torch.randn(8, 32, requires_grad=True)
+    calls = []
+
+    def block(inputs):
+        calls.append(1)
+        return model(inputs)
+
+    out = checkpoint(block, x, use_reentrant=False).sum()
+    size = GraphWalker().walk(out.grad_fn)
+    assert len(calls) == 1, "reading the saved tensors must not re-run the checkpointed forward"
+    assert size.packed > 0 and size.nodes > 0
+    out.backward()  # and the graph still works
+    assert len(calls) == 2 and x.grad is not None
+
+
+def test_parameters_are_left_out_of_the_saved_bytes():
+    model = torch.nn.Linear(1024, 1024, bias=False)  # 4 MiB of weight, saved for the input's gradient
+    out = model(torch.randn(2, 1024, requires_grad=True))
+    with_weight = GraphWalker().walk(out.grad_fn).saved_bytes
+    without = GraphWalker(excluded={buffer_key(p)[0] for p in model.parameters()}).walk(out.grad_fn).saved_bytes
+    assert with_weight >= 4 << 20 and without < 64 << 10
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+def test_grads_with_a_graph_from_create_graph_are_named_per_parameter():
+    model, x = mlp(), torch.randn(256, 32)  # each step keeps 256 KiB of ReLU output and more
+    loss = model(x).square().mean()
+    loss.backward(create_graph=True)  # the first step: .grad now has a graph
+    baseline = forensics.census()
+    for _ in range(10):
+        for p in model.parameters():
+            p.grad.data.zero_()  # old-style zeroing: .grad keeps its graph and grows it
+        model(x).square().mean().backward(create_graph=True)
+    [line] = [line for line in forensics.explain_leak(baseline) if ".grad" in line]
+    assert line.startswith("the .grad of 4 parameters carries an autograd graph")
+    assert "Sequential.0.weight" in line or "Sequential.0.bias" in line
+    for p in model.parameters():
+        p.grad = None  # break the cycle the warning talks about
+
+
+def test_a_hook_registered_every_step_is_counted_and_its_closure_named():
+    model, x = mlp(), torch.randn(4, 32)
+    model(x)
+    baseline = forensics.census()
+    for step in range(12):
+        expected = torch.full((256, 64), float(step))
+
+        def check(module, inputs, output, expected=expected):
+            assert output.shape[0] == 4 and expected.numel()
+
+        model[0].register_forward_hook(check)
+        model(x)
+    lines = forensics.explain_leak(baseline)
+    assert any(line.startswith("+12 forward hooks on Sequential.0 since the baseline (12 now)") for line in lines)
+    [kept] = [line for line in lines if "float32[256x64]" in line]
+    assert "default argument 'expected' of " in kept and "(forward hook on Sequential.0)" in kept
+
+
+def test_activations_stored_by_a_hook_are_named_through_its_closure():
+    model, x = mlp(), torch.randn(64, 32)
+    stored = []
+
+    def store(module, inputs, output):
+        stored.append(output.detach())
+
+    model[1].register_forward_hook(store)
+    baseline = forensics.census()
+    for _ in range(10):
+        model(x)
+    [line] = [line for line in forensics.explain_leak(baseline) if "float32[64x256]" in line]
+    assert "held by list of 10 (closure variable 'stored' of " in line
+    assert "(forward hook on Sequential.1)" in line
+
+
+@functools.lru_cache(maxsize=None)
+def position_table(offset: int) -> torch.Tensor:
+    return torch.full((128, 128), float(offset))
+
+
+def test_an_unbounded_cache_is_named():
+    baseline = forensics.census()
+    tables = [position_table(step) for step in range(15)]
+    del tables
+    [line] = forensics.explain_leak(baseline)
+    assert line.startswith("+15 tensors float32[128x128] on cpu")
+    assert "held by cache of functools.lru_cache 'position_table' (15 entries)" in line
+    position_table.cache_clear()
+
+
+class Evaluator:
+    def __init__(self):
+        self.predictions = torch.zeros(0, 256)
+
+
+def test_a_tensor_grown_by_concatenation_is_named():
+    evaluator = Evaluator()
+    baseline = forensics.census()
+    for _ in range(40):
+        evaluator.predictions = torch.cat([evaluator.predictions, torch.randn(64, 256)])
+    lines = forensics.explain_leak(baseline)
+    assert any("1 tensor float32[2560x256] on cpu of 2.5 MiB" in line and "grown by concatenation" in line
+               and "held by attribute 'predictions' of Evaluator" in line for line in lines), lines
+
+
+def test_a_local_variable_is_named_and_the_frame_keeps_nothing_afterwards():
+    def train_loop():
+        total = torch.zeros(())
+        for _ in range(3):
+            total = total + torch.ones((), requires_grad=True) * 2
+        named = Namer().holder_of(total)
+        probe = weakref.ref(total)
+        total = None  # the frame's locals snapshot must not keep the old value alive
+        gc.collect()
+        return named, probe()
+
+    named, survivor = train_loop()
+    assert named.startswith("local variable 'total' of train_loop (test_forensics.py:")
+    assert survivor is None
+
+
+def test_a_partial_bound_argument_is_named():
+    kept = torch.zeros(3)
+    bound = functools.partial(torch.add, kept)
+    assert Namer().holder_of(kept).startswith("argument 0 bound by functools.partial(")
+    del bound
+
+
+@pytest.mark.parametrize("count", [1, 30])
+def test_holders_report_the_container_not_the_forensics_own_lists(count):
+    tensors = [torch.zeros(2) for _ in range(count)]
+    named = Namer().holders_of(tensors)
+    assert not any("tuple of" in n or n.startswith("list of") and "(" not in n for n in named), named

@@ -11,16 +11,15 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
-import termios
 import re
 import select
 import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
-
 from conftest import REPO, hbm_watchdog_env
 
 pytestmark = pytest.mark.slow

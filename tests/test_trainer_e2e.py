@@ -35,9 +35,14 @@ def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(tmp_path, r
 
     [action] = events(records, "watchdog_action")
     assert action["action"] == "checkpoint_reinit"
-    [suspects] = events(records, "leak_suspects")  # says what is leaking, and what holds it
+    # At the action: what is leaking and what holds it. The action also armed a capture of creation
+    # sites; it runs on the rebuilt state, and the census after it says where the leak is made.
+    suspects, located = events(records, "leak_suspects")
     assert "float32[1048576] on xla:0" in suspects["suspects"][0], suspects
     assert "attribute 'tensors' of LeakSinks" in suspects["suspects"][0], suspects
+    assert not suspects["creation_sites"] and located["creation_sites"]
+    assert "created at leaks.py:" in located["suspects"][0] and "in _filled" in located["suspects"][0], located
+    assert "attribute 'tensors' of LeakSinks" in located["suspects"][0], located
     [reinit] = events(records, "reinitialised")
     [measured] = events(records, "reinit_measured")
     assert measured["recovered_bytes"] > 0.5 * 4 * 2**20 * reinit["step"]  # the leak was freed

@@ -17,6 +17,9 @@ from watchdog.trainer.leaks import LeakSpec, inject, new_sinks, parse_leak_spec
     ("graph:1/step@7", LeakSpec("graph", 1, 7)),
     ("recompile:50", LeakSpec("recompile", 50, 0)),
     ("recompile:10@20", LeakSpec("recompile", 10, 20)),
+    ("total:3/step", LeakSpec("total", 3, 0)),
+    ("hook:1MiB/step@5", LeakSpec("hook", 1 << 20, 5)),
+    ("cache:64KiB/step", LeakSpec("cache", 64 << 10, 0)),
 ])
 def test_valid_specs(text, expected):
     assert parse_leak_spec(text) == expected
@@ -28,6 +31,8 @@ def test_valid_specs(text, expected):
     ("recompile:5/step", "recompile:K"),
     ("tensors:4XB/step", "unknown size unit"),
     ("graph:1.5/step", "whole number"),
+    ("total:2MiB/step", "whole number"),
+    ("hook:3X/step", "unknown size unit"),
     ("graph:0/step", "positive"),
     ("tensors:0/step", "positive"),
     ("tensors:-1MiB/step", "not a size"),
@@ -107,3 +112,39 @@ def test_recompile_leak_really_recompiles_on_xla():
     assert steady == 1  # one shape, one graph
     # shapes 1, 2, 3 over 9 steps: a new graph every 3 steps (shape 1's was compiled just before)
     assert leaking == 2
+
+
+def tiny_model():
+    from watchdog.trainer.model import ModelConfig, TransformerLM
+
+    return TransformerLM(ModelConfig(depth=1, width=16, heads=2, seq_len=8, activation_checkpointing="none"))
+
+
+def test_total_leak_sums_losses_with_their_graphs_into_the_state():
+    weight = torch.ones(3, requires_grad=True)
+    sinks = new_sinks()
+    for step in range(4):
+        inject([parse_leak_spec("total:2/step")], step, sinks, torch.device("cpu"),
+               forward_loss=lambda: (weight * torch.arange(3.0)).square().sum())
+    assert float(sinks.running_total.detach()) == 8 * 5.0  # 2 losses of 0+1+4 per step, 4 steps
+    assert sinks.running_total.grad_fn is not None  # the graph of all eight is still attached
+
+
+def test_hook_leak_registers_a_hook_per_step_on_the_first_block_each_keeping_its_tensor():
+    model = tiny_model()
+    spec = parse_leak_spec("hook:4KiB/step@1")
+    for step in range(4):
+        inject([spec], step, new_sinks(), torch.device("cpu"), forward_loss=None, model=model)
+    hooks = list(model.blocks[0]._forward_hooks.values())
+    assert len(hooks) == 3  # steps 1, 2, 3
+    kept = [cell.cell_contents for hook in hooks for cell in hook.__closure__]
+    assert all(t.numel() * t.element_size() == 4 << 10 for t in kept)
+    model(torch.zeros(1, 8, dtype=torch.long))  # the hooks run and change nothing
+
+
+def test_cache_leak_lives_at_module_level_and_survives_new_sinks():
+    before = leaks._step_table.cache_info().currsize
+    for step in range(3):
+        inject([parse_leak_spec("cache:8KiB/step")], 1000 + step, new_sinks(), torch.device("cpu"), forward_loss=None)
+    assert leaks._step_table.cache_info().currsize == before + 3  # a reinit's new state does not free it
+    leaks._step_table.cache_clear()

@@ -1,24 +1,51 @@
-"""What is leaking: a census of live tensors, diffed against a baseline.
+"""What is leaking: a census of what keeps device memory alive, diffed against a baseline.
 
-A leak of small tensors shows up as one group (device, dtype, shape, whether it holds an
-autograd graph) whose count keeps growing. The census walks the garbage collector's objects,
-so it costs milliseconds to seconds: it runs on the training thread between steps, at start
-and when the watchdog asks for an action, never in the step. Reading `.nbytes`, `.shape`
-and `.device` touches metadata only: no device sync, no transfer.
+The census reads metadata only (shapes, dtypes, devices, autograd nodes, hook tables, XLA debug
+counters): no device sync, no transfer, no compilation. It walks the garbage collector's objects,
+so it costs milliseconds to seconds: it runs on the training thread between steps, once after the
+first step (the baseline) and when a leak is being explained, never inside a step.
 
-For the fastest-growing group, `holders` names the containers that keep those tensors alive
-(a list held by an attribute, a module-level global) so the log line points at Python code.
+It counts, and `explain_leak` names what grew since the baseline:
+
+- live tensors by group (device, dtype, shape, whether they hold an autograd graph): a list that
+  keeps a tensor per step shows as one group growing, and `holders` names the list's owner;
+- the autograd graphs live tensors keep alive, with the bytes of the tensors saved for backward
+  (`autograd_graphs`): `total_loss += loss` keeps one scalar and every step's activations;
+- the graphs hanging off parameters' `.grad` (`backward(create_graph=True)` never reset);
+- module hooks per module: a hook registered every step and never removed;
+- tensors larger than any at the baseline: a tensor concatenated onto every step;
+- on XLA, syncs and traced IR nodes (`xla_stats.activity`): a loop that never syncs piles its
+  whole run onto one pending graph on the host, and new compilations (shapes that change).
+
+With a `CreationSites` capture that ran since, each line also says where Python created the
+tensors: "+300 tensors float32[1048576] on xla:0 (+1.2 GiB), created at leaks.py:97 in _filled;
+held by list of 302 (attribute 'tensors' of LeakSinks)".
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable
 
 from watchdog.core.units import format_bytes
+from watchdog.runtime import xla_stats
+from watchdog.runtime.autograd_graphs import GraphSize, GraphWalker, buffer_key
+from watchdog.runtime.holders import MODULE_HOOKS, Namer, module_paths, parameter_names
+
+if TYPE_CHECKING:
+    from watchdog.runtime.creation_sites import CreationSites
+
+MORE_LINES = 3  # beyond `top` tensor groups: graph roots, .grad, hooks, XLA
+MIN_GRAPH_BYTES = 1 << 20  # graph growth below this is noise (a step's loss with its graph)
+MIN_GRAPH_NODES = 1000  # ... unless its nodes pile up (a graph backpropagated, then kept)
+MIN_PENDING_IR_NODES = 1000
+MIN_NEW_COMPILATIONS = 5  # a few graphs compile late in any run (the first eval, the last short batch)  # traced without a sync since the baseline: more than any one step
+_GLOBAL_HOOKS = {f"_global{name}": words for name, words in MODULE_HOOKS.items()}
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -28,15 +55,20 @@ class TensorGroup:
     shape: tuple[int, ...]
     has_graph: bool  # a tensor with grad_fn keeps its whole autograd graph alive
 
+    def describe(self, graph: bool = False) -> str:
+        shape = "x".join(map(str, self.shape)) or "scalar"
+        return f"{self.dtype}[{shape}] on {self.device}" + (" with autograd graph" if graph and self.has_graph else "")
+
 
 @dataclass
 class Census:
-    count: Counter = field(default_factory=Counter)
-    nbytes: Counter = field(default_factory=Counter)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.nbytes.values())
+    count: Counter = field(default_factory=Counter)  # TensorGroup -> live tensors
+    nbytes: Counter = field(default_factory=Counter)  # TensorGroup -> their bytes
+    graphs: GraphSize = GraphSize()  # every autograd graph reachable from live tensors and .grad
+    grad_graphs: GraphSize = GraphSize()  # the part reachable from parameters' .grad
+    hooks: Counter = field(default_factory=Counter)  # (module path, kind of hook) -> hooks
+    largest_tensor_bytes: int = 0
+    xla: xla_stats.XlaActivity | None = None
 
 
 @dataclass(frozen=True)
@@ -47,23 +79,9 @@ class Growth:
     holders: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        g = self.group
-        shape = "x".join(map(str, g.shape)) or "scalar"
-        graph = " with autograd graph" if g.has_graph else ""
         held = f"; held by {', '.join(self.holders)}" if self.holders else ""
-        return (f"+{self.added_tensors} tensors {g.dtype}[{shape}] on {g.device}{graph} "
+        return (f"+{self.added_tensors} tensors {self.group.describe(graph=True)} "
                 f"(+{format_bytes(self.added_bytes)}){held}")
-
-
-def _live_tensors():
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    tensor_type, parameter_type = torch.Tensor, torch.nn.Parameter
-    with warnings.catch_warnings():  # isinstance() wakes deprecation shims among gc's objects
-        warnings.simplefilter("ignore")
-        tensors = [o for o in gc.get_objects() if isinstance(o, tensor_type) and not isinstance(o, parameter_type)]
-    return tensors
 
 
 def group_of(tensor) -> TensorGroup:
@@ -71,18 +89,98 @@ def group_of(tensor) -> TensorGroup:
                        tuple(tensor.shape), tensor.grad_fn is not None)
 
 
-def census() -> Census:
-    """Count live tensors by group. Parameters are left out: they are the model, not a leak."""
-    result = Census()
-    for tensor in _live_tensors():
+def _size(tensor) -> int:
+    return tensor.nelement() * tensor.element_size()
+
+
+class _Live:
+    """One pass over the garbage collector's objects: tensors, parameters, modules."""
+
+    def __init__(self):
+        self.tensors: list = []
+        self.parameters: list = []
+        self.modules: list = []
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        tensor_type, parameter_type, module_type = torch.Tensor, torch.nn.Parameter, torch.nn.Module
+        with warnings.catch_warnings():  # isinstance() wakes deprecation shims among gc's objects
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                if isinstance(obj, tensor_type):
+                    (self.parameters if isinstance(obj, parameter_type) else self.tensors).append(obj)
+                elif isinstance(obj, module_type):
+                    self.modules.append(obj)
+
+    def ids(self) -> set[int]:
+        return {id(self), id(self.tensors), id(self.parameters), id(self.modules)}
+
+    def walker(self) -> GraphWalker:
+        """A walker that leaves the parameters' own buffers out of the saved bytes."""
+        return GraphWalker(_buffer_keys(self.parameters))
+
+    def grads_with_graph(self) -> list:
+        return [p for p in self.parameters if p.grad is not None and p.grad.grad_fn is not None]
+
+
+def _buffer_keys(tensors: Iterable) -> set:
+    keys = set()
+    for tensor in tensors:
         try:
-            group = group_of(tensor)
-            size = tensor.nelement() * tensor.element_size()
+            keys.add(buffer_key(tensor)[0])
+        except Exception:  # noqa: BLE001 - exotic subclasses without metadata are skipped
+            continue
+    return keys
+
+
+def _count_groups(tensors: list, result: Census) -> None:
+    for tensor in tensors:
+        try:
+            group, size = group_of(tensor), _size(tensor)
         except Exception:  # noqa: BLE001 - exotic subclasses without metadata are skipped
             continue
         result.count[group] += 1
         result.nbytes[group] += size
+        result.largest_tensor_bytes = max(result.largest_tensor_bytes, size)
+
+
+def _count_hooks(modules: list) -> Counter:
+    hooks: Counter = Counter()
+    paths = module_paths(modules)
+    for module in modules:
+        attrs = vars(module)
+        for attribute, words in MODULE_HOOKS.items():
+            table = attrs.get(attribute)
+            if table:
+                hooks[(paths.get(id(module), type(module).__name__), words)] += len(table)
+    torch_module = sys.modules.get("torch.nn.modules.module")
+    for attribute, words in _GLOBAL_HOOKS.items():
+        table = getattr(torch_module, attribute, None)
+        if table:
+            hooks[("every module (global)", words)] += len(table)
+    return hooks
+
+
+def census() -> Census:
+    """Count what keeps memory alive now. Parameters are left out of the groups: they are the
+    model, not a leak; their `.grad` graphs are counted apart."""
+    live = _Live()
+    result = Census()
+    _count_groups(live.tensors, result)
+    walker = live.walker()
+    result.grad_graphs = _walk_all((p.grad.grad_fn for p in live.grads_with_graph()), walker)
+    rest = _walk_all((t.grad_fn for t in live.tensors if t.grad_fn is not None), walker)
+    result.graphs = result.grad_graphs + rest
+    result.hooks = _count_hooks(live.modules)
+    result.xla = xla_stats.activity()
     return result
+
+
+def _walk_all(grad_fns: Iterable, walker: GraphWalker) -> GraphSize:
+    total = GraphSize()
+    for grad_fn in grad_fns:
+        total += walker.walk(grad_fn)
+    return total
 
 
 def growth(before: Census, after: Census, top: int = 3, min_tensors: int = 2) -> list[Growth]:
@@ -96,63 +194,278 @@ def growth(before: Census, after: Census, top: int = 3, min_tensors: int = 2) ->
     return grown[:top]
 
 
-def holders(group: TensorGroup, limit: int = 2, probe: int = 16) -> tuple[str, ...]:
-    """Name the containers holding tensors of `group`: `list of 120 (attribute 'bucket' of
-    TrainerState)` or `list of 120 (global 'CACHE' in module leaks)`.
+@dataclass(eq=False)
+class _Finding:
+    """One line of the explanation; also the owner of the saved tensors its walk reached first."""
 
-    One walk of the heap for a handful of the group's newest tensors (a leak appends, and the
-    container that holds one of them holds the rest): asking per tensor would walk it once each.
-    """
-    tensors = _live_tensors()
-    members = []
+    rank: int  # 0: the XLA pending graph (nothing else matters until it syncs); 1: memory; 2: hooks; 3: compiles
+    bytes_: int = 0  # what it holds, to order findings of one rank
+    text: str = ""
+    graph: GraphSize = GraphSize()
+    shown: bool = True
+    among: list[str] = field(default_factory=list)  # grown groups that are saved tensors of this graph
+
+    def line(self) -> str:
+        return self.text + "".join(f"; among its saved tensors {words}" for words in self.among)
+
+
+class _Ledger:
+    """Walks graphs for findings in turn, remembering which finding reached each saved buffer first."""
+
+    def __init__(self, walker: GraphWalker):
+        self._walker = walker
+        self.owner: dict[object, _Finding] = {}
+
+    def walk(self, grad_fns: Iterable, finding: _Finding) -> GraphSize:
+        keys: list = []
+        total = GraphSize()
+        for grad_fn in grad_fns:
+            total += self._walker.walk(grad_fn, keys)
+        self.owner.update(dict.fromkeys(keys, finding))
+        finding.graph = total
+        return total
+
+
+def _key(tensor) -> object:
+    try:
+        return buffer_key(tensor)[0]
+    except Exception:  # noqa: BLE001 - exotic subclasses without metadata are skipped
+        return None
+
+
+def explain_leak(baseline: Census, top: int = 3, sites: CreationSites | None = None) -> list[str]:
+    """Census now, compare with the baseline, and say in log-ready lines what grew, what holds it
+    and, with `sites`, where it was created. Most important first; empty when nothing grew."""
+    live = _Live()
+    now = Census()
+    _count_groups(live.tensors, now)
+    namer = Namer(ours=live.ids(), modules=live.modules)
+    grads = live.grads_with_graph()
+    graph_tensors = [t for t in live.tensors if t.grad_fn is not None]
+    namer.ignore(grads, graph_tensors)
+
+    # Every graph once: the census's totals, and which live tensors are themselves saved by a graph
+    # (their Python objects outlive the forward pass, and no Python container holds them).
+    survey = live.walker()
+    now.grad_graphs = _walk_all((p.grad.grad_fn for p in grads), survey)
+    now.graphs = now.grad_graphs + _walk_all((t.grad_fn for t in graph_tensors), survey)
+    ledger = _Ledger(live.walker())  # then who owns what: .grad first, then groups, then roots
+
+    def kept_by_python(tensor) -> bool:
+        try:
+            return not survey.saved_by_another(tensor)
+        except Exception:  # noqa: BLE001 - exotic subclasses without metadata are skipped
+            return True
+
+    findings = [_grad_finding(baseline, now, grads, live, ledger)]
+    grown = _candidates(growth(baseline, now, top=len(now.count)), top)
+    members = _members(live.tensors, {g.group for g in grown})
+    namer.ignore(*members.values())
+    in_groups: set[int] = set()
+    held_by_graphs = []
+    for g in grown:
+        group_members = members[g.group]
+        held = [t for t in group_members if kept_by_python(t)]
+        namer.ignore(held)
+        if len(held) * 2 >= len(group_members):
+            in_groups.update(map(id, held))
+            findings.append(_group_finding(g, held, namer, ledger, sites))
+        else:  # mostly saved tensors of some graph: told with the graph that keeps them
+            held_by_graphs.append((g, group_members))
+    roots = [t for t in graph_tensors if id(t) not in in_groups and kept_by_python(t)]
+    namer.ignore(roots)
+    findings += _graph_root_findings(baseline, now, roots, namer, ledger, sites)
+    findings += [_saved_group_finding(g, group_members, ledger, sites) for g, group_members in held_by_graphs]
+    now.hooks = _count_hooks(live.modules)
+    findings += _hook_findings(baseline, now, live.modules)
+    candidates = [t for t in live.tensors if kept_by_python(t)]
+    namer.ignore(candidates)
+    findings += _grown_tensor_findings(baseline, candidates, namer, sites)
+    now.xla = xla_stats.activity()
+    findings += _xla_findings(baseline.xla, now.xla, live, namer)
+    shown = sorted((f for f in findings if f is not None and f.shown), key=lambda f: (f.rank, -f.bytes_))
+    return [f.line() for f in shown[:top + MORE_LINES]]
+
+
+def _candidates(grown: list[Growth], top: int) -> list[Growth]:
+    """The `top` groups that grew most in bytes, and the next few that hold autograd graphs: a
+    list of scalar losses is small itself and keeps each step's activations."""
+    with_graphs = [g for g in grown[top:] if g.group.has_graph][:MORE_LINES]
+    return grown[:top] + with_graphs
+
+
+def _members(tensors: list, groups: set[TensorGroup]) -> dict[TensorGroup, list]:
+    found: dict[TensorGroup, list] = {g: [] for g in groups}
     for tensor in tensors:
         try:
-            if group_of(tensor) == group:
-                members.append(tensor)
+            group = group_of(tensor)
         except Exception:  # noqa: BLE001 - exotic subclasses without metadata are skipped
             continue
-    del tensors
-    if not members:
-        return ()
-    member_ids = {id(t) for t in members}
-    ours = {id(members)}
-    held: list[tuple[int, object]] = []
-    for ref in gc.get_referrers(*members[-probe:]):
-        if isinstance(ref, (list, dict, set, tuple)) and id(ref) not in ours:
-            values = ref.values() if isinstance(ref, dict) else ref
-            held.append((sum(id(v) in member_ids for v in values), ref))
-    held.sort(key=lambda item: -item[0])
-    ours.add(id(held))
-    return tuple(f"{type(ref).__name__} of {n} ({_owner(ref, ours)})" for n, ref in held[:limit] if n >= 2)
+        if group in found:
+            found[group].append(tensor)
+    return found
 
 
-def _owner(container, ours: set[int]) -> str:
-    for ref in gc.get_referrers(container):
-        if id(ref) in ours:
+def _created(tensors: list, sites: CreationSites | None) -> str:
+    if sites is None:
+        return ""
+    found = sites.commonest_site(tensors)
+    return f", created at {found[0]}" if found is not None else ""
+
+
+def _graph_words(graph: GraphSize) -> str:
+    packed = (f", {graph.packed:,} more packed by saved-tensor hooks (checkpointing) and not counted"
+              if graph.packed else "")
+    if not graph.saved_tensors:
+        freed = "" if graph.packed else " (its saved tensors already freed by a backward)"
+        return f"an autograd graph of {graph.nodes:,} nodes{freed}{packed}"
+    return (f"an autograd graph of {graph.nodes:,} nodes with {format_bytes(graph.saved_bytes)} "
+            f"of saved tensors ({graph.saved_tensors:,} buffers{packed})")
+
+
+def _group_finding(g: Growth, held: list, namer: Namer, ledger: _Ledger, sites) -> _Finding:
+    finding = _Finding(1)
+    graph = ledger.walk((t.grad_fn for t in held if t.grad_fn is not None), finding)
+    text = Growth(g.group, g.added_tensors, g.added_bytes).describe()
+    if graph.nodes:
+        text += f", keeping {_graph_words(graph)}"
+    text += _created(held, sites)
+    holders = namer.holders_of(held)
+    finding.text = text + (f"; held by {', '.join(holders)}" if holders else "")
+    finding.bytes_ = g.added_bytes + graph.saved_bytes
+    return finding
+
+
+def _saved_group_finding(g: Growth, group_members: list, ledger: _Ledger, sites) -> _Finding | None:
+    """A grown group of tensors kept only as saved tensors of a graph: told with that graph's line."""
+    owners = Counter(ledger.owner.get(_key(t)) for t in group_members)
+    owner = owners.most_common(1)[0][0] if owners else None
+    words = f"+{g.added_tensors} {g.group.describe(graph=True)} (+{format_bytes(g.added_bytes)})"
+    created = _created(group_members, sites)
+    if owner is not None and owner.shown:
+        owner.among.append(words + created)
+        return None
+    return _Finding(1, g.added_bytes, f"{Growth(g.group, g.added_tensors, g.added_bytes).describe()}{created}; "
+                                      f"held by no Python object: saved for backward by an autograd graph")
+
+
+def _graph_root_findings(baseline: Census, now: Census, roots: list, namer: Namer, ledger: _Ledger,
+                         sites) -> list[_Finding]:
+    """The tensors whose own graphs hold growth no group explains (`total += loss`). Every root is
+    walked, so it owns its graph; the two that own most of the growth are told."""
+    findings = [_Finding(1, shown=False) for _ in roots]
+    for root, finding in zip(roots, findings):
+        ledger.walk([root.grad_fn], finding)
+    grew = now.graphs - baseline.graphs
+    if grew.saved_bytes < MIN_GRAPH_BYTES and grew.nodes < MIN_GRAPH_NODES:
+        return findings
+    order = sorted(range(len(roots)), key=lambda i: (-findings[i].graph.saved_bytes, -findings[i].graph.nodes))
+    for index in order[:2]:
+        finding, tensor = findings[index], roots[index]
+        size = finding.graph
+        owns_bytes = grew.saved_bytes >= MIN_GRAPH_BYTES and size.saved_bytes >= grew.saved_bytes // 10
+        owns_nodes = grew.nodes >= MIN_GRAPH_NODES and size.nodes >= grew.nodes // 10
+        if not (owns_bytes or owns_nodes):
+            break
+        holder = namer.holder_of(tensor)
+        finding.text = (f"{_graph_words(size)} (all graphs: +{grew.nodes:,} nodes, "
+                        f"+{format_bytes(grew.saved_bytes)} since the baseline), reachable from a "
+                        f"{group_of(tensor).describe()} tensor ({type(tensor.grad_fn).__name__})"
+                        f"{_created([tensor], sites)}" + (f"; held by {holder}" if holder else ""))
+        finding.bytes_, finding.shown = size.saved_bytes, True
+    return findings
+
+
+def _grad_finding(baseline: Census, now: Census, grads: list, live: _Live, ledger: _Ledger) -> _Finding:
+    """Parameters' .grad carrying graphs; walked first, so it owns what it reaches either way."""
+    finding = _Finding(1, shown=False)
+    ledger.walk((p.grad.grad_fn for p in grads), finding)
+    grew = now.grad_graphs - baseline.grad_graphs
+    if grew.saved_bytes < MIN_GRAPH_BYTES or not grads:
+        return finding
+    names = parameter_names(live.modules)
+    listed = ", ".join(names.get(id(p), "unnamed parameter") for p in grads[:3])
+    more = f" and {len(grads) - 3} more" if len(grads) > 3 else ""
+    finding.text = (f"the .grad of {len(grads)} parameters carries {_graph_words(now.grad_graphs)}, "
+                    f"+{grew.nodes:,} nodes and +{format_bytes(grew.saved_bytes)} since the baseline "
+                    f"(backward(create_graph=True) with .grad never reset to None); parameters {listed}{more}")
+    finding.bytes_, finding.shown = grew.saved_bytes, True
+    return finding
+
+
+def _hook_findings(baseline: Census, now: Census, modules: list) -> list[_Finding]:
+    findings = []
+    for (path, words), count in now.hooks.items():
+        added = count - baseline.hooks.get((path, words), 0)
+        if added < 2:
             continue
-        attrs = getattr(ref, "__dict__", None)
-        if isinstance(attrs, dict) and not isinstance(ref, type):  # 3.11+ inline attributes
-            name = next((k for k, v in attrs.items() if v is container), None)
-            if name is not None:
-                return f"attribute {name!r} of {type(ref).__name__}"
-        if isinstance(ref, dict):
-            name = next((k for k, v in ref.items() if v is container), None)
-            if name is None:
-                continue
-            if "__builtins__" in ref and ref.get("__name__"):
-                return f"global {name!r} in module {ref['__name__']}"
-            owner = next((o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref), None)
-            if owner is not None:
-                return f"attribute {name!r} of {type(owner).__name__}"
-            return f"key {name!r} of a dict"
-    return "unnamed container"
+        newest = _newest_hook(modules, path, words)
+        text = (f"+{added} {words}s on {path} since the baseline ({count} now){newest}: "
+                f"a hook registered again and again and never removed")
+        findings.append(_Finding(2, added, text))
+    return findings
 
 
-def explain_leak(baseline: Census, top: int = 3) -> list[str]:
-    """Census now, compare with the baseline, name the holders of each top grower: log-ready lines.
+def _newest_hook(modules: list, path: str, words: str) -> str:
+    attribute = next(a for a, w in MODULE_HOOKS.items() if w == words)
+    paths = module_paths(modules)
+    for module in modules:
+        if paths.get(id(module)) == path:
+            table = vars(module).get(attribute) or {}
+            if table:
+                hook = list(table.values())[-1]
+                code = getattr(hook, "__code__", None)
+                if code is not None:
+                    where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+                    return f", newest {getattr(hook, '__qualname__', 'hook')!r} defined at {where}"
+    return ""
 
-    Tensors saved by a kept autograd graph grow too but have no Python holder; the line for the
-    kept outputs (`with autograd graph`) names the list that keeps the whole graph alive.
-    """
-    grown = growth(baseline, census(), top=top)
-    return [Growth(g.group, g.added_tensors, g.added_bytes, holders(g.group)).describe() for g in grown]
+
+def _grown_tensor_findings(baseline: Census, tensors: list, namer: Namer, sites) -> list[_Finding]:
+    """A tensor bigger than anything live at the baseline: one tensor grown by concatenation."""
+    floor = max(2 * baseline.largest_tensor_bytes, MIN_GRAPH_BYTES)
+    biggest = max((t for t in tensors if _size(t) > floor), key=_size, default=None)
+    if biggest is None:
+        return []
+    holder = namer.holder_of(biggest)
+    text = (f"1 tensor {group_of(biggest).describe()} of {format_bytes(_size(biggest))}, larger than any live "
+            f"tensor at the baseline ({format_bytes(baseline.largest_tensor_bytes)}): grown by concatenation"
+            f"{_created([biggest], sites)}")
+    return [_Finding(1, _size(biggest), text + (f"; held by {holder}" if holder else ""))]
+
+
+def _xla_findings(before: xla_stats.XlaActivity | None, after: xla_stats.XlaActivity | None, live: _Live,
+                  namer: Namer) -> list[_Finding]:
+    if before is None or after is None or after.traced_ir_nodes < before.traced_ir_nodes:
+        return []  # no XLA, or someone cleared the counters
+    findings = []
+    traced = after.traced_ir_nodes - before.traced_ir_nodes
+    if after.syncs == before.syncs and traced >= MIN_PENDING_IR_NODES:
+        findings.append(_Finding(0, traced, _pending_graph_words(before, after, traced, live, namer)))
+    compiled = after.compilations - before.compilations
+    if compiled >= MIN_NEW_COMPILATIONS:
+        findings.append(_Finding(3, compiled, (
+            f"+{compiled} XLA compilations since the baseline ({before.compilations} -> {after.compilations}): "
+            f"a shape or a Python number changes between steps, and every compiled graph stays cached")))
+    return findings
+
+
+def _pending_graph_words(before, after, traced: int, live: _Live, namer: Namer) -> str:
+    earlier = dict(before.ops)
+    ops = sorted(((count - earlier.get(op, 0), op) for op, count in after.ops), reverse=True)[:3]
+    busiest = ", ".join(f"{op} +{count:,}" for count, op in ops if count > 0)
+    names = parameter_names(live.modules)
+    pending = [names.get(id(p), "a parameter") for p in live.parameters
+               if p.device.type == "xla" and xla_stats.has_pending_graph(p)]
+    carriers = [p for p in pending[:3]]
+    if len(carriers) < 3:
+        for tensor in live.tensors:
+            if tensor.device.type == "xla" and xla_stats.has_pending_graph(tensor):
+                holder = namer.holder_of(tensor)
+                carriers.append(f"{group_of(tensor).describe()} held by {holder}" if holder else group_of(tensor).describe())
+                if len(carriers) >= 3:
+                    break
+    carried = f"; pending in {', '.join(carriers)}" if carriers else ""
+    return (f"no torch_xla.sync() since the baseline (MarkStep still {after.syncs}): {traced:,} IR nodes traced "
+            f"since then ({busiest}) wait on the host as one growing graph, with every device buffer it reads"
+            f"{carried}")

@@ -16,7 +16,7 @@ from watchdog.core.errors import InputError
 from watchdog.core.units import memory_limit_option
 from watchdog.logs import console_wanted
 from watchdog.runtime.exporter import DEFAULT_ADDRESS
-from watchdog.trainer.leaks import parse_leak_spec
+from watchdog.trainer.leaks import FORMS, parse_leak_spec
 
 DEFAULT_STEPS = 600
 
@@ -68,8 +68,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     wd = parser.add_argument_group("watchdog")
     wd.add_argument("--inject-leak", action="append", default=[], metavar="SPEC",
-                    help="tensors:SIZE/step, graph:N/step, global:SIZE/step or recompile:K, "
-                         "optionally @START (repeatable)")
+                    help=f"{FORMS}, optionally @START (repeatable)")
     wd.add_argument("--memory-limit", help="memory budget (e.g. 2GiB); needed on PJRT CPU and CPU")
     wd.add_argument("--sample-every", type=int, default=5,
                     help="sample memory every N steps (default %(default)s: this trainer's steps are short and its "

@@ -10,6 +10,13 @@ Each kind mimics a bug seen in real training code:
   in-process reinit cannot free them, so the policy must escalate to a restart.
 - `recompile:K` - a tensor whose shape changes every K steps: a new XLA graph to compile, and
   one more executable in the compile cache, each time.
+- `total:N/step` - N extra losses per step added to a running total with autograd on
+  (`total += loss` without `.item()` or `no_grad`): the total keeps every step's graph and its
+  saved activations. Freed by a reinit.
+- `hook:SIZE/step` - a forward hook registered on the first block every step and never removed,
+  each closing over a SIZE tensor it checks against. The model holds the hooks: freed by a reinit.
+- `cache:SIZE/step` - SIZE tensors memoised by an unbounded `functools.lru_cache` keyed by the
+  step: module-level, so only a restart frees them.
 
 Any spec may start late: `tensors:2MiB/step@100` leaks from step 100 on.
 Parsing is pure (and torch-free: the CLI parses specs before torch is imported); injection
@@ -18,9 +25,10 @@ touches only the tensors it creates.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from watchdog.core.errors import InputError
 from watchdog.core.units import parse_size
@@ -28,9 +36,12 @@ from watchdog.core.units import parse_size
 if TYPE_CHECKING:
     import torch
 
-KINDS = ("tensors", "graph", "global", "recompile")
+KINDS = ("tensors", "graph", "global", "recompile", "total", "hook", "cache")
+SIZED = ("tensors", "global", "hook", "cache")  # the amount is bytes per step; otherwise a count
+FORMS = ("tensors:SIZE/step, graph:N/step, global:SIZE/step, recompile:K, total:N/step, hook:SIZE/step "
+         "or cache:SIZE/step")
 _SPEC = re.compile(r"^(?P<kind>[a-z]+):(?P<amount>[^/@]+)(?P<per>/step)?(?:@(?P<start>\d+))?$")
-_FORMS = "tensors:SIZE/step, graph:N/step, global:SIZE/step or recompile:K, optionally @START_STEP"
+_FORMS = f"{FORMS}, optionally @START_STEP"
 
 _GLOBAL_LEAK: list["torch.Tensor"] = []  # module level on purpose: what a reinit cannot reach
 
@@ -38,7 +49,7 @@ _GLOBAL_LEAK: list["torch.Tensor"] = []  # module level on purpose: what a reini
 @dataclass(frozen=True)
 class LeakSpec:
     kind: str
-    amount: int  # bytes per step (tensors, global), graphs per step (graph), or K steps (recompile)
+    amount: int  # bytes per step (SIZED kinds), graphs or losses per step (graph, total), or K steps (recompile)
     start_step: int = 0
 
     def active(self, step: int) -> bool:
@@ -57,7 +68,7 @@ def parse_leak_spec(text: str) -> LeakSpec:
         form = "recompile:K" if kind == "recompile" else f"{kind}:AMOUNT/step"
         raise InputError(f"--inject-leak {text!r}: write it as {form}")
     try:
-        value = parse_size(amount) if kind in ("tensors", "global") else _positive_int(amount)
+        value = parse_size(amount) if kind in SIZED else _positive_int(amount)
     except ValueError as exc:
         raise InputError(f"--inject-leak {text!r}: {exc}") from None
     if value < 1:
@@ -78,6 +89,7 @@ class LeakSinks:
     tensors: list[torch.Tensor]
     graphs: list[torch.Tensor]
     shape_probe: torch.Tensor | None = None  # replaced, not accumulated: only its shape matters
+    running_total: torch.Tensor | float = 0.0  # `total`: losses summed with their graphs
 
 
 def new_sinks() -> LeakSinks:
@@ -89,11 +101,12 @@ def global_leak_bytes() -> int:
 
 
 def inject(specs: list[LeakSpec], step: int, sinks: LeakSinks, device: torch.device,
-           forward_loss: Callable[[], torch.Tensor],
+           forward_loss: Callable[[], torch.Tensor], model: torch.nn.Module | None = None,
            place: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
     """Leak what the specs ask for at this step. `forward_loss` runs one more forward pass
-    (with autograd recording) for the graph leak. Call before the step's sync on XLA, so the
-    new tensors are materialised with the step and not as a graph of their own.
+    (with autograd recording) for the graph and total leaks; `model` takes the hooks. Call before
+    the step's sync on XLA, so the new tensors are materialised with the step and not as a graph
+    of their own.
 
     `place` lays out each leaked tensor (under SPMD: sharded on the data axis like the batch,
     so SIZE/step is what the whole job leaks, not SIZE on every device)."""
@@ -109,9 +122,40 @@ def inject(specs: list[LeakSpec], step: int, sinks: LeakSinks, device: torch.dev
             _GLOBAL_LEAK.append(place(_filled(spec.amount, device)))
         elif spec.kind == "graph":
             sinks.graphs.extend(forward_loss() for _ in range(spec.amount))
+        elif spec.kind == "total":
+            for _ in range(spec.amount):
+                sinks.running_total = sinks.running_total + forward_loss()
+        elif spec.kind == "hook":
+            _register_shape_check(_first_block(model), _filled(spec.amount, device))
+        elif spec.kind == "cache":
+            _step_table(step, spec.amount, str(device))
         elif spec.kind == "recompile":
             length = 1 + (step - spec.start_step) // spec.amount
             sinks.shape_probe = torch.ones(length, device=device).sum()
+
+
+def _first_block(model: torch.nn.Module | None) -> torch.nn.Module:
+    if model is None:
+        raise ValueError("the hook leak needs the model")
+    blocks = getattr(model, "blocks", None)
+    return blocks[0] if blocks else model
+
+
+def _register_shape_check(module: torch.nn.Module, expected: torch.Tensor) -> None:
+    """The bug: a hook registered inside the loop, never removed, each one keeping its tensor."""
+
+    def check_shape(block, inputs, output):
+        assert output.dim() == 3 and expected.numel() > 0  # metadata only: the XLA graph stays the same
+
+    module.register_forward_hook(check_shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _step_table(step: int, nbytes: int, device: str) -> torch.Tensor:
+    """The bug: an unbounded cache keyed by something that changes every step."""
+    import torch
+
+    return _filled(nbytes, torch.device(device))
 
 
 def _filled(nbytes: int, device: torch.device) -> torch.Tensor:
@@ -120,7 +164,3 @@ def _filled(nbytes: int, device: torch.device) -> torch.Tensor:
     # Filled with ones, not empty: untouched pages would not count in resident memory. A fixed
     # value keeps the XLA graph the same every step (no recompilation from the leak itself).
     return torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-
-
-def describe(specs: list[LeakSpec]) -> list[dict[str, Any]]:
-    return [{"kind": s.kind, "amount": s.amount, "start_step": s.start_step} for s in specs]

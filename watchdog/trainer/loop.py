@@ -55,6 +55,7 @@ from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUEST
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.runtime import forensics
+from watchdog.runtime.creation_sites import CreationSites
 from watchdog.runtime.reports import ActionReport, RunSummary
 from watchdog.runtime.telemetry import Telemetry
 from watchdog.trainer import leaks
@@ -432,6 +433,7 @@ class Trainer:
         self.restarts_so_far = 0
         self._stop_signal: int | None = None
         self._census: forensics.Census | None = None  # live tensors once the state is built
+        self._sites = CreationSites()  # where leaked tensors are created, captured once a leak is suspected
 
     # -- the story --
 
@@ -456,10 +458,11 @@ class Trainer:
                 if self._stop_signal is not None:  # preempted: save and exit 42, every process at the same step
                     proposal = Action.CHECKPOINT_RESTART
                 action = self._coordinator.agree(proposal, step)
+                suspects = self._follow_the_leak(step, action if self._stop_signal is None else None)
                 report = None
-                if action is not None and action.needs_checkpoint and self._stop_signal is None:
+                if suspects is not None:
                     report = ActionReport(step, action, self.watchdog.latest_verdict if self.watchdog else None,
-                                          suspects=self._name_the_leak(step))
+                                          suspects=suspects)
                 if action is Action.CHECKPOINT_RESTART:
                     interrupted = self._stop_signal == signal.SIGINT
                     if self._stop_signal is not None:
@@ -486,6 +489,7 @@ class Trainer:
         finally:
             elapsed = time.perf_counter() - started
             progress.close()
+            self._sites.close()
             self._restore_signals(previous_handlers)
             if self.watchdog is not None:
                 self.watchdog.drain()
@@ -541,7 +545,8 @@ class Trainer:
         tokens, targets = self._next_batch(state)
         loss = train_step(state, tokens, targets, self._optimizer_step)
         leaks.inject(self.config.leaks, step, state.sinks, self.device,
-                     forward_loss=lambda: self._extra_forward(state), place=self.strategy.shard_new_tensor)
+                     forward_loss=lambda: self._extra_forward(state), model=state.model,
+                     place=self.strategy.shard_new_tensor)
         self._sync()  # XLA: the step's graph runs here, leaks materialised with it
         state.step, state.data_position = step + 1, state.data_position + 1
         return loss
@@ -606,12 +611,26 @@ class Trainer:
             return forced
         return action
 
+    def _follow_the_leak(self, step: int, action: Action | None) -> list[str] | None:
+        """Name the leak when an action comes (its suspects are returned for the action block). The
+        first WARN or action also arms a capture of creation sites for a few steps; when it ends,
+        the census names where the leak was made."""
+        if self._sites.between_steps():
+            self._name_the_leak(step)
+        if action is not None or (self.watchdog is not None and self.watchdog.telemetry.actions_total):
+            self._sites.arm()  # once until the next reinit
+        if action is not None and action.needs_checkpoint:
+            return self._name_the_leak(step)
+        return None
+
     def _name_the_leak(self, step: int) -> list[str]:
-        """Log which live tensors grew since the baseline and what holds them: the Python to fix."""
+        """Log what grew since the baseline, what holds it and, after a capture, where it was
+        created: the Python to fix."""
         started = time.perf_counter()
-        suspects = forensics.explain_leak(self._census) if self._census is not None else []
+        sites = self._sites if self._sites.done else None
+        suspects = forensics.explain_leak(self._census, sites=sites) if self._census is not None else []
         log.warning("leak_suspects", step=step, suspects=suspects or ["no growing group of live tensors"],
-                    census_seconds=round(time.perf_counter() - started, 3))
+                    creation_sites=sites is not None, census_seconds=round(time.perf_counter() - started, 3))
         return suspects
 
     def _tell(self, report: ActionReport | None, saved: bool, outcome: str) -> None:
@@ -697,6 +716,7 @@ class Trainer:
             self.reinits -= 1
             return False
         self.state = self._loader = self._census = None
+        self._sites.reset()
         gc.collect()
         self._sync()
         release_host_memory()
