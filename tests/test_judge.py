@@ -96,9 +96,10 @@ def test_a_restarted_process_starts_a_new_baseline_and_a_new_policy_clock():
     while the restarts so far carry over."""
     judge = Judge(policy_config=PolicyConfig(cooldown_steps=5000, prefer_restart=True, max_restarts=10))
     samples = leaking(6000, rate=1 * MiB)
-    actions = [judge.judge(s)[1] for s in samples]
+    judged = [judge.judge(s) for s in samples]
+    actions = [a for _, a in judged]
     first = actions.index(Action.CHECKPOINT_RESTART)
-    floor_before = judge.latest.floor_bytes
+    floor_before = judged[first][0].floor_bytes  # the floor the restart was asked at
     assert judge.restarts_so_far == 1
 
     judge.restarted()
@@ -123,3 +124,23 @@ def test_a_restart_before_any_floor_has_nothing_to_measure_and_one_that_freed_no
     judge.restarted()
     recovery = judge.restart_settled(floor + MiB)
     assert recovery is not None and not recovery.recovered and recovery.recovered_bytes == -MiB
+
+
+def test_a_restart_is_measured_against_the_floor_its_action_was_taken_at_not_the_teardown():
+    """Between the signal and its exit a job stops growing and frees memory as it tears down; a
+    verdict on those samples describes the teardown. Seen with Lightning under `watch`: the floor
+    'before' read 0.86 GB for a job signalled at 1.6 GB, so its restart looked like a loss."""
+    judge = Judge(policy_config=PolicyConfig(prefer_restart=True, max_restarts=10))
+    samples = leaking(6000, rate=1 * MiB)
+    for sample in samples:
+        verdict, action = judge.judge(sample)
+        if action is Action.CHECKPOINT_RESTART:
+            break
+    at_action = verdict.floor_bytes
+    step, t = sample.step, sample.timestamp
+    for k in range(1, 400):  # the job saves and tears down: memory falls far below that floor
+        judge.judge(Sample(step + k, t + 0.5 * k, BASE // 2, LIMIT))
+    assert judge.latest.floor_bytes < at_action - GiB
+    judge.restarted()
+    recovery = judge.restart_settled(BASE)
+    assert recovery is not None and recovery.floor_before_bytes == at_action and recovery.recovered

@@ -27,6 +27,7 @@ from watchdog.core.units import format_bytes
 from watchdog.core.verdict import Action, Status, Verdict
 
 _NO_LIMIT_SEEN = -1  # sentinel: no sample's bytes_limit has been seen yet (None is a real value)
+_NO_ACTION = Action.NONE
 
 
 def effective_limit(device_limit_bytes: int | None, budget_bytes: int | None) -> int | None:
@@ -66,6 +67,7 @@ class Judge:
         self.latest: Verdict | None = None
         self._device_limit: int | None = _NO_LIMIT_SEEN
         self._floor_before_restart: float | None = None
+        self._floor_at_action: float | None = None  # the floor the last checkpoint action was taken at
         self._update = self.detector.update  # bound once: judge() runs once per sample
         self._route = self._update
         self._decide = self.policy.decide
@@ -91,7 +93,10 @@ class Judge:
             self._transition(sample)
         self._last_step = sample.step
         verdict = self.latest = self._route(sample)  # the detector, or the watch on a bounded phase
-        return verdict, self._decide(verdict)
+        action = self._decide(verdict)
+        if action is not _NO_ACTION and action.needs_checkpoint:
+            self._floor_at_action = verdict.floor_bytes
+        return verdict, action
 
     def _transition(self, sample: Sample) -> None:
         if sample.step < self._last_step:
@@ -106,6 +111,7 @@ class Judge:
         the restart count carries over, as it does through the supervisor."""
         self.policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far)
         self._decide = self.policy.decide
+        self._floor_at_action = None
         self._label, self._episode, self._phase_steps = "", None, {}
 
     # -- bounded phases --------------------------------------------------------------------------
@@ -166,9 +172,17 @@ class Judge:
         first sample; a cooldown left over from the old one would silence the new one), keeping the
         restarts so far. What the restart gave back is measured by `restart_settled`, once the new
         process has loaded: its first reading is only an interpreter starting up.
+
+        "Before" is the floor the last checkpoint action was taken at: between the signal and its
+        exit the old process stops growing and tears down, and a verdict on those last samples
+        describes its teardown, not the floor it reached. Without an action (a crash), the newest
+        verdict's floor.
         """
         verdict = self.latest
-        self._floor_before_restart = verdict.floor_bytes if verdict is not None else None
+        before = self._floor_at_action
+        if before is None and verdict is not None:
+            before = verdict.floor_bytes
+        self._floor_before_restart, self._floor_at_action = before, None
         self.latest = None
         self.detector.reset()
         self.policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far)
