@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from watchdog.core.detector import DetectorConfig, LeakDetector
 from watchdog.core.policy import ActionPolicy, PolicyConfig
@@ -69,3 +70,56 @@ def test_to_json_carries_the_design_fields():
 def test_empty_trace_gives_an_empty_result():
     result = replay([])
     assert isinstance(result, ReplayResult) and result.samples == 0 and result.final_verdict is None
+
+
+def _judged_both_ways(samples, **judge_args):
+    """(judge's result, judge_quietly's result) for every sample, from two judges fed alike."""
+    from watchdog.core.judge import Judge
+
+    full, quiet = Judge(**judge_args), Judge(**judge_args)
+    pairs = [(full.judge(s), quiet.judge_quietly(s)) for s in samples]
+    assert full.latest == quiet.latest, "the verdict judge_quietly skipped is the one judge built"
+    return pairs
+
+
+def _check_quiet_is_judge(pairs) -> int:
+    quiet = 0
+    for (verdict, action), got in pairs:
+        if got is None:
+            quiet += 1
+            assert verdict.status is not Status.LEAKING and action is Action.NONE
+        else:
+            assert got == (verdict, action)
+    return quiet
+
+
+def test_judging_quietly_gives_every_verdict_and_action_judge_gives_on_the_bench_corpus():
+    """replay()'s hot loop builds no verdict while no alarm is up; nothing else may change."""
+    import dataclasses
+
+    from watchdog.bench.corpus import synthetic_corpus
+
+    traces = synthetic_corpus(0)[::4]  # every family, leaks and hard negatives, phase labels included
+    assert any(s.phase for t in traces for s in t.samples)
+    quiet = total = 0
+    for t in traces:
+        policy = dataclasses.replace(PolicyConfig(), checkpoint_margin_steps=t.checkpoint_margin_steps)
+        pairs = _judged_both_ways(t.samples, policy_config=policy, memory_limit_bytes=t.limit_bytes)
+        quiet += _check_quiet_is_judge(pairs)
+        total += len(pairs)
+        result = replay(t.samples, memory_limit_bytes=t.limit_bytes, policy_config=policy)
+        alarms = [v.step for (v, _), _ in pairs if v.status is Status.LEAKING]
+        actions = [(v.step, a) for (v, a), _ in pairs if a.needs_checkpoint]
+        assert result.first_alarm_step == (alarms[0] if alarms else None)
+        assert (result.first_action_step, result.first_action) == (actions[0] if actions else (None, None))
+    assert 0.5 * total < quiet < total  # most samples are quiet, and some are not
+
+
+def test_judging_quietly_follows_limit_changes_restarts_and_phases():
+    samples = trace(3000, rate=2 * MiB, seed=5)
+    limit_moves = [replace(s, bytes_limit=LIMIT - GiB) if s.step > 1500 else s for s in samples]
+    restarted = samples[:2000] + trace(2500, rate=2 * MiB, seed=6)  # steps go back: a new process
+    phased = [replace(s, phase="eval/200") if 1000 <= s.step < 1200 else s for s in samples]
+    for case in (limit_moves, restarted, phased):
+        pairs = _judged_both_ways(case, policy_config=PolicyConfig(checkpoint_margin_steps=50))
+        assert 0 < _check_quiet_is_judge(pairs) < len(pairs)

@@ -262,18 +262,25 @@ class LeakDetector:
         self._streak_from = 0.0
         self._streak_slope = 0.0
         self._analysis: _Analysis | None = None
+        self.status = Status.WARMING_UP  # the status of every verdict until the next analysis
         self._projection: _Projection | None = None  # what verdicts share until the next close or limit change
 
     # -- per sample: a couple of comparisons --------------------------------------------------
 
     def update(self, sample: Sample) -> Verdict:
+        self.absorb(sample)
+        return self.verdict(sample)
+
+    def absorb(self, sample: Sample) -> None:
+        """`update` without building the verdict: a replay asks for one only while `status` says an
+        alarm is up (the verdict is a pure function of the state this leaves and the sample)."""
         step = sample.step
         if step < self._last_step:
             self.reset()  # steps went back: a restarted process appending to the same trace
         self._last_step = step
         self._seen += 1
         if self._seen <= self._warmup_samples:
-            return self._verdict(sample)
+            return
         used = sample.bytes_used
         if step < self._end:
             self._b_last = step
@@ -290,7 +297,6 @@ class LeakDetector:
             self._b_t0 = self._b_t1 = sample.timestamp
             self._b_min = self._b_max = used
         self._b_high_water = sample.peak_bytes_used
-        return self._verdict(sample)
 
     def update_transient(self, sample: Sample) -> Verdict:
         """A sample from a bounded phase (an evaluation): a transient, not a floor reading.
@@ -311,7 +317,7 @@ class LeakDetector:
             if sample.bytes_used > self._b_max:
                 self._b_max = sample.bytes_used
             self._b_high_water = sample.peak_bytes_used
-        return self._verdict(sample)
+        return self.verdict(sample)
 
     @property
     def limit_bytes(self) -> int | None:
@@ -359,6 +365,7 @@ class LeakDetector:
         history_span = self._xs[-1] - self._xs[0] if self._xs else 0.0
         self._next_analysis = self._end + min(self._recent_width, history_span / REFRESHES_PER_SPAN)
         self._analysis = self._analyse()
+        self.status = self._analysis.status
         self._projection = None
 
     def _recent_active(self) -> bool:
@@ -513,7 +520,8 @@ class LeakDetector:
 
     # -- the verdict ----------------------------------------------------------------------------
 
-    def _verdict(self, sample: Sample) -> Verdict:
+    def verdict(self, sample: Sample) -> Verdict:
+        """The verdict on `sample`, the newest one absorbed."""
         projection = self._projection
         if projection is None:  # a bucket closed, or the limit changed, since the last verdict
             analysis = self._analysis

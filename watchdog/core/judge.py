@@ -28,6 +28,7 @@ from watchdog.core.verdict import Action, Status, Verdict
 
 _NO_LIMIT_SEEN = -1  # sentinel: no sample's bytes_limit has been seen yet (None is a real value)
 _NO_ACTION = Action.NONE
+_LEAKING = Status.LEAKING
 
 
 def effective_limit(device_limit_bytes: int | None, budget_bytes: int | None) -> int | None:
@@ -63,14 +64,14 @@ class Judge:
                  *, memory_limit_bytes: int | None = None, restarts_so_far: int = 0):
         self.memory_limit_bytes = memory_limit_bytes
         self.detector = LeakDetector(detector_config, effective_limit(None, memory_limit_bytes))
-        self.policy = ActionPolicy(policy_config, restarts_so_far=restarts_so_far)
-        self.latest: Verdict | None = None
+        self._use_policy(ActionPolicy(policy_config, restarts_so_far=restarts_so_far))
+        self._latest: Verdict | None = None
+        self._unjudged: Sample | None = None  # the newest sample, when judge_quietly built no verdict for it
         self._device_limit: int | None = _NO_LIMIT_SEEN
         self._floor_before_restart: float | None = None
         self._floor_at_action: float | None = None  # the floor the last checkpoint action was taken at
         self._update = self.detector.update  # bound once: judge() runs once per sample
         self._route = self._update
-        self._decide = self.policy.decide
         self._last_step = -math.inf
         self._label = ""  # the phase label of the last sample
         self._episode: PhaseEpisode | None = None  # the bounded phase running now, if any
@@ -85,6 +86,13 @@ class Judge:
     def restarts_so_far(self) -> int:
         return self.policy.restarts_so_far
 
+    @property
+    def latest(self) -> Verdict | None:
+        """The verdict on the newest sample (built now if `judge_quietly` skipped it)."""
+        if self._unjudged is not None:
+            self._latest, self._unjudged = self.detector.verdict(self._unjudged), None
+        return self._latest
+
     def judge(self, sample: Sample) -> tuple[Verdict, Action]:
         if sample.bytes_limit != self._device_limit:
             self._device_limit = sample.bytes_limit
@@ -92,11 +100,43 @@ class Judge:
         if sample.phase != self._label or sample.step < self._last_step:
             self._transition(sample)
         self._last_step = sample.step
-        verdict = self.latest = self._route(sample)  # the detector, or the watch on a bounded phase
+        self._unjudged = None
+        verdict = self._latest = self._route(sample)  # the detector, or the watch on a bounded phase
+        return verdict, self._act(verdict)
+
+    def judge_quietly(self, sample: Sample) -> tuple[Verdict, Action] | None:
+        """`judge`, except that a sample judged while no alarm is up returns None and builds no verdict.
+
+        The policy can only answer NONE to a verdict that is not `leaking`, and the detector's
+        status changes only at its analyses, so such a sample needs the detector's bookkeeping and
+        the policy's clock, not a verdict: every verdict and action after it is what `judge` gives
+        (tests/test_replay.py), and `latest` builds the skipped verdict when asked. The replay's hot
+        loop (`analyze`, `report`, `bench`): most samples of a trace are quiet.
+        """
+        step = sample.step
+        if (sample.bytes_limit != self._device_limit or sample.phase != self._label or step < self._last_step
+                or self._episode is not None):
+            return self.judge(sample)  # a limit, a phase or a process changed: the whole way
+        self._last_step = step
+        detector = self.detector
+        detector.absorb(sample)
+        if detector.status is not _LEAKING:
+            self._unjudged = sample
+            self._observe(step)
+            return None
+        self._unjudged = None
+        verdict = self._latest = detector.verdict(sample)
+        return verdict, self._act(verdict)
+
+    def _act(self, verdict: Verdict) -> Action:
         action = self._decide(verdict)
         if action is not _NO_ACTION and action.needs_checkpoint:
             self._floor_at_action = verdict.floor_bytes
-        return verdict, action
+        return action
+
+    def _use_policy(self, policy: ActionPolicy) -> None:
+        self.policy = policy
+        self._decide, self._observe = policy.decide, policy.observe  # bound once: they run once per sample
 
     def _transition(self, sample: Sample) -> None:
         if sample.step < self._last_step:
@@ -109,8 +149,7 @@ class Judge:
         """Steps went back: a restarted process appending to the same trace. Its sidecar started
         from scratch (the detector sees the same and resets itself), so a replay does too; only
         the restart count carries over, as it does through the supervisor."""
-        self.policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far)
-        self._decide = self.policy.decide
+        self._use_policy(ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far))
         self._floor_at_action = None
         self._label, self._episode, self._phase_steps = "", None, {}
 
@@ -183,10 +222,9 @@ class Judge:
         if before is None and verdict is not None:
             before = verdict.floor_bytes
         self._floor_before_restart, self._floor_at_action = before, None
-        self.latest = None
+        self._latest = self._unjudged = None
         self.detector.reset()
-        self.policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far)
-        self._decide = self.policy.decide
+        self._use_policy(ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far))
 
     def restart_settled(self, bytes_after: float) -> Recovery | None:
         """One reading of the restarted process once it has settled, against the old process's floor.

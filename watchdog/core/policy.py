@@ -114,14 +114,10 @@ class ActionPolicy:
 
     def decide(self, verdict: Verdict) -> Action:
         step = verdict.step
-        if self._first_step is None:
-            self._first_step = step
-        elif step - self._last_step > self._largest_gap:
-            self._largest_gap = step - self._last_step
-        self._last_step = step
         if verdict.status is not Status.LEAKING:
-            self._confirmed = 0
+            self.observe(step)
             return Action.NONE
+        self._clock(step)
         self._confirmed += 1
         if self._confirmed < self.config.confirm_verdicts or verdict.step < self._quiet_until:
             return Action.NONE
@@ -136,6 +132,20 @@ class ActionPolicy:
         self._confirmed = 0
         self._growth_at_action = max(0.0, verdict.slope_bytes_per_step * verdict.window_steps)
         return action
+
+    def observe(self, step: int) -> None:
+        """`decide` on a verdict that is not `leaking` at `step`, without the verdict (always NONE):
+        a replay builds verdicts only while an alarm is up."""
+        self._clock(step)
+        self._confirmed = 0
+
+    def _clock(self, step: int) -> None:
+        """Steps watched so far and the longest gap between two verdicts (the horizons use both)."""
+        if self._first_step is None:
+            self._first_step = step
+        elif step - self._last_step > self._largest_gap:
+            self._largest_gap = step - self._last_step
+        self._last_step = step
 
     def _checkpoint_action(self) -> Action:
         wants_restart = self.config.prefer_restart or self._escalate

@@ -61,18 +61,22 @@ def replay(samples: Iterable[Sample], *, memory_limit_bytes: int | None = None,
     """Run the whole trace and sum it up: when the alarm first went up, when the first action came."""
     first_alarm = first_action_step = projected_at_action = None
     first_action: Action | None = None
-    verdict: Verdict | None = None
     count = 0
     leaking, nothing = Status.LEAKING, Action.NONE
-    judge = Judge(detector_config, policy_config, memory_limit_bytes=memory_limit_bytes).judge
-    for sample in samples:  # replay_steps' loop without its generator: this is the benchmark's hot loop
-        verdict, action = judge(sample)
+    the_judge = Judge(detector_config, policy_config, memory_limit_bytes=memory_limit_bytes)
+    judge = the_judge.judge_quietly  # no verdict is built for a quiet sample: nothing below reads one
+    for sample in samples:  # the benchmark's hot loop
         count += 1
+        judged = judge(sample)
+        if judged is None:
+            continue
+        verdict, action = judged
         if first_alarm is None and verdict.status is leaking:
             first_alarm = verdict.step
         if first_action is None and action is not nothing and action.needs_checkpoint:
             first_action, first_action_step = action, verdict.step
             projected_at_action = verdict.projected_oom_step
+    verdict = the_judge.latest
     return ReplayResult(
         leak=first_alarm is not None, first_alarm_step=first_alarm, first_action_step=first_action_step,
         first_action=first_action,

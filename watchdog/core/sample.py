@@ -92,27 +92,44 @@ def parse_rows(rows: Iterable[list[str]], path: str) -> Iterator[Sample]:
         )
     fields = len(columns)
     line = 1
+    isfinite = math.isfinite
     for row in rows:
         line += 1
         if not row:
             continue
         if len(row) != fields:
             raise TraceFormatError(path, line, f"expected {fields} fields, got {len(row)}")
-        step = _int_field(row[0], "step", path, line, optional=False)
-        try:
-            timestamp = float(row[1])
+        try:  # the rows a writer of ours wrote: plain integers, a finite timestamp, nothing negative
+            step, timestamp, used = int(row[0]), float(row[1]), int(row[2])
+            limit = int(row[3]) if row[3] else None
+            peak = int(row[4]) if row[4] else None
         except ValueError:
-            raise TraceFormatError(path, line, f"timestamp is not a number: {row[1]!r}") from None
-        if not math.isfinite(timestamp):
-            raise TraceFormatError(path, line, f"timestamp is not finite: {row[1]!r}")
-        yield Sample(
-            step=step,  # type: ignore[arg-type]
-            timestamp=timestamp,
-            bytes_used=_int_field(row[2], "bytes_used", path, line, optional=False),  # type: ignore[arg-type]
-            bytes_limit=_int_field(row[3], "bytes_limit", path, line, optional=True),
-            peak_bytes_used=_int_field(row[4], "peak_bytes_used", path, line, optional=True),
-            phase=row[5].strip() if fields > 5 else "",
-        )
+            pass  # the careful way below says what is wrong, or accepts "1e9"
+        else:
+            if (step >= 0 and used >= 0 and isfinite(timestamp) and (limit is None or limit >= 0)
+                    and (peak is None or peak >= 0)):
+                yield Sample(step, timestamp, used, limit, peak, row[5].strip() if fields > 5 else "")
+                continue
+        yield _careful_row(row, fields, path, line)
+
+
+def _careful_row(row: list[str], fields: int, path: str, line: int) -> Sample:
+    """One row the fast path of `parse_rows` did not take: a Sample, or the TraceFormatError saying why not."""
+    step = _int_field(row[0], "step", path, line, optional=False)
+    try:
+        timestamp = float(row[1])
+    except ValueError:
+        raise TraceFormatError(path, line, f"timestamp is not a number: {row[1]!r}") from None
+    if not math.isfinite(timestamp):
+        raise TraceFormatError(path, line, f"timestamp is not finite: {row[1]!r}")
+    return Sample(
+        step=step,  # type: ignore[arg-type]
+        timestamp=timestamp,
+        bytes_used=_int_field(row[2], "bytes_used", path, line, optional=False),  # type: ignore[arg-type]
+        bytes_limit=_int_field(row[3], "bytes_limit", path, line, optional=True),
+        peak_bytes_used=_int_field(row[4], "peak_bytes_used", path, line, optional=True),
+        phase=row[5].strip() if fields > 5 else "",
+    )
 
 
 def bounded_lines(handle: IO[str], path: str) -> Iterator[str]:
