@@ -159,8 +159,12 @@ def protect_script(tmp_path: Path, script: str, state_flag: str, steps: int, bud
 
 
 def test_a_leaking_torch_xla_script_is_preempted_before_its_budget_and_completes(tmp_path):
-    """Done-when 1: a plain script with a SIGTERM handler, `supervise`, and the daemon beside it."""
-    protect_script(tmp_path, "leaky_xla.py", "--state", steps=1200, budget=int(1.5 * GiB), step_seconds=0.08)
+    """Done-when 1: a plain script with a SIGTERM handler, `supervise`, and the daemon beside it.
+
+    The script sits at about 1 GB once torch_xla is up and leaks at most 12.5 MiB/s (0.08 s steps):
+    B leaves it about 80 s, beyond the daemon's 20 s warm-up and 12.8 s to a first verdict. At
+    1.5 GiB a fresh clone's run was signalled 4 s before B (CI), with no room for the save."""
+    protect_script(tmp_path, "leaky_xla.py", "--state", steps=1200, budget=2 * GiB, step_seconds=0.08)
 
 
 def test_a_leaking_lightning_fit_is_preempted_before_its_budget_and_completes(tmp_path):

@@ -384,7 +384,8 @@ def _grad_finding(baseline: Census, now: Census, grads: list, live: _Live, ledge
     if grew.saved_bytes < MIN_GRAPH_BYTES or not grads:
         return finding
     names = parameter_names(live.modules)
-    listed = ", ".join(names.get(id(p), "unnamed parameter") for p in grads[:3])
+    # Sorted, so the same leak reads the same whatever order the garbage collector listed them in.
+    listed = ", ".join(sorted(names.get(id(p), "unnamed parameter") for p in grads)[:3])
     more = f" and {len(grads) - 3} more" if len(grads) > 3 else ""
     finding.text = (f"the .grad of {len(grads)} parameters carries {_graph_words(now.grad_graphs)}, "
                     f"+{grew.nodes:,} nodes and +{format_bytes(grew.saved_bytes)} since the baseline "
