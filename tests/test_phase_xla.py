@@ -16,9 +16,11 @@ LOOP = r"""
 import json, sys
 import torch, torch_xla
 from watchdog import Action, Watchdog, WatchdogConfig
+from watchdog.core.policy import PolicyConfig
 from watchdog.runtime.sources import RssSource
 
 use_phase, trace, spare_share = sys.argv[1] == "phase", sys.argv[2], float(sys.argv[3])
+CHECKPOINT_MARGIN = int(sys.argv[4])
 TRAIN_BEFORE, EVAL, TRAIN_AFTER = 1000, 300, 300
 device = torch_xla.device()
 torch.manual_seed(0)
@@ -36,7 +38,8 @@ for _ in range(30):  # compile, and let the allocator settle, before the budget 
     train_step()
 kept = EVAL * 8 * 160 * 128 * 4  # 640 KiB of predictions a batch: 188 MiB by the end
 limit = int((RssSource().read().bytes_used + kept + (8 << 20)) / (1 - spare_share))
-config = WatchdogConfig(sample_every=5, source="rss", memory_limit_bytes=limit, trace_file=trace)
+config = WatchdogConfig(sample_every=5, source="rss", memory_limit_bytes=limit, trace_file=trace,
+                        policy=PolicyConfig(checkpoint_margin_steps=CHECKPOINT_MARGIN))
 checkpoints, counter = [], 0
 with Watchdog(config) as wd:
     def step():
@@ -64,9 +67,10 @@ print(json.dumps({"checkpoints": checkpoints, "warnings": warnings}))
 """
 
 
-def evaluate_once(tmp_path, mode: str, spare_share: float) -> dict:
+def evaluate_once(tmp_path, mode: str, spare_share: float, checkpoint_margin_steps: int = 50) -> dict:
     trace = tmp_path / f"{mode}.csv"
-    out = json.loads(run_python(LOOP, mode, str(trace), str(spare_share), timeout=600).strip().splitlines()[-1])
+    out = json.loads(run_python(LOOP, mode, str(trace), str(spare_share), str(checkpoint_margin_steps),
+                                timeout=600).strip().splitlines()[-1])
     samples = load_trace(trace)
     during = [s.bytes_used for s in samples if 1000 <= s.step < 1300]
     assert max(during) - min(during) > 100 << 20  # the evaluation's outputs really were held: RSS climbed
@@ -76,7 +80,12 @@ def evaluate_once(tmp_path, mode: str, spare_share: float) -> dict:
 
 @pytest.mark.slow
 def test_a_first_evaluation_without_phase_information_gets_no_checkpoint(tmp_path):
-    out = evaluate_once(tmp_path, "plain", 0.07)  # the budget leaves 7% of itself above the evaluation's peak
+    """The climb is not imminent (four checkpoint margins: 105 steps here) but inside the usual
+    horizon (a quarter of the ~1,280 steps watched): only the caution for a first ramp holds the
+    checkpoint back. The climb's pessimistic projection lands near 190-380 steps from run to run
+    (resident memory grows a little faster or slower); with a 50-step margin the imminent bound was
+    205 steps, and one run in CI at 172 was rightly acted on as imminent."""
+    out = evaluate_once(tmp_path, "plain", 0.08, checkpoint_margin_steps=25)  # 8% of the budget above the peak
     assert out["checkpoints"] == [], out
     assert out["phases"] == {""}
 
