@@ -628,7 +628,11 @@ class Trainer:
         created: the Python to fix."""
         started = time.perf_counter()
         sites = self._sites if self._sites.done else None
-        suspects = forensics.explain_leak(self._census, sites=sites) if self._census is not None else []
+        try:
+            suspects = forensics.explain_leak(self._census, sites=sites) if self._census is not None else []
+        except Exception:  # a diagnosis never stops training, nor the checkpoint the action needs
+            log.error("leak_census_failed", step=step, exc_info=True)
+            return []
         log.warning("leak_suspects", step=step, suspects=suspects or ["no growing group of live tensors"],
                     creation_sites=sites is not None, census_seconds=round(time.perf_counter() - started, 3))
         return suspects
