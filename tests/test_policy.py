@@ -147,3 +147,21 @@ def test_healthy_and_suspect_verdicts_never_act():
 def test_config_errors_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"policy.{field}"):
         PolicyConfig(**{field: value})
+
+
+def test_a_reinit_that_gave_nothing_back_is_followed_by_a_restart_without_waiting_out_the_cooldown():
+    """Seen in `train --spmd --inject-leak global:4MiB/step`: the reinit at step 302 freed nothing,
+    and the restart waited out the 150-step cooldown while the leak grew 600 MiB, to 3 MiB of B."""
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=150))
+    watched(policy, 1_000)
+    assert policy.decide(verdict(1_000, projected_oom_steps=30.0, window=500.0)) is Action.CHECKPOINT_REINIT
+    assert not policy.reinit_finished(floor_before_bytes=2e9, floor_after_bytes=2e9)
+    assert policy.decide(verdict(1_005, projected_oom_steps=25.0, window=500.0)) is Action.CHECKPOINT_RESTART
+
+
+def test_a_reinit_that_worked_keeps_the_cooldown():
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=150))
+    watched(policy, 1_000)
+    assert policy.decide(verdict(1_000, projected_oom_steps=30.0, window=500.0)) is Action.CHECKPOINT_REINIT
+    assert policy.reinit_finished(floor_before_bytes=2e9, floor_after_bytes=1e9)
+    assert policy.decide(verdict(1_005, projected_oom_steps=25.0, window=500.0)) is Action.NONE

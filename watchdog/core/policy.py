@@ -13,7 +13,9 @@ The ladder, one verdict at a time:
     the policy still asks for CHECKPOINT_REINIT, because a saved checkpoint is worth having even
     when the rebuild cannot stop the leak.
 - after any checkpoint action, nothing more for `cooldown_steps` (the save and rebuild take time
-  and the detector needs fresh samples).
+  and the detector needs fresh samples), unless the reinit gave nothing back: then the restart
+  comes at the next confirmed verdict inside the horizon (waiting out the cooldown let a leak of
+  4 MiB/step grow 600 MiB into the OOM the action was for).
 
 The action horizon is the larger of `lead_factor` checkpoint margins and `horizon_fraction` of
 the steps watched so far: the checkpoint is asked for while the pessimistic projection still
@@ -165,4 +167,8 @@ class ActionPolicy:
         recovered = floor_before_bytes - floor_after_bytes
         needed = self.config.min_recovery * self._growth_at_action
         self._escalate = recovered <= 0 or recovered < needed
+        if self._escalate:
+            # The cooldown waits for a rebuild to show its effect; this one showed it has none, and
+            # the leak goes on growing into the OOM the action was for: the restart is not held back.
+            self._quiet_until = -math.inf
         return not self._escalate
