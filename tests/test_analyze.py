@@ -49,7 +49,7 @@ def test_human_output_and_memory_limit_budget(tmp_path):
     proc = _cli("analyze", str(trace), "--memory-limit", "14GiB")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"{trace}: LEAK")
-    assert "14.0 GiB limit" in proc.stdout and "leak alarm first raised at step" in proc.stdout
+    assert "14.0 GiB limit" in proc.stdout and "leak first reported at step" in proc.stdout
 
 
 @pytest.mark.slow

@@ -11,10 +11,13 @@ from watchdog.commands.cli import main
 
 
 def outcome(leak=True, action=None, alarm=None, onset=100, oom=1000, margin=50, projected=None, growing=False,
-            samples=10):
-    return TraceOutcome(trace="t", leak=leak, growing=growing, onset_step=onset if leak else None,
-                        oom_step=oom if leak else None, checkpoint_margin_steps=margin, first_alarm_step=alarm,
-                        first_action_step=action, projected_oom_step_at_action=projected, samples=samples)
+            samples=10, report=None, floor_leak=None, end=2000):
+    """`alarm` is the action path's (OOM projected); `report` the leak report's."""
+    floor_leak = leak if floor_leak is None and not growing else floor_leak
+    return TraceOutcome(trace="t", leak=leak, growing=growing, onset_step=onset if leak or floor_leak else None,
+                        oom_step=oom if leak else None, checkpoint_margin_steps=margin, first_alarm_step=report,
+                        first_action_step=action, projected_oom_step_at_action=projected, samples=samples,
+                        first_oom_alarm_step=alarm, floor_leak=floor_leak, end_step=end)
 
 
 # ------------------------------------------------------------------------------------------ scoring
@@ -45,6 +48,22 @@ def test_detection_delay_uses_the_alarm_when_it_came_first_after_onset():
     assert s.median_delay_steps == 20.0
 
 
+def test_the_leak_report_is_scored_on_its_own_truth_apart_from_the_actions():
+    owed = [outcome(report=300, action=800), outcome(report=None, action=800),  # OOM-bound: one reported
+            outcome(leak=False, growing=True, floor_leak=True, report=1100, end=2100),  # a leak that never runs out
+            outcome(leak=False, growing=True, floor_leak=True, report=50)]  # reported before onset: false
+    nothing = [outcome(leak=False), outcome(leak=False, report=700)]  # one false report
+    either = [outcome(leak=False, growing=True, report=400)]  # growth that stops: no count either way
+    s = score("d", owed + nothing + either, 1.0)
+    assert (s.report_positives, s.report_negatives, s.true_reports, s.false_reports) == (4, 2, 2, 2)
+    assert s.report_precision == pytest.approx(0.5) and s.report_recall == pytest.approx(0.5)
+    assert (s.unbounded_reported, s.unbounded) == (1, 2)
+    assert s.median_report_delay_steps == pytest.approx(600)  # 200 and 1000 steps after onset
+    assert owed[0].report_delay_share == pytest.approx(200 / 900)  # the OOM ends its life
+    assert owed[2].report_delay_share == pytest.approx(1000 / 2000)  # the trace's end does
+    assert (s.true_positives, s.false_positives) == (2, 0)  # the actions' score is untouched by reports
+
+
 def test_an_oom_is_prevented_only_with_the_checkpoint_margin_left():
     assert outcome(action=950, oom=1000, margin=50).prevented
     assert not outcome(action=951, oom=1000, margin=50).prevented
@@ -61,8 +80,8 @@ def test_projection_error_is_relative_to_the_steps_that_were_left():
 
 
 def test_alarms_on_clean_count_hard_negatives_only():
-    outcomes = [outcome(leak=False, alarm=10), outcome(leak=False, alarm=10, growing=True),
-                outcome(leak=False), outcome(leak=False, action=40, alarm=30)]
+    outcomes = [outcome(leak=False, report=10), outcome(leak=False, report=10, growing=True),
+                outcome(leak=False), outcome(leak=False, action=40, report=30)]
     s = score("d", outcomes, 1.0)
     assert s.alarms_on_clean == 2 and s.false_alarms == 1
 
@@ -139,7 +158,12 @@ def test_bench_prints_an_aligned_table_and_the_anchors(capsys):
     table = lines[header:header + 4]
     assert len({len(line) for line in table}) == 1  # aligned columns
     assert table[2].startswith("threshold_90pct") and table[3].startswith("lbr_r2_0.8")
-    assert lines[header - 1].startswith("Real corpus: 48 traces (24 OOM-bound leaks")
+    assert lines[header - 2].startswith("Real corpus: 48 traces (24 OOM-bound leaks")
+    assert lines[header - 1] == "Actions (OOM projected):"
+    reports = next(i for i, line in enumerate(lines) if line.startswith("Leak report ("))
+    report_table = lines[reports + 1:reports + 5]
+    assert report_table[0].split()[:4] == ["detector", "precision", "recall", "F1"]
+    assert len({len(line) for line in report_table}) == 1
     assert "PrecogMF" in out and "RESIN" in out
     assert "  - lbr_r2_0.8: linear backward regression" in out
 

@@ -102,7 +102,7 @@ def test_timestamps_follow_steps_with_compile_eval_and_checkpoint_pauses():
 # ---------------------------------------------------------------------------------- the corpus
 
 def test_corpus_size_and_mix(corpus):
-    assert 60 <= len(corpus) <= 120
+    assert 60 <= len(corpus) <= 130
     leaks = [t for t in corpus if t.leak]
     assert 0.35 <= len(leaks) / len(corpus) <= 0.65
     kinds = {t.kind for t in corpus}
@@ -126,8 +126,11 @@ def test_labels_are_honest(corpus):
             assert trace.oom_step - trace.onset_step > 500
             assert trace.checkpoint_margin_steps >= 10
         else:
-            assert trace.oom_step is None and trace.onset_step is None
+            assert trace.oom_step is None
+            assert (trace.onset_step is not None) == bool(trace.floor_leak)  # a leak that never runs out has one
             assert trace.samples[-1].step >= trace.meta["steps"] - trace.meta["sample_every"]
+        assert trace.floor_leak is (True if trace.leak or trace.kind in ("slow_growth", "small_leak") else
+                                    None if trace.growing else False)
 
 
 def test_small_leaks_are_kib_per_step_and_large_ones_mib(corpus):
@@ -148,7 +151,7 @@ def test_the_corpus_is_deterministic_given_the_seed(corpus):
 
 def test_hard_negatives_and_growth_that_is_fair_to_alarm_on_are_marked(corpus):
     growing = [t for t in corpus if t.growing]
-    assert {t.kind for t in growing} == {"slow_growth", "first_eval_ramp", "leak_that_stops"}
+    assert {t.kind for t in growing} == {"slow_growth", "first_eval_ramp", "leak_that_stops", "small_leak"}
     assert not any(t.leak for t in growing)
     assert all(t.hard_negative == (not t.leak and not t.growing) for t in corpus)
 
@@ -248,3 +251,14 @@ def test_real_corpus_negatives_never_reach_the_limit_and_injected_leaks_do():
                         10 * (traces[0].samples[1].step - traces[0].samples[0].step))
     again = real_corpus()
     assert [t.samples for t in again] == [t.samples for t in traces]
+
+
+def test_small_leaks_grow_two_to_five_percent_of_the_limit_and_never_near_an_oom(corpus):
+    """The leak report's smallest target: owed a report, owed no action."""
+    small = [t for t in corpus if t.kind == "small_leak"]
+    assert len(small) == 8
+    for trace in small:
+        grown = trace.meta["leak_bytes_per_step"] * (trace.meta["steps"] - trace.onset_step)
+        assert 0.02 <= grown / trace.limit_bytes <= 0.05
+        assert max(s.bytes_used for s in trace.samples) < 0.95 * trace.limit_bytes
+        assert trace.floor_leak and not trace.leak

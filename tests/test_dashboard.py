@@ -86,6 +86,19 @@ def test_every_metric_in_the_dashboard_exists_in_the_exporters_real_output(serve
     assert used and not used - exported, f"not exported: {sorted(used - exported)}"
 
 
+def test_leak_detected_and_oom_projected_are_shown_apart():
+    """A leak is a warning (orange) however far the OOM; an OOM projected near is the action path (red)."""
+    by_title = {p["title"]: p for p in PANELS}
+    for title, metric, colour in (("Leak detected", "hbmwatch_leak_detected", "orange"),
+                                  ("OOM projected", "hbmwatch_oom_projected", "red")):
+        (query,) = by_title[title]["targets"]
+        assert dashboard_queries.metric_names(query["expr"]) == {metric}, title
+        assert by_title[title]["fieldConfig"]["defaults"]["thresholds"]["steps"][-1] == {"color": colour, "value": 1}
+    timeline = [dashboard_queries.metric_names(target["expr"])
+                for target in by_title["Leak slope: floor growth per step"]["targets"]]
+    assert {"hbmwatch_leak_detected"} in timeline and {"hbmwatch_oom_projected"} in timeline
+
+
 def test_provisioning_points_grafana_at_the_dashboard_folder():
     providers = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "hbm-watchdog.yml").read_text())
     (provider,) = providers["providers"]

@@ -53,6 +53,10 @@ def first_alarm(verdicts):
     return next((v.step for v in verdicts if v.status is Status.LEAKING), None)
 
 
+def first_report(verdicts):
+    return next((v.step for v in verdicts if v.leak_detected), None)
+
+
 # ------------------------------------------------------------------------------- negatives
 
 def test_flat_training_is_healthy_and_the_floor_is_the_floor():
@@ -365,3 +369,51 @@ def test_a_transient_margin_past_the_limit_is_not_the_limit_reached():
     last = verdicts[-1]
     assert last.status is Status.LEAKING
     assert last.projected_oom_steps > 0 and last.projected_oom_steps_pessimistic == 0
+
+
+# --------------------------------------------------------------- the leak report: the other signal
+
+def test_a_slow_leak_with_no_oom_in_sight_is_reported_and_never_acted_on():
+    """60 KiB/step from step 2,000 of 20,000: 1 GiB by the end, 6% of the limit; the OOM is ~80k
+    steps away, far past what the action path extrapolates to. The report comes; no alarm."""
+    onset = 2000
+    verdicts = statuses(job(20_000, lambda s: BASE + 60 * KiB * max(0, s - onset), every=4))
+    reported = first_report(verdicts)
+    assert reported is not None and onset < reported < 18_000
+    assert first_alarm(verdicts) is None
+    at = next(v for v in verdicts if v.step == reported)
+    assert at.status is Status.SUSPECT and "leak detected, no action" in at.explanation
+    assert at.slope_bytes_per_step == pytest.approx(60 * KiB, rel=0.2)
+    assert verdicts[-1].leak_detected  # and it stays up while the leak goes on
+
+
+def test_an_oom_projected_is_also_a_leak_reported():
+    verdicts = statuses(job(8000, lambda s: BASE + 1 * MiB * max(0, s - 1000)))
+    alarm = first_alarm(verdicts)
+    assert alarm is not None
+    assert all(v.leak_detected for v in verdicts if v.status is Status.LEAKING)
+    assert first_report(verdicts) <= alarm
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_flat_training_and_a_level_shift_are_never_reported(seed):
+    assert first_report(statuses(job(20_000, every=4, seed=seed))) is None
+    shifted = job(20_000, lambda s: BASE + (GiB if s > 6000 else 0), every=4, seed=seed)
+    assert first_report(statuses(shifted)) is None
+
+
+def test_growth_below_the_materiality_share_is_not_reported():
+    """1 KiB/step for 18k steps: 18 MiB, a tenth of a percent of the limit, in quiet memory."""
+    quiet = job(20_000, lambda s: BASE + 1 * KiB * max(0, s - 2000), every=4, jitter=0.2 * MiB,
+                transient=16 * MiB)
+    assert first_report(statuses(quiet)) is None
+    assert first_report(statuses(quiet, min_leak_share=0.0)) is not None  # the share is what held it back
+
+
+def test_a_leak_that_stops_takes_its_report_down():
+    onset, stop = 1000, 18_000
+    verdicts = statuses(job(30_000, lambda s: BASE + 100 * KiB * (min(s, stop) - onset if s > onset else 0),
+                            every=4))
+    reported = first_report(verdicts)
+    assert reported is not None and reported < stop
+    assert not any(v.leak_detected for v in verdicts if v.step > stop + 6000)

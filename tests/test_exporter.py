@@ -51,7 +51,8 @@ def leaking_telemetry() -> Telemetry:
                         excursion_bytes=60 * MiB, limit_bytes=1000 * MiB, slope_bytes_per_step=65536.0,
                         slope_low_bytes_per_step=60000.0, slope_high_bytes_per_step=70000.0,
                         slope_bytes_per_second=131072.0, projected_oom_step=3360, projected_oom_steps=2160.0,
-                        projected_oom_seconds=1080.0, projected_oom_steps_pessimistic=2000.0, window_steps=640.0)
+                        projected_oom_seconds=1080.0, projected_oom_steps_pessimistic=2000.0, window_steps=640.0,
+                        leak_detected=True)
     t.training_step = 1210
     t.samples_total, t.sample_errors_total, t.restarts_total, t.xla_compilations_total = 120, 2, 1, 7
     t.recompilation_detected, t.steps_per_recompilation = True, 2.5
@@ -89,6 +90,7 @@ def test_every_design_metric_is_served_in_base_units_from_the_cache(served):
     assert value(samples, "hbmwatch_leak_slope_low_bytes_per_step") == 60000.0
     assert value(samples, "hbmwatch_leak_slope_high_bytes_per_step") == 70000.0
     assert value(samples, "hbmwatch_leak_detected") == 1.0
+    assert value(samples, "hbmwatch_oom_projected") == 1.0
     assert value(samples, "hbmwatch_projected_oom_steps") == 2160.0
     assert value(samples, "hbmwatch_projected_oom_steps_pessimistic") == 2000.0
     assert value(samples, "hbmwatch_projected_oom_seconds") == 1080.0
@@ -122,6 +124,7 @@ def test_before_any_verdict_nothing_is_made_up(served):
     assert value(samples, "hbmwatch_projected_oom_steps") == math.inf  # "none in sight", not 0
     assert value(samples, "hbmwatch_projected_oom_seconds") == math.inf
     assert value(samples, "hbmwatch_leak_detected") == 0
+    assert value(samples, "hbmwatch_oom_projected") == 0
     unknown = {"hbmwatch_memory_used_bytes", "hbmwatch_memory_floor_bytes", "hbmwatch_memory_limit_bytes",
                "hbmwatch_leak_slope_bytes_per_step", "hbmwatch_xla_compilations_total",
                "hbmwatch_recompilation_detected", "hbmwatch_steps_per_recompilation"}
@@ -178,7 +181,8 @@ def test_a_real_watchdog_run_is_exported_as_the_sidecar_sees_it(tmp_path, served
     assert value(samples, "hbmwatch_memory_floor_bytes") == pytest.approx(verdict.floor_bytes)
     assert value(samples, "hbmwatch_leak_slope_bytes_per_step") == pytest.approx(verdict.slope_bytes_per_step)
     assert value(samples, "hbmwatch_leak_slope_bytes_per_step") == pytest.approx(256 * 1024, rel=0.2)
-    assert value(samples, "hbmwatch_leak_detected") == float(verdict.leak)
+    assert value(samples, "hbmwatch_leak_detected") == float(verdict.leak_detected)
+    assert value(samples, "hbmwatch_oom_projected") == float(verdict.oom_projected)
     assert value(samples, "hbmwatch_projected_oom_steps") == verdict.projected_oom_steps
 
 
@@ -215,3 +219,12 @@ def _free_port_pair() -> int:
                     continue
         return base
     raise RuntimeError("no free pair of ports")
+
+
+def test_a_leak_reported_with_no_oom_in_sight_is_exported_as_one_signal_not_the_other(served):
+    """The two signals never merge: a slow leak is reported while no OOM is projected to act on."""
+    t = leaking_telemetry()
+    t.verdict = t.verdict._replace(status=Status.SUSPECT, projected_oom_steps=90_000.0)
+    samples = scrape(served(t))
+    assert value(samples, "hbmwatch_leak_detected") == 1.0
+    assert value(samples, "hbmwatch_oom_projected") == 0.0

@@ -46,6 +46,16 @@ def test_leak_with_oom_far_away_only_warns_once_per_cooldown():
     assert not any(a.needs_checkpoint for a in actions)
 
 
+def test_a_leak_reported_with_no_oom_projected_warns_once_per_cooldown_and_never_checkpoints():
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=100))
+    reported = [verdict(10 + i, Status.SUSPECT, projected_oom_steps=50.0)._replace(leak_detected=True)
+                for i in range(150)]
+    actions = run(policy, reported)
+    assert [i for i, a in enumerate(actions) if a is Action.WARN] == [0, 100]
+    assert not any(a.needs_checkpoint for a in actions)  # even with the OOM "50 steps" off: not the action path
+    assert run(policy, [verdict(500, Status.SUSPECT)]) == [Action.NONE]  # no report, no warning
+
+
 def watched(policy, until, every=10):
     """Healthy verdicts every `every` steps up to `until`: what a sidecar sampling every 10 steps gives."""
     run(policy, [verdict(s, Status.HEALTHY) for s in range(0, until, every)])

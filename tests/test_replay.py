@@ -62,7 +62,8 @@ def test_memory_limit_argument_is_a_budget_below_the_device():
 
 def test_to_json_carries_the_design_fields():
     row = replay(trace(2000)).to_json()
-    for key in ("leak", "first_alarm_step", "first_action_step", "slope_bytes_per_step", "projected_oom_step"):
+    for key in ("leak", "first_alarm_step", "oom_projected", "first_oom_projected_step", "first_action_step",
+                "slope_bytes_per_step", "projected_oom_step"):
         assert key in row
     assert isinstance(row["leak"], bool) and isinstance(row["slope_bytes_per_step"], float)
 
@@ -87,7 +88,7 @@ def _check_quiet_is_judge(pairs) -> int:
     for (verdict, action), got in pairs:
         if got is None:
             quiet += 1
-            assert verdict.status is not Status.LEAKING and action is Action.NONE
+            assert verdict.status is not Status.LEAKING and not verdict.leak_detected and action is Action.NONE
         else:
             assert got == (verdict, action)
     return quiet
@@ -109,8 +110,11 @@ def test_judging_quietly_gives_every_verdict_and_action_judge_gives_on_the_bench
         total += len(pairs)
         result = replay(t.samples, memory_limit_bytes=t.limit_bytes, policy_config=policy)
         alarms = [v.step for (v, _), _ in pairs if v.status is Status.LEAKING]
+        reports = [v.step for (v, _), _ in pairs if v.leak_detected]
         actions = [(v.step, a) for (v, a), _ in pairs if a.needs_checkpoint]
-        assert result.first_alarm_step == (alarms[0] if alarms else None)
+        assert result.first_oom_projected_step == (alarms[0] if alarms else None)
+        assert result.first_alarm_step == (reports[0] if reports else None)  # the leak report's
+        assert result.leak == bool(reports) and result.oom_projected == bool(alarms)
         assert (result.first_action_step, result.first_action) == (actions[0] if actions else (None, None))
     assert 0.5 * total < quiet < total  # most samples are quiet, and some are not
 

@@ -11,8 +11,8 @@ import yaml
 PROMETHEUS_DIR = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
 RULES = PROMETHEUS_DIR / "rules.yml"
 PROMTOOL = "/usr/bin/promtool"
-REQUIRED_ALERTS = {"HbmLeakDetected", "HbmOomProjectedWithin1h", "HbmOomProjectedWithin15m", "HbmRestartLoop",
-                   "HbmTrainingStalled", "HbmSteadyStateRecompilation", "HbmWatchdogExporterDown"}
+REQUIRED_ALERTS = {"HbmLeakDetected", "HbmOomProjected", "HbmOomProjectedWithin1h", "HbmOomProjectedWithin15m",
+                   "HbmRestartLoop", "HbmTrainingStalled", "HbmSteadyStateRecompilation", "HbmWatchdogExporterDown"}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
@@ -64,3 +64,17 @@ def test_oom_alerts_escalate_from_warning_to_critical():
     hour, quarter = by_name["HbmOomProjectedWithin1h"], by_name["HbmOomProjectedWithin15m"]
     assert "< 3600" in hour["expr"] and hour["labels"]["severity"] == "warning"
     assert "< 900" in quarter["expr"] and quarter["labels"]["severity"] == "critical"
+
+
+def test_leak_warning_and_oom_action_are_separate_alerts():
+    """leak_detected (steady floor growth, however far the OOM) only warns; oom_projected is the watchdog's
+    action path. Each alert reads its own signal, so neither can stand in for the other."""
+    by_name = {rule["alert"]: rule for rule in alerts()}
+    leak, oom = by_name["HbmLeakDetected"], by_name["HbmOomProjected"]
+    assert "hbmwatch_leak_detected == 1" in leak["expr"] and "oom_projected" not in leak["expr"]
+    assert leak["labels"]["severity"] == "warning" and "no action" in leak["annotations"]["description"]
+    assert "hbmwatch_oom_projected == 1" in oom["expr"] and "leak_detected" not in oom["expr"]
+    assert oom["labels"]["severity"] == "critical"
+    assert "projected_oom_seconds" in oom["annotations"]["description"]  # steps ($value) and seconds left
+    others = [rule for name, rule in by_name.items() if name not in ("HbmLeakDetected", "HbmOomProjected")]
+    assert not any("leak_detected" in rule["expr"] or "oom_projected" in rule["expr"] for rule in others)

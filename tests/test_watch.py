@@ -183,7 +183,8 @@ def test_each_device_is_judged_on_its_own_and_the_leaking_one_is_named(tmp_path,
     daemon, chips = run_daemon(tmp_path, reads=1500)
     assert set(daemon.devices) == {"tpu:0", "tpu:1"}
     leaking, flat = daemon.telemetry["tpu:0"], daemon.telemetry["tpu:1"]
-    assert leaking.verdict.leak and not flat.verdict.leak
+    assert leaking.verdict.oom_projected and not flat.verdict.oom_projected
+    assert leaking.verdict.leak_detected and not flat.verdict.leak_detected
     assert leaking.actions_snapshot()[Action.CHECKPOINT_RESTART] >= 1
     assert not any(flat.actions_snapshot().values())
     (first, *_) = captured.named("would_signal")  # --no-act: the signal that would have gone out

@@ -75,9 +75,16 @@ def series_override(name: str, **props: object) -> dict:
 
 def panels() -> list[dict]:
     stats = [
-        stat("Leak detected", "1 while the detector's leak alarm is up on any selected rank.", "none",
-             steps((GREEN, None), (RED, 1)), targets((f"max(hbmwatch_leak_detected{{{SEL}}})", "leak")),
+        # Two signals, never one panel: a leak is a warning however far the OOM, while an OOM
+        # projected near is what the watchdog acts on.
+        stat("Leak detected", "1 while the memory floor rises steadily on any selected rank, however far the "
+             "OOM: a warning, the watchdog takes no action on it.", "none",
+             steps((GREEN, None), (ORANGE, 1)), targets((f"max(hbmwatch_leak_detected{{{SEL}}})", "leak")),
              mappings=[{"type": "value", "options": {"0": {"text": "no leak"}, "1": {"text": "LEAK"}}}]),
+        stat("OOM projected", "1 while the peak is projected to reach the limit soon enough on any selected rank "
+             "that the watchdog acts: checkpoint, then reinit or restart.", "none",
+             steps((GREEN, None), (RED, 1)), targets((f"max(hbmwatch_oom_projected{{{SEL}}})", "OOM projected")),
+             mappings=[{"type": "value", "options": {"0": {"text": "no OOM"}, "1": {"text": "ACTING"}}}]),
         stat("OOM in", "Shortest projected time before the peak reaches the limit (+Inf: none in sight).",
              "s", steps((RED, None), (ORANGE, 900), (GREEN, 3600)),
              targets((f"min(hbmwatch_projected_oom_seconds{{{SEL}}})", "time to OOM"))),
@@ -95,8 +102,10 @@ def panels() -> list[dict]:
              targets((f"count by (source, version) (hbmwatch_build_info{{{SEL}}})", "{{source}} v{{version}}")),
              text_mode="name"),
     ]
-    for i, panel in enumerate(stats):
-        panel["gridPos"] = {"x": 4 * i, "y": 0, "w": 4, "h": 4}
+    x = 0
+    for panel, width in zip(stats, (3, 3, 4, 4, 4, 3, 3), strict=True):  # seven across Grafana's 24 columns
+        panel["gridPos"] = {"x": x, "y": 0, "w": width, "h": 4}
+        x += width
 
     projected_peak = (f"hbmwatch_memory_floor_bytes{{{SEL}}} + hbmwatch_memory_excursion_bytes{{{SEL}}}"
                       f" + clamp_min(hbmwatch_leak_slope_bytes_per_second{{{SEL}}}, 0) * $horizon")
@@ -132,15 +141,18 @@ def panels() -> list[dict]:
          {"x": 16, "y": 4, "w": 8, "h": 10}),
         (timeseries(
             "Leak slope: floor growth per step",
-            "Robust (Theil-Sen) slope of the memory floor with its 95% interval; actions use the high edge.",
+            "Robust (Theil-Sen) slope of the memory floor with its 95% interval; actions use the high edge. "
+            "Bars: leak detected (a warning, no action) and OOM projected (the watchdog acts).",
             "bytes", steps((GREEN, None), (RED, 1)),
             targets((f"hbmwatch_leak_slope_bytes_per_step{{{SEL}}}", "slope r{{rank}}"),
                     (f"hbmwatch_leak_slope_low_bytes_per_step{{{SEL}}}", "low r{{rank}}"),
                     (f"hbmwatch_leak_slope_high_bytes_per_step{{{SEL}}}", "high r{{rank}}"),
-                    (f"hbmwatch_leak_detected{{{SEL}}}", "leak alarm r{{rank}}")),
-            overrides=[series_override("D", **{"unit": "none", "custom.axisPlacement": "right",
+                    (f"hbmwatch_leak_detected{{{SEL}}}", "leak detected r{{rank}}"),
+                    (f"hbmwatch_oom_projected{{{SEL}}}", "OOM projected r{{rank}}")),
+            overrides=[series_override(ref, **{"unit": "none", "custom.axisPlacement": "right",
                                                "custom.drawStyle": "bars", "custom.fillOpacity": 30,
-                                               "max": 1, "min": 0})]),
+                                               "max": 1, "min": 0, "color": {"mode": "fixed", "fixedColor": colour}})
+                       for ref, colour in (("D", ORANGE), ("E", RED))]),
          {"x": 0, "y": 14, "w": 8, "h": 9}),
         (timeseries(
             "Time to OOM", "Projected seconds until the peak reaches the limit; the alert lines are 15 min and 1 h.",

@@ -20,7 +20,10 @@ ANCHORS = (
 DEFINITIONS = (
     "acts = first checkpoint action (a baseline acts when its alert fires); TP = a leak acted on after onset",
     "false alarms = negatives acted on; alarms on clean = negatives with nothing growing that ever raised the alarm",
-    "delay = steps from leak onset to the alarm; prevented = acted >= checkpoint margin before the true OOM step",
+    "delay = steps from leak onset to the OOM-projected alarm; prevented = acted >= checkpoint margin before the true OOM step",
+    "leak report (the warning, second table): owed where the floor rises to the end (OOM-bound or not), false where "
+    "nothing leaks or before onset; growth that stops may be reported either way",
+    "report delay = steps from onset to the first report, and as a share of the leak's life (onset to OOM, or to the end)",
     "proj. error = |projected - true OOM step| / steps left, at the first action (median)",
     "samples/s = samples over replay time, each trace's fastest of --repeat timed replays",
 )
@@ -155,7 +158,26 @@ def render_section(corpus_name: str, traces: list, scores: list) -> str:
             + ("%" if s.median_projection_error is not None else ""),
             f"{s.samples_per_second:,.0f}",
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    owed = sum(bool(t.floor_leak) for t in traces)
+    nothing = sum(t.floor_leak is False for t in traces)
+    report_rows = [REPORT_COLUMNS]
+    for s in scores:
+        report_rows.append((
+            s.detector, f"{s.report_precision:.3f}", f"{s.report_recall:.3f}", f"{s.report_f1:.3f}",
+            f"{s.false_reports}/{s.report_positives + s.report_negatives}", f"{s.unbounded_reported}/{s.unbounded}",
+            _fmt(s.median_report_delay_steps, ".0f") + (" steps" if s.median_report_delay_steps is not None else ""),
+            _fmt(s.median_report_delay_share, ".2f"),
+        ))
+    return (_table(title + "\nActions (OOM projected):", rows) + "\n"
+            + _table(f"Leak report ({owed} traces owed one, {nothing} where nothing leaks):", report_rows))
+
+
+REPORT_COLUMNS = ("detector", "precision", "recall", "F1", "false reports", "non-OOM leaks", "median delay",
+                  "share of life")
+
+
+def _table(title: str, rows: list) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [title]
     for index, row in enumerate(rows):
         cells = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
@@ -174,8 +196,10 @@ def render_misses(traces: list, outcomes: list) -> str:
         elif trace.leak and not outcome.prevented:
             problem = (f"acted at {outcome.first_action_step}, OOM at {trace.oom_step}, margin "
                        f"{trace.checkpoint_margin_steps}" if outcome.detected else "leak never acted on")
-        elif trace.hard_negative and outcome.first_alarm_step is not None:
-            problem = f"alarm (no action) at step {outcome.first_alarm_step}"
+        elif outcome.false_report:
+            problem = f"leak reported (no action) at step {outcome.first_alarm_step}"
+        elif trace.floor_leak and not outcome.reported:
+            problem = "leak never reported"
         else:
             continue
         lines.append(f"  {trace.name:<28} {problem}  [{trace.description}]")

@@ -61,6 +61,15 @@ class LabelledTrace:
     growing: bool = False  # negative whose floor really rises, too slowly to matter: alarm fair, action not
     description: str = ""
     meta: dict = field(default_factory=dict)
+    floor_leak: bool | None = None
+    """The leak report's truth: True when the floor rises steadily to the end (every OOM-bound leak,
+    and leaks too slow to run out: the report must come, at or after `onset_step`); False when
+    nothing leaks (any report is false); None for growth that stops (a report is fair, not owed).
+    Left None at construction, it follows `leak` and `growing`."""
+
+    def __post_init__(self) -> None:
+        if self.floor_leak is None and not self.growing:
+            self.floor_leak = self.leak
 
     @property
     def hard_negative(self) -> bool:
@@ -203,6 +212,19 @@ def _slow_growth(rng, steps):
     growth = (LinearLeak(int(steps * 0.05), rate),)
     return (_job(rng, steps, limit, headroom, growth=growth),
             f"slow growth {rate / KiB:.2f} KiB/step, not OOM-bound within the run")
+
+
+def _small_leak(rng, steps):
+    """A genuine leak whose whole growth over the run is 2-5% of the limit, starting anywhere in the
+    first 60% of it: the smallest leak the leak report is meant to catch, nowhere near an OOM."""
+    limit = _limit(rng)
+    headroom = limit * rng.uniform(0.15, 0.3)
+    onset = int(steps * rng.uniform(0.05, 0.6))
+    rate = limit * rng.uniform(0.02, 0.05) / (steps - onset)
+    growth = (LinearLeak(onset, rate),)
+    return (_job(rng, steps, limit, headroom, growth=growth),
+            f"small leak of {rate / KiB:.2f} KiB/step from step {onset}: "
+            f"{rate * (steps - onset) / limit:.1%} of the limit by the end, no OOM near")
 
 
 def _stopping_limit(rng, *, rises_less_than_it_leaves: bool) -> tuple[int, float, float]:
@@ -367,8 +389,10 @@ NEGATIVES: tuple[tuple[str, Negative, int, tuple[int, ...]], ...] = (
     ("eval_outputs_kept", _eval_outputs_kept, 5, LENGTHS[1:5]),
     ("first_eval_ramp", _first_eval_ramp, 5, LENGTHS[1:5]),
     ("leak_that_stops", _leak_that_stops, 6, LENGTHS[1:5]),
+    ("small_leak", _small_leak, 8, LENGTHS[2:]),  # last: the families before keep their seeds
 )
-GROWING = frozenset(("slow_growth", "first_eval_ramp", "leak_that_stops"))  # alarms fair, actions not
+GROWING = frozenset(("slow_growth", "first_eval_ramp", "leak_that_stops", "small_leak"))  # alarms fair, actions not
+FLOOR_LEAKS = frozenset(("slow_growth", "small_leak"))  # leaks that never run out: the leak report is owed
 POSITIVES: tuple[tuple[str, Positive, int, tuple[int, ...]], ...] = (
     ("linear_small_leak", _linear_small, 8, LENGTHS[4:]),
     ("linear_large_leak", _linear_large, 8, LENGTHS[:5]),
@@ -394,12 +418,13 @@ def _negative(kind: str, make: Negative, rng: np.random.Generator, lengths, inde
         rendered = render(model, rng)
         spare = model.limit_bytes - float(rendered.peak_bytes.max())
         if rendered.oom_step is None and spare > _noise_floor(model):
-            growing = kind in GROWING
+            growing, floor_leak = kind in GROWING, kind in FLOOR_LEAKS
             return LabelledTrace(
                 name=f"{kind}-{index:02d}", kind=kind, family="synthetic", samples=rendered.samples,
-                limit_bytes=model.limit_bytes, leak=False, onset_step=None, oom_step=None,
+                limit_bytes=model.limit_bytes, leak=False,
+                onset_step=model.growth[0].onset_step if floor_leak else None, oom_step=None,
                 checkpoint_margin_steps=_margin_steps(model), growing=growing, description=description,
-                meta=_meta(model))
+                meta=_meta(model), floor_leak=True if floor_leak else None)
     raise RuntimeError(f"could not draw a clean {kind} trace")  # a generator bug, not user input
 
 

@@ -22,12 +22,14 @@ OURS = "hbm-watchdog"
 Runner = Callable[[LabelledTrace], TraceOutcome]
 
 
-def _outcome(trace: LabelledTrace, alarm: int | None, action: int | None, projected: int | None) -> TraceOutcome:
+def _outcome(trace: LabelledTrace, alarm: int | None, action: int | None, projected: int | None,
+             oom_alarm: int | None) -> TraceOutcome:
     return TraceOutcome(
         trace=trace.name, leak=trace.leak, growing=trace.growing, onset_step=trace.onset_step,
         oom_step=trace.oom_step, checkpoint_margin_steps=trace.checkpoint_margin_steps,
         first_alarm_step=alarm, first_action_step=action, projected_oom_step_at_action=projected,
-        samples=len(trace.samples))
+        samples=len(trace.samples), first_oom_alarm_step=oom_alarm, floor_leak=trace.floor_leak,
+        end_step=trace.samples[-1].step if trace.samples else 0)
 
 
 def run_ours(trace: LabelledTrace, detector_config=None, policy_config=None) -> TraceOutcome:
@@ -39,7 +41,7 @@ def run_ours(trace: LabelledTrace, detector_config=None, policy_config=None) -> 
     result = replay(trace.samples, memory_limit_bytes=trace.limit_bytes, detector_config=detector_config,
                     policy_config=policy)
     return _outcome(trace, result.first_alarm_step, result.first_action_step,
-                    result.projected_oom_step_at_first_action)
+                    result.projected_oom_step_at_first_action, result.first_oom_projected_step)
 
 
 def run_baseline(make: Callable[[int | None], Detector], trace: LabelledTrace) -> TraceOutcome:
@@ -50,7 +52,7 @@ def run_baseline(make: Callable[[int | None], Detector], trace: LabelledTrace) -
         verdict = detector.update(sample)
         if fired_at is None and verdict.status is Status.LEAKING:
             fired_at, projected = sample.step, verdict.projected_oom_step
-    return _outcome(trace, fired_at, fired_at, projected)
+    return _outcome(trace, fired_at, fired_at, projected, fired_at)  # one alert: report, alarm and action
 
 
 def detectors(names: Iterable[str] | None = None, detector_config=None,

@@ -7,10 +7,18 @@ Definitions (the README and `bench` output repeat them):
   a false negative;
 - false alarms: negatives acted on; `alarms_on_clean`: hard negatives (nothing grows) on which the
   leak alarm was ever raised, action or not;
-- detection delay: steps from onset to the first alarm at or after onset (else the action);
+- detection delay: steps from onset to the first OOM-projected alarm at or after onset (else the
+  action);
 - OOM prevented: acted at least `checkpoint_margin_steps` before the true OOM step;
 - projection error: |projected OOM step at the first action - true OOM step| divided by the
   steps that were actually left (true OOM - action step), median over true positives.
+
+The leak report (the other signal, a warning) is scored on its own truth, `floor_leak`: owed on
+every trace whose floor rises steadily to its end (OOM-bound leaks and leaks too slow to run
+out), false on traces where nothing leaks, either way on growth that stops. A report at or after
+onset on an owed trace is a true report; any report on a nothing-leaks trace, or before onset, is
+a false one. Report delay: steps from onset to the first report, and that as a share of the
+leak's life (onset to the true OOM, or to the trace's end when it never runs out).
 """
 
 from __future__ import annotations
@@ -33,6 +41,28 @@ class TraceOutcome:
     first_action_step: int | None
     projected_oom_step_at_action: int | None
     samples: int
+    first_oom_alarm_step: int | None = None  # the action path's alarm (a baseline's: its alert)
+    floor_leak: bool | None = None  # the leak report's truth (see the module docstring)
+    end_step: int = 0  # the trace's last step
+
+    @property
+    def reported(self) -> bool:
+        """A leak report owed and given, at or after onset."""
+        return bool(self.floor_leak) and self.first_alarm_step is not None \
+            and self.first_alarm_step >= (self.onset_step or 0)
+
+    @property
+    def false_report(self) -> bool:
+        return self.first_alarm_step is not None and (
+            self.floor_leak is False or (bool(self.floor_leak) and not self.reported))
+
+    @property
+    def report_delay_share(self) -> float | None:
+        if not self.reported:
+            return None
+        onset = self.onset_step or 0
+        life = max(1, (self.oom_step if self.oom_step is not None else self.end_step) - onset)
+        return (self.first_alarm_step - onset) / life  # type: ignore[operator]
 
     @property
     def detected(self) -> bool:
@@ -53,7 +83,7 @@ class TraceOutcome:
         if not self.detected:
             return None
         onset = self.onset_step or 0
-        alarm = self.first_alarm_step
+        alarm = self.first_oom_alarm_step
         detected_at = alarm if alarm is not None and onset <= alarm <= self.first_action_step else \
             self.first_action_step
         return detected_at - onset  # type: ignore[operator]
@@ -86,6 +116,17 @@ class Score:
     samples: int
     seconds: float
     samples_per_second: float
+    report_positives: int = 0  # traces owed a leak report
+    report_negatives: int = 0  # traces where nothing leaks
+    true_reports: int = 0
+    false_reports: int = 0  # traces with a false report (nothing leaks, or before onset)
+    report_precision: float = 0.0
+    report_recall: float = 0.0
+    report_f1: float = 0.0
+    unbounded_reported: int = 0  # of the owed traces that never run out of memory, reported
+    unbounded: int = 0
+    median_report_delay_steps: float | None = None
+    median_report_delay_share: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -109,6 +150,13 @@ def score(detector: str, outcomes: list[TraceOutcome], seconds: float) -> Score:
     recall = _ratio(tp, len(leaks))
     f1 = _ratio(2 * precision * recall, precision + recall)
     samples = sum(o.samples for o in outcomes)
+    owed = [o for o in outcomes if o.floor_leak]
+    true_reports = sum(o.reported for o in owed)
+    false_reports = sum(o.false_report for o in outcomes)
+    report_precision = _ratio(true_reports, true_reports + false_reports) if true_reports + false_reports else (
+        1.0 if not owed else 0.0)
+    report_recall = _ratio(true_reports, len(owed))
+    unbounded = [o for o in owed if not o.leak]
     return Score(
         detector=detector, traces=len(outcomes), leaks=len(leaks), negatives=len(negatives),
         true_positives=tp, false_positives=fp, false_negatives=fn,
@@ -120,4 +168,11 @@ def score(detector: str, outcomes: list[TraceOutcome], seconds: float) -> Score:
         ooms_prevented=sum(o.prevented for o in leaks),
         median_projection_error=_median([e for o in leaks if (e := o.projection_error) is not None]),
         samples=samples, seconds=seconds, samples_per_second=_ratio(samples, seconds),
+        report_positives=len(owed), report_negatives=sum(o.floor_leak is False for o in outcomes),
+        true_reports=true_reports, false_reports=false_reports,
+        report_precision=report_precision, report_recall=report_recall,
+        report_f1=_ratio(2 * report_precision * report_recall, report_precision + report_recall),
+        unbounded_reported=sum(o.reported for o in unbounded), unbounded=len(unbounded),
+        median_report_delay_steps=_median([o.first_alarm_step - (o.onset_step or 0) for o in owed if o.reported]),
+        median_report_delay_share=_median([d for o in owed if (d := o.report_delay_share) is not None]),
     )

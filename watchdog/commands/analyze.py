@@ -38,8 +38,8 @@ def summary(path: str, result: ReplayResult) -> str:
     """A few lines a person reads: the verdict, the slope, when the alarm and the action came."""
     final = result.final_verdict
     assert final is not None
-    lines = [f"{path}: {'LEAK' if result.leak else 'no leak'} ({result.samples:,} samples, "
-             f"last step {final.step:,}, final status {final.status.value})"]
+    signals = ("LEAK" if result.leak else "no leak") + (", OOM PROJECTED" if result.oom_projected else "")
+    lines = [f"{path}: {signals} ({result.samples:,} samples, last step {final.step:,}, final status {final.status.value})"]
     if final.floor_bytes is not None:
         limit = format_bytes(final.limit_bytes) if final.limit_bytes else "unknown"
         lines.append(f"  floor {format_bytes(final.floor_bytes)}, transient {format_bytes(final.excursion_bytes)}, "
@@ -47,7 +47,9 @@ def summary(path: str, result: ReplayResult) -> str:
     lines.append(f"  slope {format_bytes(final.slope_bytes_per_step)}/step "
                  f"({format_bytes(final.slope_low_bytes_per_step)} to {format_bytes(final.slope_high_bytes_per_step)})")
     if result.first_alarm_step is not None:
-        lines.append(f"  leak alarm first raised at step {result.first_alarm_step:,}")
+        lines.append(f"  leak first reported at step {result.first_alarm_step:,} (a warning)")
+    if result.first_oom_projected_step is not None:
+        lines.append(f"  OOM first projected near enough to act on at step {result.first_oom_projected_step:,}")
     if result.first_action_step is not None:
         assert result.first_action is not None
         lines.append(f"  {result.first_action.value} asked for at step {result.first_action_step:,}"

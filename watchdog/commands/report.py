@@ -36,7 +36,8 @@ class ReplayPicture:
     steps: list[int] = field(default_factory=list)
     used: list[float] = field(default_factory=list)
     floor: list[float] = field(default_factory=list)  # nan while warming up
-    alarm: list[bool] = field(default_factory=list)
+    alarm: list[bool] = field(default_factory=list)  # OOM projected: the action path's alarm
+    reported: list[bool] = field(default_factory=list)  # the leak report (a warning)
     actions: list[tuple[int, Action]] = field(default_factory=list)
     first_action_verdict: Verdict | None = None
     final_verdict: Verdict | None = None
@@ -58,6 +59,7 @@ def collect(samples: list[Sample], memory_limit_bytes: int | None = None) -> Rep
         picture.floor.append(verdict.floor_bytes / GiB if verdict.floor_bytes is not None and
                              verdict.status is not Status.WARMING_UP else math.nan)
         picture.alarm.append(verdict.status is Status.LEAKING)
+        picture.reported.append(verdict.leak_detected)
         if action is not None and action is not Action.NONE:
             picture.actions.append((sample.step, action))
             if action.needs_checkpoint and picture.first_action_verdict is None:
@@ -130,8 +132,11 @@ def draw(picture: ReplayPicture, title: str, true_oom_step: int | None = None):
     steps = picture.steps
     ax.plot(steps, picture.used, color="#9a9a9a", lw=0.4, alpha=0.7, label="memory used (samples)")
     ax.plot(steps, picture.floor, color="#009e73", lw=1.6, label="floor (resident memory)")
+    for i, (start, stop) in enumerate(_alarm_spans(steps, picture.reported)):  # the two signals, never one band
+        ax.axvspan(start, stop, ymin=0.0, ymax=0.03, color="#e69f00", alpha=0.9, lw=0,
+                   label="leak reported (warning)" if i == 0 else None)
     for i, (start, stop) in enumerate(_alarm_spans(steps, picture.alarm)):
-        ax.axvspan(start, stop, color="#d55e00", alpha=0.08, lw=0, label="leak alarm up" if i == 0 else None)
+        ax.axvspan(start, stop, color="#d55e00", alpha=0.08, lw=0, label="OOM projected (action alarm)" if i == 0 else None)
     if picture.trend_verdict is not None:
         _draw_trend(ax, picture.trend_verdict, picture.limit, steps[0], steps[-1])
     if picture.limit is not None:
@@ -172,6 +177,7 @@ def _title(name: str, picture: ReplayPicture) -> str:
 def summary_rows(name: str, samples: list[Sample], picture: ReplayPicture) -> list[tuple[str, str]]:
     final = picture.final_verdict
     first_alarm = next((s for s, up in zip(picture.steps, picture.alarm) if up), None)
+    first_report = next((s for s, up in zip(picture.steps, picture.reported) if up), None)
     first_action = next(((s, a) for s, a in picture.actions if a.needs_checkpoint), None)
     return [
         ("trace", name),
@@ -180,7 +186,8 @@ def summary_rows(name: str, samples: list[Sample], picture: ReplayPicture) -> li
         ("final status", final.status.value if final else "n/a"),
         ("floor slope", f"{format_bytes(final.slope_bytes_per_step)}/step" if final else "n/a"),
         ("projected OOM step", f"{final.projected_oom_step:,}" if final and final.projected_oom_step else "none"),
-        ("first alarm step", f"{first_alarm:,}" if first_alarm is not None else "none"),
+        ("leak first reported", f"step {first_report:,}" if first_report is not None else "never"),
+        ("OOM first projected", f"step {first_alarm:,}" if first_alarm is not None else "never"),
         ("first action", f"{first_action[1].value} at step {first_action[0]:,}" if first_action else "none"),
         ("explanation", final.explanation if final else ""),
     ]

@@ -127,6 +127,13 @@ class DetectorConfig:
     """... without its slope falling by more than this share of the highest seen meanwhile."""
     interval_z: float = 1.96
     """Width of the slope interval in standard normal units (1.96: a 95% interval)."""
+    min_leak_share: float = 0.01
+    """A leak is reported (whatever its OOM's distance) only once the floor has risen by this share of
+    the limit (of the floor, when no limit is known) over the window that shows it ..."""
+    leak_age_fraction: float = 1.0
+    """... and its candidate has held for this share of the steps watched since the baseline (as well
+    as `confirm_fraction` of its window): a cache or compile cache filling early in a run looks like
+    a leak until it stops, and this is the time it is given to."""
 
     def __post_init__(self) -> None:
         _check(self.headroom_bytes >= 0, "headroom_bytes", "must not be negative")
@@ -141,7 +148,7 @@ class DetectorConfig:
             _check(getattr(self, name) > 0, name, "must be positive")
         _check(self.confirm_fraction >= 0, "confirm_fraction", "must not be negative")
         _check(self.excursion_margin >= 0, "excursion_margin", "must not be negative")
-        for name in ("consistency", "decay_ratio", "max_slope_drop"):
+        for name in ("consistency", "decay_ratio", "max_slope_drop", "min_leak_share", "leak_age_fraction"):
             _check(0 <= getattr(self, name) <= 1, name, "must be between 0 and 1")
         _check(self.confirm_closes >= 1, "confirm_closes", "must be at least 1")
 
@@ -193,6 +200,33 @@ class _Analysis(NamedTuple):
     excursion: float
     seconds_per_step: float
     reason: str
+    leak_detected: bool = False
+
+
+class _Streak:
+    """How long a leak candidate has held: closes in a row, since which step, its highest slope."""
+
+    __slots__ = ("closes", "since", "top_slope")
+
+    def __init__(self) -> None:
+        self.closes, self.since, self.top_slope = 0, 0.0, 0.0
+
+    def reset(self) -> None:
+        self.closes = 0
+
+    def held(self, trend: Trend, config: "DetectorConfig", hold_steps: float) -> str:
+        """'' once `trend` has held `confirm_closes` closes and `hold_steps` steps without its slope
+        falling by `max_slope_drop` of the highest seen meanwhile; else why not yet."""
+        if self.closes == 0:
+            self.since, self.top_slope = trend.x_last, trend.slope
+        self.closes += 1
+        self.top_slope = max(self.top_slope, trend.slope)
+        if trend.high < (1.0 - config.max_slope_drop) * self.top_slope:
+            self.closes = 0
+            return "growth slowing while being confirmed"
+        if self.closes < config.confirm_closes or trend.x_last - self.since < hold_steps:
+            return "not yet confirmed"
+        return ""
 
 
 class _PendingBucket:
@@ -224,6 +258,7 @@ class _Projection(NamedTuple):
     oom_step: int | None
     explanation: str
     span: float
+    leak_detected: bool
 
 
 class LeakDetector:
@@ -257,12 +292,13 @@ class LeakDetector:
         self._end: float = -INF  # the open bucket takes samples until this step (-INF: none open yet)
         self._b_high_water: int | None = None
         self._next_analysis = 0  # no analysis before this step
-        self._streak = 0
+        self._streak = _Streak()  # the action path's confirmation: starts once the OOM is near enough
+        self._leak_streak = _Streak()  # the leak report's: whatever the OOM's distance
         self._misses = 0  # closes in a row without a leak-shaped window
-        self._streak_from = 0.0
-        self._streak_slope = 0.0
+        self._leak_seen = (-INF, 0.0)  # (step, span) of the newest leak-shaped window
         self._analysis: _Analysis | None = None
         self.status = Status.WARMING_UP  # the status of every verdict until the next analysis
+        self.leak_detected = False  # the leak report of every verdict until the next analysis
         self._projection: _Projection | None = None  # what verdicts share until the next close or limit change
 
     # -- per sample: a couple of comparisons --------------------------------------------------
@@ -366,6 +402,7 @@ class LeakDetector:
         self._next_analysis = self._end + min(self._recent_width, history_span / REFRESHES_PER_SPAN)
         self._analysis = self._analyse()
         self.status = self._analysis.status
+        self.leak_detected = self._analysis.leak_detected
         self._projection = None
 
     def _recent_active(self) -> bool:
@@ -414,14 +451,23 @@ class LeakDetector:
             reason = reason or why_not
         if candidate is not None:
             self._misses = 0
+            self._leak_seen = (candidate.x_last, candidate.span)
+            leak = self._leak_report(candidate)
             why_not = self._too_far(candidate, excursion) or self._confirm(candidate, excursion)
             status = Status.SUSPECT if why_not else Status.LEAKING
-            return _Analysis(status, candidate, candidate.level, excursion, seconds_per_step, why_not)
+            return _Analysis(status, candidate, candidate.level, excursion, seconds_per_step, why_not,
+                             leak or status is Status.LEAKING)
         # No leak: describe the newest window (after a level shift, that is the new baseline), or,
         # when a leak-shaped window's newest buckets show its growth has stopped, those buckets.
         self._misses += 1
         if self._misses >= cfg.confirm_closes:  # one noisy close does not undo a confirmation
-            self._streak = 0
+            self._streak.reset()
+        if stopped is not None or xs[-1] - self._leak_seen[0] > cfg.confirm_fraction * self._leak_seen[1]:
+            # A slow leak's candidate comes and goes with the windows' noise: its report waits for
+            # the growth to stop, or to go unseen for as long as a confirmation takes.
+            self._leak_streak.reset()
+        # One noisy close does not take a leak report down either; growth that stopped does.
+        still = self._leak_streak.closes > 0 and self.leak_detected
         if stopped is not None:
             return _Analysis(Status.HEALTHY, stopped, stopped.level, excursion, seconds_per_step, reason)
         newest = with_level(trend, window.xs, window.ys)
@@ -432,7 +478,7 @@ class LeakDetector:
                 return _Analysis(Status.HEALTHY, evidence, evidence.level, excursion, seconds_per_step,
                                  _slowed(evidence, newest, cfg) or reason)
         return _Analysis(Status.SUSPECT if rising else Status.HEALTHY, newest, newest.level, excursion,
-                         seconds_per_step, reason)
+                         seconds_per_step, reason, still and rising)
 
     def _trends(self):
         """(fit, window as a `Series`) of the whole history, its newest half, quarter, ..., then of
@@ -466,19 +512,29 @@ class LeakDetector:
         steps: a cache that fills and stops shows its slope falling while we wait, a leak does not.
         When the projected OOM is nearer than that, half the steps left to it are enough.
         """
-        cfg = self.config
-        if self._streak == 0:
-            self._streak_from, self._streak_slope = trend.x_last, trend.slope
-        self._streak += 1
-        self._streak_slope = max(self._streak_slope, trend.slope)
-        if trend.high < (1.0 - cfg.max_slope_drop) * self._streak_slope:
-            self._streak = 0
-            return "growth slowing while being confirmed"
         room = self._room(trend.level, excursion)
-        hold = min(cfg.confirm_fraction * trend.span, URGENT_SHARE * max(room, 0.0) / trend.slope)
-        if self._streak < cfg.confirm_closes or trend.x_last - self._streak_from < hold:
-            return "not yet confirmed"
-        return ""
+        hold = min(self.config.confirm_fraction * trend.span, URGENT_SHARE * max(room, 0.0) / trend.slope)
+        return self._streak.held(trend, self.config, hold)
+
+    def _leak_report(self, trend: Trend) -> bool:
+        """The other signal: a candidate that held as an alarm's would, however far its OOM.
+
+        A warning, never an action: the floor has risen steadily and confidently over the window, by
+        at least `min_leak_share` of the limit (growth too small to matter in a run of any length is
+        not worth a page), is still rising at the newest evidence, and has held for
+        `leak_age_fraction` of the steps watched (growth that fills a cache and stops early in a run
+        has stopped by then).
+        """
+        cfg = self.config
+        material = trend.slope * trend.span >= cfg.min_leak_share * self._scale(trend.level)
+        streak = self._leak_streak
+        watched = (streak.since if streak.closes else trend.x_last) - self._xs[0]  # when it was first seen
+        hold = max(cfg.confirm_fraction * trend.span, cfg.leak_age_fraction * watched)
+        return not streak.held(trend, cfg, hold) and material
+
+    def _scale(self, level: float) -> float:
+        """What a leak's size is measured against: the limit, or the floor itself when none is known."""
+        return float(self._limit) if self._limit else level
 
     def _room(self, level: float, excursion: float) -> float:
         """Bytes between the peak now and limit - headroom (inf when no limit is known).
@@ -514,7 +570,7 @@ class LeakDetector:
             return ""
         steps = room / trend.slope
         if steps > self.config.max_extrapolation * max(trend.span, 1.0):
-            self._streak = 0  # confirmation starts once the OOM is near enough to call
+            self._streak.reset()  # confirmation starts once the OOM is near enough to call
             return f"OOM too far ahead to call ({steps:,.0f} steps; growth seen over {trend.span:,.0f})"
         return ""
 
@@ -531,7 +587,7 @@ class LeakDetector:
                                explanation=analysis.reason if analysis else "warming up: no history yet")
             projection = self._projection = self._project(analysis, self._limit)
         (status, slope, low, high, intercept, excursion, limit, seconds_per_step, slope_per_second,
-         oom_x, oom_x_high, oom_step, explanation, span) = projection
+         oom_x, oom_x_high, oom_step, explanation, span, leak_detected) = projection
         step = sample.step
         if oom_x < INF:
             if step < oom_x:
@@ -548,7 +604,8 @@ class LeakDetector:
             pessimistic = INF
         # Positional, in Verdict's field order: this runs once per sample.
         return Verdict(step, sample.timestamp, status, intercept + slope * step, excursion, limit, slope, low, high,
-                       slope_per_second, projected, projected_oom_steps, projected_oom_seconds, explanation, pessimistic, span)
+                       slope_per_second, projected, projected_oom_steps, projected_oom_seconds, explanation, pessimistic, span,
+                       leak_detected)
 
     @staticmethod
     def _overdue(room: float, slope: float) -> float:
@@ -572,7 +629,8 @@ class LeakDetector:
         return _Projection(analysis.status, trend.slope, trend.low, trend.high,
                            trend.level - trend.slope * trend.x_last, analysis.excursion, limit, sps,
                            trend.slope / sps if sps > 0 else 0.0, oom_x, oom_x_high,
-                           math.ceil(oom_x) if oom_x < INF else None, explain(analysis, limit, oom_x), trend.span)
+                           math.ceil(oom_x) if oom_x < INF else None, explain(analysis, limit, oom_x), trend.span,
+                           analysis.leak_detected)
 
 
 def _seconds_per_step(xs: list[float], ts: list[float]) -> float:
@@ -601,6 +659,6 @@ def explain(analysis: _Analysis, limit: float | None, oom_x: float) -> str:
         projection = f"peak {format_bytes(trend.level + analysis.excursion)} of {limit_text}"
     text = f"floor rising {rate}; {projection}"
     if analysis.status is Status.SUSPECT and analysis.reason:
-        text += f" [suspect: {analysis.reason}]"
+        text += f" [{'leak detected, no action' if analysis.leak_detected else 'suspect'}: {analysis.reason}]"
     return text
 

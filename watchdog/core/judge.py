@@ -107,8 +107,8 @@ class Judge:
     def judge_quietly(self, sample: Sample) -> tuple[Verdict, Action] | None:
         """`judge`, except that a sample judged while no alarm is up returns None and builds no verdict.
 
-        The policy can only answer NONE to a verdict that is not `leaking`, and the detector's
-        status changes only at its analyses, so such a sample needs the detector's bookkeeping and
+        The policy can only answer NONE to a verdict that is neither `leaking` nor a leak report, and
+        the detector's status and report change only at its analyses, so such a sample needs the detector's bookkeeping and
         the policy's clock, not a verdict: every verdict and action after it is what `judge` gives
         (tests/test_replay.py), and `latest` builds the skipped verdict when asked. The replay's hot
         loop (`analyze`, `report`, `bench`): most samples of a trace are quiet.
@@ -120,7 +120,7 @@ class Judge:
         self._last_step = step
         detector = self.detector
         detector.absorb(sample)
-        if detector.status is not _LEAKING:
+        if detector.status is not _LEAKING and not detector.leak_detected:
             self._unjudged = sample
             self._observe(step)
             return None
@@ -256,4 +256,4 @@ def _phase_verdict(sample: Sample, episode: PhaseEpisode, forecast: PhaseForecas
     return Verdict(step, sample.timestamp, Status.LEAKING, floor.floor_bytes, float(episode.peak) - (floor.floor_bytes or 0.0),
                    limit, forecast.slope, forecast.slope, forecast.high, forecast.slope / sps if sps > 0 else 0.0,
                    math.ceil(forecast.oom_x), steps, steps * sps if sps > 0 else math.inf, explanation, pessimistic,
-                   seen_over)
+                   seen_over, floor.leak_detected)

@@ -20,8 +20,10 @@ from watchdog.core.verdict import Action, Status, Verdict
 
 @dataclass(frozen=True)
 class ReplayResult:
-    leak: bool  # the leak alarm was up at some point
-    first_alarm_step: int | None
+    leak: bool  # a leak was reported at some point (confident steady floor growth)
+    first_alarm_step: int | None  # first step at which the leak report was up
+    oom_projected: bool  # an OOM near enough to act on was projected at some point (the action path)
+    first_oom_projected_step: int | None
     first_action_step: int | None  # first checkpoint action (reinit or restart)
     first_action: Action | None
     slope_bytes_per_step: float  # at the end of the trace
@@ -35,6 +37,8 @@ class ReplayResult:
         return {
             "leak": self.leak,
             "first_alarm_step": self.first_alarm_step,
+            "oom_projected": self.oom_projected,
+            "first_oom_projected_step": self.first_oom_projected_step,
             "first_action_step": self.first_action_step,
             "first_action": self.first_action.value if self.first_action else None,
             "slope_bytes_per_step": self.slope_bytes_per_step,
@@ -58,16 +62,19 @@ def replay_steps(samples: Iterable[Sample], *, memory_limit_bytes: int | None = 
 def replay(samples: Iterable[Sample], *, memory_limit_bytes: int | None = None,
            detector_config: DetectorConfig | None = None,
            policy_config: PolicyConfig | None = None) -> ReplayResult:
-    """Run the whole trace and sum it up: when the alarm first went up, when the first action came."""
-    first_alarm = first_action_step = projected_at_action = None
+    """Run the whole trace and sum it up: when each signal first went up, when the first action came."""
+    first_leak = first_alarm = first_action_step = projected_at_action = None
     first_action: Action | None = None
     count = 0
     leaking, nothing = Status.LEAKING, Action.NONE
     the_judge = Judge(detector_config, policy_config, memory_limit_bytes=memory_limit_bytes)
+    detector = the_judge.detector
     judge = the_judge.judge_quietly  # no verdict is built for a quiet sample: nothing below reads one
     for sample in samples:  # the benchmark's hot loop
         count += 1
         judged = judge(sample)
+        if first_leak is None and detector.leak_detected:  # the report's value on every verdict until the next analysis
+            first_leak = sample.step
         if judged is None:
             continue
         verdict, action = judged
@@ -78,7 +85,8 @@ def replay(samples: Iterable[Sample], *, memory_limit_bytes: int | None = None,
             projected_at_action = verdict.projected_oom_step
     verdict = the_judge.latest
     return ReplayResult(
-        leak=first_alarm is not None, first_alarm_step=first_alarm, first_action_step=first_action_step,
+        leak=first_leak is not None, first_alarm_step=first_leak, oom_projected=first_alarm is not None,
+        first_oom_projected_step=first_alarm, first_action_step=first_action_step,
         first_action=first_action,
         slope_bytes_per_step=verdict.slope_bytes_per_step if verdict else 0.0,
         projected_oom_step=verdict.projected_oom_step if verdict else None,

@@ -14,8 +14,8 @@ from typing import NamedTuple
 class Status(str, Enum):
     WARMING_UP = "warming_up"  # not enough history to say anything
     HEALTHY = "healthy"  # floor flat, or no projected OOM
-    SUSPECT = "suspect"  # floor rising, not yet confidently
-    LEAKING = "leaking"  # floor rising confidently; the alarm is up
+    SUSPECT = "suspect"  # floor rising, not (yet) an OOM to act on; `leak_detected` may still be up
+    LEAKING = "leaking"  # an OOM projected near enough to act on: the action path's alarm is up
 
 
 class Action(str, Enum):
@@ -56,7 +56,9 @@ class Verdict(NamedTuple):
     explanation: str = ""
     projected_oom_steps_pessimistic: float = math.inf  # from the high edge of the slope interval; actions use it
     window_steps: float = 0.0  # span of history the slope was fitted over
+    leak_detected: bool = False  # the leak report: confident steady floor growth, however far the OOM
 
     @property
-    def leak(self) -> bool:
+    def oom_projected(self) -> bool:
+        """The other signal, the action path: the peak reaches the limit soon enough to act on."""
         return self.status is Status.LEAKING

@@ -119,8 +119,11 @@ class TelemetryCollector:
         yield from _chip_gauges(t, str(t.rank))
         yield from gauge("memory_limit_bytes", "Effective memory limit: the smaller of the device's and the configured budget.",
                          verdict.limit_bytes if verdict is not None else None)
-        yield from gauge("leak_detected", "1 while the detector's leak alarm is up, else 0.",
-                         1.0 if verdict is not None and verdict.leak else 0.0)
+        yield from gauge("leak_detected", "1 while a leak is reported (confident steady floor growth, however "
+                         "far the OOM; a warning, never an action), else 0.",
+                         1.0 if verdict is not None and verdict.leak_detected else 0.0)
+        yield from gauge("oom_projected", "1 while an OOM is projected near enough to act on (the action path), else 0.",
+                         1.0 if verdict is not None and verdict.oom_projected else 0.0)
         yield from gauge("projected_oom_steps", "Training steps left before the projected peak reaches the limit; +Inf when none.",
                          verdict.projected_oom_steps if verdict is not None else math.inf)
         yield from gauge("projected_oom_seconds", "Seconds left before the projected peak reaches the limit; +Inf when none.",

@@ -1,0 +1,90 @@
+"""`python -m watchdog.bench.sensitivity`: leak size vs steps to the leak report, on a few seeds."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from watchdog.bench.sensitivity import STEPS, first_report, format_table, main, measure, render_png
+
+ONSET = STEPS // 10
+
+
+@pytest.fixture(scope="module")
+def small():
+    """Two sizes, one seed: three replays (the no-leak control included)."""
+    return measure((0.20, 0.08), seeds=1)
+
+
+def test_a_large_leak_is_reported_after_onset_and_the_same_job_without_it_is_not():
+    first = first_report(0, 0.20)
+    assert first is not None and ONSET <= first < STEPS
+    assert first_report(0, 0.0) is None
+
+
+def test_rows_are_sorted_and_their_fields_agree(small):
+    assert [r.growth_share for r in small.rows] == [0.08, 0.20]
+    assert small.steps == STEPS and small.onset_step == ONSET and small.seeds == 1 and small.noise == "normal"
+    for row in small.rows:
+        assert row.seeds == 1 and row.reported + row.early <= row.seeds
+        assert row.life_steps == STEPS - ONSET
+        assert row.rate_per_kstep == pytest.approx(row.growth_share * 1000 / (STEPS - ONSET))
+        assert all(0 <= d < row.life_steps for d in row.delays)
+        if row.delays:
+            assert row.median_share_of_life == pytest.approx(row.median_delay / row.life_steps)
+    low, high = small.rows
+    assert low.rate_per_kstep < high.rate_per_kstep
+    assert high.reported == 1 and high.early == 0 and high.detection_rate == 1.0
+    assert low.median_delay is None or high.median_delay <= low.median_delay  # a faster leak is seen no later
+    assert small.control.growth_share == 0 and small.control.early == 0 and small.control.reported == 0
+
+
+def test_the_same_seeds_give_the_same_figures(small):
+    again = measure((0.08, 0.20), seeds=1)
+    assert again.rows == small.rows and again.control == small.control
+
+
+def test_the_table_has_a_line_per_size_and_the_control(small):
+    table = format_table(small)
+    assert "8%" in table and "20%" in table and "1/1" in table
+    assert "no leak (same seeds): 0/1 reported" in table
+
+
+def test_the_picture_is_a_png_of_about_900_by_500(small, tmp_path):
+    path = render_png(small, tmp_path / "sub" / "curve.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (900, 500)
+
+
+@pytest.mark.parametrize("bad", [(), (0.0,), (0.5,)])
+def test_measure_rejects_sizes_it_cannot_measure(bad):
+    with pytest.raises(ValueError):
+        measure(bad, seeds=1)
+
+
+def test_measure_rejects_no_seeds():
+    with pytest.raises(ValueError):
+        measure((0.2,), seeds=0)
+
+
+@pytest.mark.parametrize("seeds", ["0", "-3", "two", "1.5"])
+def test_bad_seeds_is_a_one_line_error_with_status_2(seeds, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--seeds", seeds])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--seeds" in err and "positive" in err
+
+
+def test_the_command_prints_json_and_writes_the_picture(tmp_path, capsys):
+    out = tmp_path / "s.png"
+    assert main(["--seeds", "1", "--json", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["seeds"] == 1 and report["steps"] == STEPS and len(report["rows"]) == 8
+    assert report["control"] == {"seeds": 1, "false_reports": 0}
+    assert out.read_bytes()[:4] == b"\x89PNG"
