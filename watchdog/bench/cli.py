@@ -136,6 +136,14 @@ def _fmt(value, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def _quality(precision: float, recall: float, f1: float) -> tuple[str, str, str]:
+    return f"{precision:.3f}", f"{recall:.3f}", f"{f1:.3f}"
+
+
+def _steps(value: float | None) -> str:
+    return _fmt(value, ".0f") + (" steps" if value is not None else "")
+
+
 COLUMNS = ("detector", "precision", "recall", "F1", "false alarms", "alarms on clean", "median delay",
            "OOMs prevented", "proj. error", "samples/s")
 
@@ -150,9 +158,8 @@ def render_section(corpus_name: str, traces: list, scores: list) -> str:
     rows = [COLUMNS]
     for s in scores:
         rows.append((
-            s.detector, f"{s.precision:.3f}", f"{s.recall:.3f}", f"{s.f1:.3f}",
-            f"{s.false_alarms}/{s.negatives}", f"{s.alarms_on_clean}/{clean}",
-            _fmt(s.median_delay_steps, ".0f") + (" steps" if s.median_delay_steps is not None else ""),
+            s.detector, *_quality(s.precision, s.recall, s.f1),
+            f"{s.false_alarms}/{s.negatives}", f"{s.alarms_on_clean}/{clean}", _steps(s.median_delay_steps),
             f"{s.ooms_prevented}/{s.leaks}",
             _fmt(None if s.median_projection_error is None else 100 * s.median_projection_error, ".0f")
             + ("%" if s.median_projection_error is not None else ""),
@@ -163,16 +170,23 @@ def render_section(corpus_name: str, traces: list, scores: list) -> str:
     report_rows = [REPORT_COLUMNS]
     for s in scores:
         report_rows.append((
-            s.detector, f"{s.report_precision:.3f}", f"{s.report_recall:.3f}", f"{s.report_f1:.3f}",
+            s.detector, *_quality(s.report_precision, s.report_recall, s.report_f1),
             f"{s.false_reports}/{s.report_positives + s.report_negatives}", f"{s.unbounded_reported}/{s.unbounded}",
-            _fmt(s.median_report_delay_steps, ".0f") + (" steps" if s.median_report_delay_steps is not None else ""),
-            _fmt(s.median_report_delay_share, ".2f"),
+            _steps(s.median_report_delay_steps), _fmt(s.median_report_delay_share, ".2f"),
         ))
     return (_table(title + "\nActions (OOM projected):", rows) + "\n"
             + _table(f"Leak report ({owed} traces owed one, {nothing} where nothing leaks):", report_rows))
 
 
-REPORT_COLUMNS = ("detector", "precision", "recall", "F1", "false reports", "non-OOM leaks", "median delay",
+REPORT_def _quality(precision: float, recall: float, f1: float) -> tuple[str, str, str]:
+    return f"{precision:.3f}", f"{recall:.3f}", f"{f1:.3f}"
+
+
+def _steps(value: float | None) -> str:
+    return _fmt(value, ".0f") + (" steps" if value is not None else "")
+
+
+COLUMNS = ("detector", "precision", "recall", "F1", "false reports", "non-OOM leaks", "median delay",
                   "share of life")
 
 
