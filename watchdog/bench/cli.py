@@ -178,15 +178,7 @@ def render_section(corpus_name: str, traces: list, scores: list) -> str:
             + _table(f"Leak report ({owed} traces owed one, {nothing} where nothing leaks):", report_rows))
 
 
-REPORT_def _quality(precision: float, recall: float, f1: float) -> tuple[str, str, str]:
-    return f"{precision:.3f}", f"{recall:.3f}", f"{f1:.3f}"
-
-
-def _steps(value: float | None) -> str:
-    return _fmt(value, ".0f") + (" steps" if value is not None else "")
-
-
-COLUMNS = ("detector", "precision", "recall", "F1", "false reports", "non-OOM leaks", "median delay",
+REPORT_COLUMNS = ("detector", "precision", "recall", "F1", "false reports", "non-OOM leaks", "median delay",
                   "share of life")
 
 
