@@ -46,14 +46,11 @@ def test_leak_with_oom_far_away_only_warns_once_per_cooldown():
     assert not any(a.needs_checkpoint for a in actions)
 
 
-def test_a_leak_reported_with_no_oom_projected_warns_once_per_cooldown_and_never_checkpoints():
+def test_a_leak_reported_with_no_oom_projected_is_never_acted_on():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=100))
     reported = [verdict(10 + i, Status.SUSPECT, projected_oom_steps=50.0)._replace(leak_detected=True)
                 for i in range(150)]
-    actions = run(policy, reported)
-    assert [i for i, a in enumerate(actions) if a is Action.WARN] == [0, 100]
-    assert not any(a.needs_checkpoint for a in actions)  # even with the OOM "50 steps" off: not the action path
-    assert run(policy, [verdict(500, Status.SUSPECT)]) == [Action.NONE]  # no report, no warning
+    assert set(run(policy, reported)) == {Action.NONE}  # even with the OOM "50 steps" off: not the action path
 
 
 def watched(policy, until, every=10):

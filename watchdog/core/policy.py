@@ -2,9 +2,9 @@
 
 The ladder, one verdict at a time:
 
-- not `leaking`                          -> NONE (and the confirmation count starts over); WARN,
-    at most once per cooldown, while a leak is reported (`leak_detected`: steady growth whose
-    OOM is too far off to act on; the report is a warning, never an action)
+- not `leaking`                          -> NONE (and the confirmation count starts over); a
+    leak reported without an OOM projected (`leak_detected`) is a signal in the verdict and the
+    metrics, never an action
 - `leaking`, fewer than `confirm_verdicts` in a row -> NONE: one noisy verdict never acts
 - confirmed, OOM far (the pessimistic projection leaves more than the action horizon)
                                          -> WARN, at most once per cooldown
@@ -120,9 +120,6 @@ class ActionPolicy:
         step = verdict.step
         if verdict.status is not Status.LEAKING:
             self.observe(step)
-            if verdict.leak_detected and step >= self._warned_until:  # the leak report: a warning, never more
-                self._warned_until = step + self.config.cooldown_steps
-                return Action.WARN
             return Action.NONE
         self._clock(step)
         self._confirmed += 1
