@@ -107,8 +107,8 @@ class Judge:
     def judge_quietly(self, sample: Sample) -> tuple[Verdict, Action] | None:
         """`judge`, except that a sample judged while no alarm is up returns None and builds no verdict.
 
-        The policy can only answer NONE to a verdict that is neither `leaking` nor a leak report, and
-        the detector's status and report change only at its analyses, so such a sample needs the detector's bookkeeping and
+        The policy can only answer NONE to a verdict that is not `leaking`, and the detector's
+        status changes only at its analyses, so such a sample needs the detector's bookkeeping and
         the policy's clock, not a verdict: every verdict and action after it is what `judge` gives
         (tests/test_replay.py), and `latest` builds the skipped verdict when asked. The replay's hot
         loop (`analyze`, `report`, `bench`): most samples of a trace are quiet.
@@ -120,7 +120,7 @@ class Judge:
         self._last_step = step
         detector = self.detector
         detector.absorb(sample)
-        if detector.status is not _LEAKING and not detector.leak_detected:
+        if detector.status is not _LEAKING:
             self._unjudged = sample
             self._observe(step)
             return None
