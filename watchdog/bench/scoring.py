@@ -57,12 +57,18 @@ class TraceOutcome:
             self.floor_leak is False or (bool(self.floor_leak) and not self.reported))
 
     @property
-    def report_delay_share(self) -> float | None:
+    def report_delay_steps(self) -> int | None:
         if not self.reported:
             return None
-        onset = self.onset_step or 0
-        life = max(1, (self.oom_step if self.oom_step is not None else self.end_step) - onset)
-        return (self.first_alarm_step - onset) / life  # type: ignore[operator]
+        return self.first_alarm_step - (self.onset_step or 0)  # type: ignore[operator]
+
+    @property
+    def report_delay_share(self) -> float | None:
+        delay = self.report_delay_steps
+        if delay is None:
+            return None
+        life = max(1, (self.oom_step if self.oom_step is not None else self.end_step) - (self.onset_step or 0))
+        return delay / life
 
     @property
     def detected(self) -> bool:
@@ -140,22 +146,25 @@ def _median(values: list[float]) -> float | None:
     return float(statistics.median(values)) if values else None
 
 
+def _precision_recall_f1(true: int, false: int, owed: int) -> tuple[float, float, float]:
+    """With nothing said and nothing owed, precision is perfect; with nothing said but something owed, 0."""
+    precision = _ratio(true, true + false) if true + false else (1.0 if not owed else 0.0)
+    recall = _ratio(true, owed)
+    return precision, recall, _ratio(2 * precision * recall, precision + recall)
+
+
 def score(detector: str, outcomes: list[TraceOutcome], seconds: float) -> Score:
     leaks = [o for o in outcomes if o.leak]
     negatives = [o for o in outcomes if not o.leak]
     tp = sum(o.detected for o in leaks)
     fp = sum(o.false_positive for o in outcomes)
     fn = len(leaks) - tp
-    precision = _ratio(tp, tp + fp) if tp + fp else (1.0 if not leaks else 0.0)
-    recall = _ratio(tp, len(leaks))
-    f1 = _ratio(2 * precision * recall, precision + recall)
+    precision, recall, f1 = _precision_recall_f1(tp, fp, len(leaks))
     samples = sum(o.samples for o in outcomes)
     owed = [o for o in outcomes if o.floor_leak]
     true_reports = sum(o.reported for o in owed)
     false_reports = sum(o.false_report for o in outcomes)
-    report_precision = _ratio(true_reports, true_reports + false_reports) if true_reports + false_reports else (
-        1.0 if not owed else 0.0)
-    report_recall = _ratio(true_reports, len(owed))
+    report_precision, report_recall, report_f1 = _precision_recall_f1(true_reports, false_reports, len(owed))
     unbounded = [o for o in owed if not o.leak]
     return Score(
         detector=detector, traces=len(outcomes), leaks=len(leaks), negatives=len(negatives),
@@ -170,9 +179,8 @@ def score(detector: str, outcomes: list[TraceOutcome], seconds: float) -> Score:
         samples=samples, seconds=seconds, samples_per_second=_ratio(samples, seconds),
         report_positives=len(owed), report_negatives=sum(o.floor_leak is False for o in outcomes),
         true_reports=true_reports, false_reports=false_reports,
-        report_precision=report_precision, report_recall=report_recall,
-        report_f1=_ratio(2 * report_precision * report_recall, report_precision + report_recall),
+        report_precision=report_precision, report_recall=report_recall, report_f1=report_f1,
         unbounded_reported=sum(o.reported for o in unbounded), unbounded=len(unbounded),
-        median_report_delay_steps=_median([o.first_alarm_step - (o.onset_step or 0) for o in owed if o.reported]),
+        median_report_delay_steps=_median([d for o in owed if (d := o.report_delay_steps) is not None]),
         median_report_delay_share=_median([d for o in owed if (d := o.report_delay_share) is not None]),
     )
