@@ -280,15 +280,12 @@ def _positive_int(text: str) -> int:
 
 
 def _progress(total: int):
-    """(tick, close): tqdm on a terminal when it is installed, else a counter line every ~10%."""
-    if sys.stderr.isatty():
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            pass
-        else:
-            bar = tqdm(total=total, desc="replays", unit="job", file=sys.stderr, leave=False)
-            return (lambda: bar.update()), bar.close
+    """(tick, close): `bench`'s bar on a terminal when tqdm is installed, else a counter line every ~10%."""
+    from watchdog.bench.cli import _progress_bar
+
+    bar = _progress_bar(total, "replays")
+    if bar is not None:
+        return (lambda: bar.update()), bar.close
     done = 0
     every = max(1, total // 10)
 
