@@ -113,7 +113,9 @@ def test_growth_that_is_not_a_leak_gets_no_action(name):
     result = scenario(name)
     samples = result["rss_samples"]
     # one sample per step asked; a busy sidecar reads only the newest step it was asked for
-    assert result["steps_run"] >= 600 and len(samples) >= 0.8 * result["steps_run"], "the whole run was watched"
+    assert result["steps_run"] >= 600 and len(samples) >= 0.8 * result["steps_run"], (
+        f"the whole run was watched; {name} stopped at step {result['steps_run']}: actions {result['actions']}, "
+        f"over the budget from step {result['first_over_budget_step']} ({result['verdict']})")
     assert result["actions"] == {}, f"{name}: {result['actions']} ({result['verdict']})"
     assert max(samples) - min(samples) >= 24 * MiB, "the scenario must really make memory move"
     assert max(samples) < result["budget"]
