@@ -73,16 +73,23 @@ def soak(steps: int, report_every: int, checkpoint_every: int, directory: Path) 
     started = time.perf_counter()
 
     with serve_metrics(telemetry, 0) as server:
+        next_step = report_every
+
+        def report_if_due() -> None:
+            nonlocal next_step
+            sample = telemetry.sample
+            if sample is None or sample.step + 1 < next_step:
+                return
+            step = sample.step + 1  # the step reached, which a fast run may have carried past the boundary
+            urllib.request.urlopen(server.url, timeout=10).read()  # a scrape, as Prometheus would
+            rows.append(figures(step, started, trace))
+            print_row(rows[-1], rows[-2] if len(rows) > 1 else None)
+            next_step = (step // report_every + 1) * report_every
+
         def report() -> None:  # a thread of its own: the training loop stays exactly the trainer's
-            next_step = report_every
-            while not done.wait(0.2):
-                sample = telemetry.sample
-                if sample is None or sample.step + 1 < next_step:
-                    continue
-                urllib.request.urlopen(server.url, timeout=10).read()  # a scrape, as Prometheus would
-                rows.append(figures(sample.step + 1, started, trace))
-                print_row(rows[-1], rows[-2] if len(rows) > 1 else None)
-                next_step += report_every
+            while not done.wait(0.02):
+                report_if_due()
+            report_if_due()  # the last boundary, which the run may have crossed after the last look
 
         reporter = threading.Thread(target=report, name="soak-report", daemon=True)
         reporter.start()
