@@ -191,3 +191,19 @@ def test_a_phase_is_checked_once_and_then_only_an_attribute_write():
     assert wd._phase == "eval/100" and wd._labels[("eval", 100)] == "eval/100"
     scope.end()
     assert wd._phase == ""
+
+
+def test_a_leak_report_is_logged_with_its_rate_when_it_goes_up_and_once_when_the_growth_stops(captured):
+    """The report is a warning, never an action: one line when it goes up, one when it comes down."""
+    source = ScriptedSource()  # a 2 GiB device: 64 KiB/step for 1,500 steps is 94 MiB, an OOM far away
+    with Watchdog(WatchdogConfig(sample_every=1), source=source) as wd:
+        for step in range(3000):
+            source.bytes_used = (1 << 30) + min(step, 1500) * (64 << 10) + (step % 8) * (4 << 20)
+            wd.step(step)
+            wd.drain()
+    events = [e for e in captured.events if e["event"] in ("leak_detected", "leak_report_cleared", "watchdog_action")]
+    assert [e["event"] for e in events] == ["leak_detected", "leak_report_cleared"], events
+    up, down = events
+    assert up["slope_bytes_per_step"] == pytest.approx(64 << 10, rel=0.1) and not up["oom_projected"]
+    assert "leak detected, no action" in up["explanation"]
+    assert up["step"] < 1500 < down["step"] <= 1500 + 320  # the detector's recovery bound

@@ -2,6 +2,8 @@
 
 - a `tensors` leak: the watchdog catches it, checkpoint-and-reinit happens before the budget, every
   step runs, and the loss carries on from where it was;
+- a slow `tensors` leak whose OOM is far off: reported with its rate, what holds it and where it
+  is created, and never acted on;
 - a `global` leak (out of a reinit's reach) under `hbm-watchdog supervise`: reinit, memory does not
   come down, the policy escalates to checkpoint-and-restart (exit 42), the supervisor restarts the
   trainer, which resumes from the step it saved and finishes.
@@ -59,6 +61,26 @@ def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(tmp_path, r
     post = [losses[s] for s in losses if reinit["step"] <= s < reinit["step"] + 30]
     assert losses[9] > 2.5 > max(pre)  # it had learnt something ...
     assert max(post) < 2 * max(pre)  # ... and did not forget it at the reinit
+
+
+@pytest.mark.slow
+def test_a_leak_far_from_any_oom_is_reported_with_its_holder_and_creation_site_and_never_acted_on(tmp_path, run_cli):
+    # 1 MiB/step against 6 GiB: thousands of steps from the OOM, so the report's to call, not the action path's.
+    out = run_cli("train", "--memory-limit", "6GiB", "--sample-every", "2", "--log-every", "100", "--steps", "500",
+                  "--inject-leak", "tensors:1MiB/step", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    assert out.returncode == 0, out.stderr[-4000:]
+    records = json_lines(out.stderr)
+    assert "steps 500/500 (this run from 0), reinits 0, restarts 0" in out.stdout
+    assert events(records, "watchdog_action") == []
+
+    [reported] = events(records, "leak_detected")
+    assert 0.7 * 2**20 < reported["slope_bytes_per_step"] < 1.5 * 2**20, reported
+    assert not reported["oom_projected"] and "leak detected, no action" in reported["explanation"]
+    # The report armed the creation-site capture; the census after it names holder and site.
+    [located] = events(records, "leak_suspects")
+    assert located["creation_sites"] and located["step"] > reported["step"]
+    assert "created at leaks.py:" in located["suspects"][0] and "in _filled" in located["suspects"][0], located
+    assert "attribute 'tensors' of LeakSinks" in located["suspects"][0], located
 
 
 @pytest.mark.slow

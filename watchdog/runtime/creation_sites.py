@@ -13,7 +13,7 @@ graph, its compilations and its transfers stay the same (tests/test_creation_sit
 with torch_xla's counters; `python -m watchdog.bench.capture_cost` measures the time).
 
     sites = CreationSites(steps=8)
-    sites.arm()                    # any thread: a leak is suspected (a WARN or an action)
+    sites.arm()                    # any thread: a leak is suspected (reported, a WARN or an action)
     ...
     if sites.between_steps():      # the training thread, once per step: True when the window closes
         log(forensics.explain_leak(baseline, sites=sites))

@@ -613,15 +613,24 @@ class Trainer:
 
     def _follow_the_leak(self, step: int, action: Action | None) -> list[str] | None:
         """Name the leak when an action comes (its suspects are returned for the action block). The
-        first WARN or action also arms a capture of creation sites for a few steps; when it ends,
-        the census names where the leak was made."""
+        first leak report, WARN or action also arms a capture of creation sites for a few steps;
+        when it ends, the census names what holds the leak and where it was made: a leak reported
+        far from any OOM gets its suspects too."""
         if self._sites.between_steps():
             self._name_the_leak(step)
-        if action is not None or (self.watchdog is not None and self.watchdog.telemetry.actions_total):
+        if action is not None or self._leak_suspected():
             self._sites.arm()  # once until the next reinit
         if action is not None and action.needs_checkpoint:
             return self._name_the_leak(step)
         return None
+
+    def _leak_suspected(self) -> bool:
+        """The watchdog reports a leak, or has warned or acted (attribute reads: once per step)."""
+        watchdog = self.watchdog
+        if watchdog is None:
+            return False
+        verdict = watchdog.latest_verdict
+        return (verdict is not None and verdict.leak_detected) or bool(watchdog.telemetry.actions_total)
 
     def _name_the_leak(self, step: int) -> list[str]:
         """Log what grew since the baseline, what holds it and, after a capture, where it was
