@@ -613,9 +613,9 @@ class Trainer:
 
     def _follow_the_leak(self, step: int, action: Action | None) -> list[str] | None:
         """Name the leak when an action comes (its suspects are returned for the action block). The
-        first leak report, WARN or action also arms a capture of creation sites for a few steps;
-        when it ends, the census names what holds the leak and where it was made: a leak reported
-        far from any OOM gets its suspects too."""
+        first WARN or action, or a leak reported far from any OOM, also arms a capture of creation
+        sites for a few steps; when it ends, the census names what holds the leak and where it was
+        made."""
         if self._sites.between_steps():
             self._name_the_leak(step)
         if action is not None or self._leak_suspected():
@@ -625,12 +625,15 @@ class Trainer:
         return None
 
     def _leak_suspected(self) -> bool:
-        """The watchdog reports a leak, or has warned or acted (attribute reads: once per step)."""
+        """The watchdog has warned or acted, or reports a leak with no OOM projected (attribute reads:
+        once per step). With an OOM projected, the action path's WARN or action follows within a few
+        verdicts and arms the capture itself: after a reinit it runs on the rebuilt state."""
         watchdog = self.watchdog
         if watchdog is None:
             return False
         verdict = watchdog.latest_verdict
-        return (verdict is not None and verdict.leak_detected) or bool(watchdog.telemetry.actions_total)
+        reported = verdict is not None and verdict.leak_detected and not verdict.oom_projected
+        return reported or bool(watchdog.telemetry.actions_total)
 
     def _name_the_leak(self, step: int) -> list[str]:
         """Log what grew since the baseline, what holds it and, after a capture, where it was
