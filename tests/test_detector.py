@@ -387,6 +387,17 @@ def test_a_slow_leak_with_no_oom_in_sight_is_reported_and_never_acted_on():
     assert verdicts[-1].leak_detected  # and it stays up while the leak goes on
 
 
+def test_a_report_once_up_is_not_taken_down_by_a_shorter_window_that_rises_less_than_the_share():
+    """256 KiB/step from the start against 8 GiB, on a 7-step sawtooth: the report goes up once the
+    rise passes `min_leak_share`; later the candidate is at times a short window rising by less than
+    that share, and the report must stay up (an alert with a `for:` would otherwise never fire)."""
+    verdicts = statuses(job(1500, lambda s: 4 * GiB + 256 * KiB * s, transient=0, jitter=0, limit=8 * GiB,
+                            spikes=lambda s: (s % 7) * 16 * MiB))
+    reported = first_report(verdicts)
+    assert reported is not None and first_alarm(verdicts) is None
+    assert all(v.leak_detected for v in verdicts if v.step >= reported)
+
+
 def test_an_oom_projected_is_also_a_leak_reported():
     verdicts = statuses(job(8000, lambda s: BASE + 1 * MiB * max(0, s - 1000)))
     alarm = first_alarm(verdicts)

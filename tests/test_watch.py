@@ -274,3 +274,12 @@ def test_the_daemon_holds_no_more_python_memory_after_thousands_of_samples(tmp_p
 def test_trace_paths():
     assert trace_path_for(__import__("pathlib").Path("/x/trace.csv"), "process", only_device=True).name == "trace.csv"
     assert trace_path_for(__import__("pathlib").Path("/x/trace.csv"), "tpu:3", only_device=False).name == "trace.tpu-3.csv"
+
+
+def test_a_slow_leak_is_reported_for_its_device_with_its_rate_and_never_signalled(tmp_path, captured):
+    daemon, _ = run_daemon(tmp_path, reads=1500, leak=256 << 10)  # 375 MiB of 8 GiB: an OOM far off
+    [reported] = captured.named("leak_detected")
+    assert reported["device"] == "tpu:0" and reported["pid"] == psutil.Process().pid
+    assert reported["slope_bytes_per_step"] == pytest.approx(256 << 10, rel=0.1) and not reported["oom_projected"]
+    assert daemon.telemetry["tpu:0"].verdict.leak_detected and not daemon.telemetry["tpu:1"].verdict.leak_detected
+    assert captured.named("would_signal") == [] and captured.named("watchdog_action") == []

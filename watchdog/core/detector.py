@@ -32,7 +32,8 @@ How it reads memory (and why):
    steps left to the projected OOM, when that is shorter: confirming past the OOM helps nobody).
    The leak report (`leak_detected`, a warning) is the other signal: a candidate that holds long
    enough (`_leak_report`) however far its OOM. It raises only growth too far off for the alarm's
-   rule; growth near enough to project from is the alarm's to call, and is reported with it.
+   rule; growth near enough to project from is the alarm's to call, and is reported with it. Once
+   up, it stays up while a candidate holds, whichever window shows it.
 5. The newest evidence wins. A window's median of slopes describes the window as a whole, so a
    candidate's newest buckets are compared with it (`trend.newest_evidence`): the rise of its
    newest 4, 6, 9, ... buckets (the recent tier's first) against what the window's slope says
@@ -461,8 +462,9 @@ class LeakDetector:
             status = Status.SUSPECT if why_not else Status.LEAKING
             # Growth near enough to project an OOM from is the projection's to call: its confirmation
             # is what tells a fill levelling off below the limit from a leak. The report raises only
-            # growth too far from the limit for that, and stays up once raised while the growth holds.
-            leak = reported and (bool(too_far) or self.leak_detected)
+            # growth too far from the limit for that, and stays up once raised while a candidate
+            # holds, whatever window shows it now (a short one may not yet rise by `min_leak_share`).
+            leak = (reported and bool(too_far)) or self.leak_detected
             return _Analysis(status, candidate, candidate.level, excursion, seconds_per_step, why_not,
                              leak or status is Status.LEAKING)
         # No leak: describe the newest window (after a level shift, that is the new baseline), or,

@@ -41,6 +41,7 @@ from watchdog.daemon.signalling import Escalation, Step, send
 from watchdog.daemon.targets import Finder, WatchedProcess
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.logs import get_logger
+from watchdog.runtime import leak_report
 from watchdog.runtime.telemetry import Telemetry
 
 log = get_logger(__name__)
@@ -254,6 +255,7 @@ class Daemon:
             device = self._device(reading.device, source, only_device=len(readings) == 1)
             sample = Sample(tick, now, reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used)
             verdict, action = device.judge.judge(sample)
+            leak_report.log_change(log, device.telemetry.verdict, verdict, device=reading.device, pid=target.pid)
             self._publish(device, sample, verdict)
             if device.settle_pending and tick >= self._warmup:
                 device.settle_pending = False

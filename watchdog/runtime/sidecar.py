@@ -44,7 +44,7 @@ from watchdog.core.phase import phase_label
 from watchdog.core.sample import Sample, TraceWriter
 from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger
-from watchdog.runtime import xla_stats
+from watchdog.runtime import leak_report, xla_stats
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.sources import MemoryReading, MemorySource, current_device, device_kind, select_source
 from watchdog.runtime.telemetry import Telemetry
@@ -81,7 +81,6 @@ class Watchdog:
         self._phase = ""  # the loop's phase label; read by the sidecar with each sample
         self._labels: dict[tuple[str, int | None], str] = {}  # phase labels, validated once each
         self._actions: deque[Action] = deque()
-        self._leak_reported = False  # the newest verdict's leak report: its changes are logged
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._trace: TraceWriter | None = None
@@ -248,25 +247,11 @@ class Watchdog:
         telemetry.chips = reading.devices
         telemetry.samples_total += 1
         verdict, action = self.judge.judge(sample)
+        leak_report.log_change(log, telemetry.verdict, verdict)
         self.latest_verdict = telemetry.verdict = verdict
-        if verdict.leak_detected is not self._leak_reported:
-            self._leak_report_changed(verdict)
         self._act_on(action, verdict)
         if self._compile_watch is not None:  # after the memory pipeline: nothing here may delay an action
             self._compile_watch.observe(sample.step)
-
-    def _leak_report_changed(self, verdict: Verdict) -> None:
-        """The leak report is a warning: logged once when it goes up, with its rate, and once when
-        it comes down (the growth stopped, or a reinit gave the detector a new baseline)."""
-        self._leak_reported = verdict.leak_detected
-        if verdict.leak_detected:
-            log.warning("leak_detected", step=verdict.step, slope_bytes_per_step=round(verdict.slope_bytes_per_step),
-                        slope_bytes_per_second=round(verdict.slope_bytes_per_second),
-                        window_steps=round(verdict.window_steps), oom_projected=verdict.oom_projected,
-                        explanation=verdict.explanation)
-        else:
-            log.info("leak_report_cleared", step=verdict.step, status=verdict.status.value,
-                     explanation=verdict.explanation)
 
     def _act_on(self, action: Action, verdict: Verdict) -> None:
         if action is Action.NONE:
