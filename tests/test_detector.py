@@ -20,7 +20,7 @@ from watchdog.core.errors import ConfigError
 from watchdog.core.judge import Judge
 from watchdog.core.replay import replay
 from watchdog.core.sample import Sample
-from watchdog.core.trend import Series, fit_trend, newest_evidence
+from watchdog.core.trend import Series, fit_trend, newest_evidence, staircase_rise
 from watchdog.core.units import format_bytes
 from watchdog.core.verdict import Status
 
@@ -308,6 +308,34 @@ def test_the_newest_buckets_are_believed_when_they_show_a_slowdown_and_not_for_a
     assert believed.level == concave[-1]  # projected from the floor measured now, not the line's overshoot
     stopped = [1e9 + 256 * KiB * min(x, 2500) for x in xs]  # a leak that stopped 1,500 steps ago
     assert newest_evidence(fit_trend(xs, stopped), Series(xs, stopped)).low <= 0
+
+
+def test_lumps_ever_further_apart_are_a_fill_levelling_off_and_lumps_at_a_steady_rate_are_not():
+    xs = [64.0 * i for i in range(64)]
+
+    def rise(at, height=lambda k: 32 * MiB):
+        """`staircase_rise` on floors with lump k of `height(k)` at step at[k]."""
+        ys = [1e9 + sum(height(k) for k, a in enumerate(at) if x >= a) for x in xs]
+        return staircase_rise(fit_trend(xs, ys), Series(xs, ys))
+
+    # A fill of 10 lumps with a time constant of 1,500 steps: 9 by the window's end, one to come.
+    fill = [-1500 * math.log(1 - k / 10) for k in range(1, 10)]
+    assert 32 * MiB <= rise(fill) <= 2 * 32 * MiB
+    assert rise(range(300, 4032, 500)) == math.inf  # a leak's steady staircase
+    assert rise([125 * 2 ** k for k in range(6)], lambda k: 8 * MiB * 2 ** k) == math.inf  # a heap doubling
+    assert rise([300, 700, 1400, 2500, 3300]) == math.inf  # slower and slower, then a lump sooner: a leak's
+    assert rise([300, 700, 1400, 1700, 2500, 3500]) == math.inf  # a sooner lump anywhere in the window
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_fill_in_lumps_ever_further_apart_is_neither_acted_on_nor_reported(seed):
+    """A bench negative's shape (lumpy_cache_fill): six 400 MiB lumps, 512, 640, 896, 1,216 and
+    2,112 steps apart, levelling off 1.5 GiB below the limit. Each lump makes the window look like
+    a steady staircase whose OOM is 4,000 steps away; the gaps widening say it is slowing down."""
+    lumps = (576, 1088, 1728, 2624, 3840, 5952)
+    floor = lambda s: int(11.1 * GiB) + 400 * MiB * sum(s >= a for a in lumps)  # noqa: E731
+    verdicts = statuses(job(8000, floor, transient=GiB, seed=seed))
+    assert first_alarm(verdicts) is None and first_report(verdicts) is None
 
 
 def stopped_leak(onset, duration, rate, every, seed=1):

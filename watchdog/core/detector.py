@@ -24,7 +24,8 @@ How it reads memory (and why):
    is above zero, the rise across the window stands out of the residual noise, the rise is spread
    over the window (every quarter contributes: a one-off level shift puts it all in one quarter),
    and it is not levelling off (the newest quarters, extrapolated as a geometric slowdown, would
-   not stop short of the limit: a cache that fills and stops). A suffix window that begins after
+   not stop short of the limit: a cache that fills and stops; nor would a staircase whose lumps
+   come further and further apart, `staircase_rise`). A suffix window that begins after
    a level shift is its new baseline. The alarm (`leaking`) also needs the projected OOM within
    `max_extrapolation` times the span the growth was seen over (a line is not extrapolated far
    beyond its evidence), and the candidate must hold for `confirm_closes` closes and
@@ -83,6 +84,7 @@ from watchdog.core.trend import (
     largest_excursion,
     newest_evidence,
     plateau_rise,
+    staircase_rise,
     window_sizes,
     with_level,
 )
@@ -445,6 +447,8 @@ class LeakDetector:
             if why_not is None:
                 newest = newest_evidence(trend, window, cfg.interval_z, fine)
                 why_not = _slowed(newest, trend, cfg) if newest is not trend else None
+                if why_not is None and staircase_rise(trend, window) < room:
+                    why_not = "growth in lumps further and further apart, levelling off below the limit"
                 if why_not is None:
                     # The fitted line may run above the floor measured now: the projection starts from
                     # what was measured (a line through fast-then-slower growth overshoots it).

@@ -10,7 +10,8 @@ Why these estimators:
 - a transient's height is measured against the floors on both sides of it, so a bucket in which
   the floor itself moved is not mistaken for a transient;
 - a window is split in quarters (`SEGMENTS`) to tell growth spread over it from a one-off shift,
-  and the newest quarters tell a filling cache (geometric slowdown) from a leak;
+  and the newest quarters tell a filling cache (geometric slowdown) from a leak; in memory that
+  grows in lumps, the gaps between them do (`staircase_rise`);
 - the newest buckets are compared with the whole window by their rise, allowing one lump: memory
   that grows in lumps (an allocator's heap growth, buffers added in blocks) can make two quarters
   look alike while the growth is slowing, and a median of slopes counts a single lump as a slope
@@ -121,6 +122,73 @@ def plateau_rise(trend: Trend) -> float:
         return INF
     q = newest / older
     return newest * q / (1 - q)
+
+
+LUMP_SIDE = 4  # floors on each side of a lump that measure its height
+
+
+def staircase_rise(trend: Trend, window: Series) -> float:
+    """Growth still to come if memory that grows in lumps adds them ever further apart (inf when it
+    does not: no staircase, or one whose newest lumps do not come slower).
+
+    A cache that fills in lumps (an allocator's heap growth, entries added in blocks) with fewer
+    new entries each step adds a lump, then takes longer to fill it than the one before. Its
+    quarters can each hold a lump and look alike, so `plateau_rise` sees no slowdown; the gaps
+    between lumps show it. A gap's rate is the lump that opened it over its length. A fill's rate
+    falls in proportion to what it has filled (an exponential approach to its size), so the rates
+    of the two newest gaps, against the level each opened at, reach zero at the level where it
+    stops (older gaps may hold the time before the fill began); one lump more is allowed for
+    rounding up to a whole lump.
+
+    Believed only when lumps carry at least half of the window's rise, the newest gap is slower
+    than the one before it even with each lump placed a bucket off, and no gap in the window is
+    faster than the one before it by that test (early lumps of a fill come too close together for
+    it to tell them apart; a leak's lumps at irregular times are now and then slower, but then also
+    faster). A leak's lumps at a steady rate (a staircase, an allocator doubling its heap) are
+    never slower. A lump is a rise that stays (from the higher of two neighbouring floors to the
+    lower of the next two) above six neighbour noises and three buckets of the window's own growth;
+    its height is the median of the floors just after it less that of those just before.
+    """
+    xs, ys = window.xs, window.ys
+    n = len(xs)
+    width = (xs[-1] - xs[0]) / (n - 1)
+    after = ys[1:]
+    highs = [a if a > b else b for a, b in zip(ys, after)]  # as in `largest_lump`
+    lows = [a if a < b else b for a, b in zip(ys, after)]
+    rises = list(map(sub, lows[2:], highs))  # rises[j]: the rise that stays from bucket j + 1 to j + 2
+    steady = 3.0 * trend.slope * width
+    if sum(rise > steady for rise in rises) < 3:
+        return INF  # fewer than three lumps (two gaps to compare); most windows end here
+    least = max(6.0 * window.noise, steady)
+    edges = [0]  # the first bucket of each stretch between lumps
+    for j, rise in enumerate(rises):
+        if rise > least and j + 2 - edges[-1] > 1:
+            edges.append(j + 2)  # a lump that straddles a bucket's edge shows twice: once is enough
+    if len(edges) < 4:
+        return INF
+    # Heights from the floors next to each lump only: further off, the floor may have moved by
+    # lumps too small to count (a heap doubling from a small start).
+    ends = edges[1:] + [n]
+    heights = [median(ys[e:min(end, e + LUMP_SIDE)]) - median(ys[max(start, e - LUMP_SIDE):e])
+               for start, e, end in zip(edges, edges[1:], ends[1:])]
+    if sum(heights) < 0.5 * trend.slope * trend.span:
+        return INF  # the growth is mostly between the lumps
+    levels, rates, slowest, fastest = [], [], [], []
+    level = 0.0
+    for k, height in enumerate(heights[:-1]):  # the gap after lump k (the next lump closes it)
+        gap = xs[edges[k + 2]] - xs[edges[k + 1]]
+        level += height
+        levels.append(level)
+        rates.append(height / gap)
+        slowest.append(height / (gap + width))  # with each lump a bucket off
+        fastest.append(height / (gap - width))
+    if fastest[-1] >= slowest[-2] or any(now > before for before, now in zip(fastest, slowest[1:])):
+        return INF
+    decline = (rates[-2] - rates[-1]) / (levels[-1] - levels[-2])  # rate lost per byte filled
+    if decline <= 0:
+        return INF
+    stops_at = levels[-1] + rates[-1] / decline
+    return max(0.0, stops_at - (level + heights[-1])) + heights[-1]
 
 
 TAIL_BUCKETS = 4  # the shortest tail of newest buckets compared with its window; then 6, 9, 14, ...
