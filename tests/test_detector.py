@@ -338,6 +338,24 @@ def test_a_fill_in_lumps_ever_further_apart_is_neither_acted_on_nor_reported(see
     assert first_alarm(verdicts) is None and first_report(verdicts) is None
 
 
+@pytest.mark.parametrize("spread", [0.6, 0.9])
+@pytest.mark.parametrize("seed", range(5))
+def test_a_leak_whose_lumps_come_at_irregular_times_is_still_acted_on_in_time(spread, seed):
+    """400 MiB every 400 steps on average, each gap drawn within `spread` of that: now and then a
+    gap is longer than the one before, which alone must not pass for a fill levelling off."""
+    rng = random.Random(seed)
+    lumps, at = [], 300.0
+    while at < 8000:
+        lumps.append(at)
+        at += 400 * rng.uniform(1 - spread, 1 + spread)
+    floor = lambda s: BASE + 400 * MiB * sum(s >= a for a in lumps)  # noqa: E731
+    samples = job(8000, floor, transient=GiB, seed=seed)
+    oom = next(s.step for s in samples if floor(s.step) + GiB >= LIMIT)
+    judge = Judge()
+    acted = next((s.step for s in samples if judge.judge(s)[1].needs_checkpoint), None)
+    assert acted is not None and acted < oom - 200, f"acted at {acted}, OOM at {oom}"
+
+
 def stopped_leak(onset, duration, rate, every, seed=1):
     """A leak that runs for `duration` steps and stops 17.7 MiB below the budget, as in the issue."""
     floor = lambda s: BASE + rate * min(max(0, s - onset), duration)  # noqa: E731
