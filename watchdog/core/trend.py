@@ -152,10 +152,7 @@ def staircase_rise(trend: Trend, window: Series) -> float:
     xs, ys = window.xs, window.ys
     n = len(xs)
     width = (xs[-1] - xs[0]) / (n - 1)
-    after = ys[1:]
-    highs = [a if a > b else b for a, b in zip(ys, after)]  # as in `largest_lump`
-    lows = [a if a < b else b for a, b in zip(ys, after)]
-    rises = list(map(sub, lows[2:], highs))  # rises[j]: the rise that stays from bucket j + 1 to j + 2
+    rises = lasting_rises(ys)
     steady = 3.0 * trend.slope * width
     if sum(rise > steady for rise in rises) < 3:
         return INF  # fewer than three lumps (two gaps to compare); most windows end here
@@ -374,13 +371,18 @@ def neighbour_noise(ys: list[float]) -> float:
 
 
 def largest_lump(ys: list[float]) -> float:
-    """The largest rise that stays: from the higher of two neighbouring floors to the lower of the
-    next two. A level that steps up counts at its height; one bucket whose samples all missed the
-    floor (a reading noise, gone at the next bucket) does not."""
+    """The largest rise that stays (`lasting_rises`): a level that steps up counts at its height;
+    one bucket whose samples all missed the floor (a reading noise, gone at the next bucket) does not."""
+    return max(0.0, max(lasting_rises(ys), default=0.0))
+
+
+def lasting_rises(ys: list[float]) -> list[float]:
+    """rises[j]: from the higher of floors j and j + 1 to the lower of floors j + 2 and j + 3, the
+    rise that stays between buckets j + 1 and j + 2."""
     after = ys[1:]
     highs = [a if a > b else b for a, b in zip(ys, after)]  # highs[i]: the higher of floors i and i + 1
     lows = [a if a < b else b for a, b in zip(ys, after)]
-    return max(0.0, max(map(sub, lows[2:], highs), default=0.0))
+    return list(map(sub, lows[2:], highs))
 
 
 def window_sizes(n: int, smallest: int) -> list[int]:
