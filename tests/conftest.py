@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ("pytester",)  # tests/test_lanes.py runs small suites under this conftest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -66,13 +68,21 @@ def run_cli():
 
 
 class ProcessInFastTest(AssertionError):
-    """A test that starts a process must be marked slow, so `pytest -m "not slow"` stays a fast loop."""
+    """A test that starts a process or the XLA runtime must be marked slow, so `pytest -m "not slow"` stays fast."""
+
+
+def _xla_runtime_started() -> bool:
+    """Whether this process has started torch_xla's runtime (a PJRT client); never imports torch_xla itself."""
+    torch_xla = sys.modules.get("torch_xla")
+    return torch_xla is not None and torch_xla._XLAC._xla_runtime_is_initialized()
 
 
 @pytest.fixture(autouse=True)
 def _processes_only_in_slow_tests(request, monkeypatch):
-    """Enforce the marker instead of trusting it: an unmarked test that starts a process fails."""
+    """Enforce the marker instead of trusting it: an unmarked test that starts a process, or that starts
+    torch_xla's runtime in this process (seconds, and a PJRT client for the rest of the worker's life), fails."""
     if request.node.get_closest_marker("slow") is not None:
+        yield
         return
     import multiprocessing.process
 
@@ -81,3 +91,7 @@ def _processes_only_in_slow_tests(request, monkeypatch):
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    runtime_before = _xla_runtime_started()
+    yield
+    if not runtime_before and _xla_runtime_started():
+        raise ProcessInFastTest(f"{request.node.nodeid} starts torch_xla's runtime: mark it @pytest.mark.slow")
