@@ -46,8 +46,8 @@ from watchdog.core.sample import (
     write_trace,
 )
 from watchdog.runtime.exporter import (
-    IDLE_TIMEOUT_SECONDS,
-    SCRAPE_WORKERS,
+    MAX_CONNECTIONS,
+    REQUEST_DEADLINE_SECONDS,
     serve_metrics,
 )
 from watchdog.runtime.sidecar import Watchdog
@@ -571,16 +571,17 @@ def test_the_endpoint_listens_on_loopback_unless_told_and_says_where_it_really_i
         serve_metrics(Telemetry(), 0, addr="no-such-host.invalid")
 
 
-def test_train_takes_a_listen_address():
+@pytest.mark.parametrize("command", [["train"], ["watch", "--pid", "1"]])
+def test_train_and_watch_take_a_listen_address_and_default_to_loopback(command):
     from watchdog.commands.cli import build_parser
 
-    assert build_parser().parse_args(["train"]).metrics_address == "127.0.0.1"
-    assert build_parser().parse_args(["train", "--metrics-address", "0.0.0.0"]).metrics_address == "0.0.0.0"
+    assert build_parser().parse_args(command).metrics_address == "127.0.0.1"
+    assert build_parser().parse_args([*command, "--metrics-address", "0.0.0.0"]).metrics_address == "0.0.0.0"
 
 
-def test_a_silent_client_is_dropped_after_the_idle_timeout():
+def test_a_silent_client_is_dropped_at_its_request_deadline():
     with serve_metrics(Telemetry(), 0) as server, socket.create_connection((server.addr, server.port)) as client:
-        client.settimeout(IDLE_TIMEOUT_SECONDS + 15)
+        client.settimeout(REQUEST_DEADLINE_SECONDS + 15)
         assert client.recv(1) == b""  # closed by the server, not by our timeout
 
 
@@ -599,7 +600,7 @@ sys.stdin.read()
 
 
 @pytest.mark.slow
-def test_200_half_open_clients_add_no_thread_and_hold_at_most_one_connection_per_worker():
+def test_200_half_open_clients_add_no_thread_and_hold_a_bounded_number_of_connections():
     me = psutil.Process()
 
     def accepted(port: int) -> int:  # connections this process holds open on the endpoint's side
@@ -610,14 +611,16 @@ def test_200_half_open_clients_add_no_thread_and_hold_at_most_one_connection_per
         storm = subprocess.Popen([sys.executable, "-c", HALF_OPEN_CLIENTS, str(server.port), "200"],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
-            assert int(storm.stdout.readline()) > SCRAPE_WORKERS
+            assert int(storm.stdout.readline()) > 0
             most_threads, most_open = threads, 0
             for _ in range(30):  # for a while: the server keeps accepting as idle clients are dropped
                 most_threads, most_open = max(most_threads, me.num_threads()), max(most_open, accepted(server.port))
                 time.sleep(0.1)
+            with urllib.request.urlopen(server.url, timeout=60) as response:  # a scrape gets through the storm
+                assert response.status == 200
         finally:
             storm.communicate("", timeout=30)
         assert most_threads == threads
-        assert 0 < most_open <= SCRAPE_WORKERS
+        assert 0 < most_open <= MAX_CONNECTIONS
         with urllib.request.urlopen(server.url, timeout=60) as response:  # the storm gone, scrapes served again
             assert response.status == 200

@@ -202,6 +202,7 @@ def test_the_watch_sidecar_serves_metrics_where_the_monitors_scrape():
     parsed, _ = watch_args()
     ports = {p["name"]: p["containerPort"] for p in WATCH_SIDECAR["ports"]}
     assert ports == {"metrics": parsed.metrics_port} and parsed.metrics_port not in TPU_RESERVED_PORTS
+    assert parsed.metrics_address == "0.0.0.0"  # Prometheus scrapes the pod IP; the default is loopback
     labels = WATCHED_POD["metadata"]["labels"]
     for monitor in (DOCS["PodMonitoring"], DOCS["PodMonitor"]):
         assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()

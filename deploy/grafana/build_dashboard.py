@@ -18,6 +18,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's own watchdog package
+from watchdog.fileio import write_atomically  # noqa: E402 - every file is written whole, through one helper
+
 OUTPUT = Path(__file__).resolve().parent / "dashboards" / "hbm-watchdog.json"
 UID = "hbm-watchdog"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -280,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text)
+    write_atomically(OUTPUT, text)
     print(f"wrote {OUTPUT}")
     return 0
 

@@ -23,7 +23,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "prometheus")]
 
 import dashboard_queries  # noqa: E402
-import local_stack  # noqa: E402
+import local_stack  # noqa: E402  (puts the repository on sys.path)
+
+from watchdog.fileio import save_figure  # noqa: E402
 
 OUTPUT = HERE.parent / "img" / "dashboard.png"
 MAIN_PANELS = (
@@ -126,7 +128,7 @@ def draw(prometheus: local_stack.Prometheus, values: dict[str, str], start: floa
             labels.append("HbmLeakDetected alert firing")
         ax.legend(handles, labels, fontsize=8, loc="upper left", framealpha=0.9)
     output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=110)
+    save_figure(fig, output, dpi=110)
     print(f"wrote {output}")
 
 

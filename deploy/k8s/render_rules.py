@@ -17,6 +17,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's own watchdog package
+from watchdog.fileio import write_atomically  # noqa: E402 - every file is written whole, through one helper
+
 HERE = Path(__file__).resolve().parent
 RULES_FILE = HERE.parent / "prometheus" / "rules.yml"
 NAME = "hbm-watchdog"
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 stale.append(path)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            write_atomically(path, text)
             print(f"wrote {path}")
     for path in stale:
         print(f"{path} is out of date with {RULES_FILE}: run python deploy/k8s/render_rules.py", file=sys.stderr)

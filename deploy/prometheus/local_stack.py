@@ -27,6 +27,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's own watchdog package
+from watchdog.fileio import write_atomically  # noqa: E402 - every file is written whole, through one helper
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RULES_FILE = HERE / "rules.yml"
@@ -87,9 +90,9 @@ class Prometheus:
     def start(self, timeout: float = 30.0) -> "Prometheus":
         self.workdir.mkdir(parents=True, exist_ok=True)
         rules_path = self.workdir / "rules.yml"
-        rules_path.write_text(yaml.safe_dump(fast_rules(), sort_keys=False))
+        write_atomically(rules_path, yaml.safe_dump(fast_rules(), sort_keys=False))
         config_path = self.workdir / "prometheus.yml"
-        config_path.write_text(yaml.safe_dump(fast_config(self.targets, rules_path), sort_keys=False))
+        write_atomically(config_path, yaml.safe_dump(fast_config(self.targets, rules_path), sort_keys=False))
         log = open(self.workdir / "prometheus.log", "wb")
         self.process = subprocess.Popen(
             [PROMETHEUS_BIN, f"--config.file={config_path}", f"--storage.tsdb.path={self.workdir / 'data'}",

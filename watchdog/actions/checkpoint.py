@@ -4,8 +4,9 @@ Why atomic: the watchdog checkpoints *because* the process is about to die (an O
 the node is being preempted). A checkpoint torn by that death must never replace the last good
 one. So a save writes a temporary file in the same directory, flushes and fsyncs it, renames it
 over the final name (atomic on POSIX) and fsyncs the directory so the rename itself is durable.
-A reader only ever sees complete files under the `ckpt-XXXXXXXX.pt` name; temporaries start with a
-dot, are never listed, and are removed by the next save.
+A reader only ever sees complete files under the `ckpt-XXXXXXXX.pt` name; temporaries
+(`.ckpt-XXXXXXXX.<random>.tmp`, made by watchdog/fileio.py, so no planted link can stand in for
+one) start with a dot, are never listed, and are removed by the next save.
 
 Why `weights_only=True`: a checkpoint directory is often shared storage; loading must not run
 arbitrary pickled code. Everything saved therefore has to be tensors and plain Python values,
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from watchdog.core.errors import ConfigError, InputError
+from watchdog.fileio import probe_writable, replacing
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
@@ -225,26 +227,19 @@ class CheckpointManager:
         self._remove_stale_temporaries()
         final = self.directory / checkpoint_name(step)
         self.timeline.before_write(final)
-        temp = self.directory / f"{_TEMP_PREFIX}{step:08d}.{os.getpid()}{_TEMP_SUFFIX}"
         cpu_state = tensors_to_cpu(state)
         try:
-            with open(temp, "xb") as handle:
+            # a failed or interrupted save leaves no debris (the helper removes its temporary), and
+            # the older checkpoints intact
+            with replacing(final, prefix=f"{_TEMP_PREFIX}{step:08d}.", suffix=_TEMP_SUFFIX) as handle:
                 torch.save(cpu_state, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, final)
         except (OSError, RuntimeError) as exc:  # torch turns its writer's ENOSPC into a RuntimeError
-            temp.unlink(missing_ok=True)  # a failed save leaves no debris, and the older checkpoints intact
             disk_error = _os_error_in(exc)
             if disk_error is None:
                 raise  # not the disk: a bug, with its traceback
             raise CheckpointSaveError(final, disk_error.strerror or type(disk_error).__name__,
                                       max(payload_bytes(cpu_state), self._newest_size()),
                                       disk_free_bytes(self.directory)) from exc
-        except BaseException:
-            temp.unlink(missing_ok=True)  # an interrupt mid-save: no debris either
-            raise
-        fsync_directory(self.directory)
         self.timeline.written(final, self.list())
         log.info("checkpoint_saved", path=str(final), step=step, bytes=final.stat().st_size)
         return final
@@ -312,9 +307,7 @@ def ensure_writable_directory(directory: Path) -> None:
     """Create the directory and prove it writable now, not at the first save an hour into training."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f"{_TEMP_PREFIX}probe.{os.getpid()}{_TEMP_SUFFIX}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        probe_writable(directory, prefix=f"{_TEMP_PREFIX}probe.", suffix=_TEMP_SUFFIX)
     except OSError as exc:
         raise InputError(f"checkpoint directory {directory} is not writable: "
                          f"{exc.strerror or type(exc).__name__}") from None
@@ -325,17 +318,6 @@ def disk_free_bytes(directory: Path) -> int | None:
         return shutil.disk_usage(directory).free
     except OSError:
         return None
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make the rename durable; some filesystems cannot fsync a directory, which is not an error."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _os_error_in(exc: BaseException) -> OSError | None:

@@ -18,7 +18,9 @@ Why not torch_xla's own `CheckpointManager`: it writes straight into the step di
 tells a complete step from a torn one by a pickled marker file, which it then unpickles; here a
 step is written under a temporary name and renamed into place only once complete (the
 rename is the commit, as for the single-file checkpoints), and nothing on disk is unpickled
-without an allow-list.
+without an allow-list. The temporary name is random (`.tmp-step-00000300.<random>`, made by rank
+0 through watchdog/fileio.py and passed to the other processes), so nobody can plant a link or
+a directory of links under it beforehand.
 
 `weights_only` safety, as for the single-file checkpoints: DCP itself loads tensor data with
 `torch.load(weights_only=True)`; `host.pt` is loaded the same way; DCP's `.metadata` is a plain
@@ -45,10 +47,10 @@ from watchdog.actions.checkpoint import (
     DiskSpace,
     Timeline,
     ensure_writable_directory,
-    fsync_directory,
     one_line,
 )
 from watchdog.core.errors import ConfigError, InputError
+from watchdog.fileio import fsync_directory, replacing, temporary_directory
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
@@ -112,22 +114,15 @@ class ShardedCheckpointManager:
         xm.wait_device_ops()  # the step's sync runs asynchronously; the planner reads the shards' data
         device_tree, host_tree = split_device_tensors(payload)
         final = self.directory / step_dir_name(step)
-        temp = self.directory / f"{_TEMP_PREFIX}{step:08d}"  # the same name on every host
         rank = _rank()
-        if rank == 0:
-            self._remove_stale_temporaries()
-            temp.mkdir()
-        _barrier()
+        temp = _from_rank_0(self._fresh_temporary(step) if rank == 0 else None)  # one directory for every host
         try:
             with _quiet_dcp():
                 dcp.save(device_tree, storage_writer=dcp.FileSystemWriter(temp, sync_files=True),
                          planner=SPMDSavePlanner())
             if rank == 0:
-                with open(temp / HOST_FILE, "xb") as handle:
+                with replacing(temp / HOST_FILE) as handle:
                     torch.save(host_tree, handle)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                fsync_directory(temp)
         except BaseException:
             if rank == 0:
                 shutil.rmtree(temp, ignore_errors=True)  # a failed save leaves no debris
@@ -143,12 +138,19 @@ class ShardedCheckpointManager:
         """The rename is the commit: before it the step does not exist, after it the step is whole."""
         self.timeline.before_write(final)  # another run's step of the same number goes aside, never deleted
         if final.exists():  # this run's own step again (a reinit at the same step): replace it
-            stale = self.directory / f"{_TEMP_PREFIX}{final.name}.replaced"
-            os.replace(final, stale)
+            stale = temporary_directory(self.directory, f"{_TEMP_PREFIX}{final.name}.replaced.")
+            os.replace(final, stale)  # onto the empty directory just made: a name nobody could plant
             shutil.rmtree(stale, ignore_errors=True)
         os.replace(temp, final)
         fsync_directory(self.directory)
         self.timeline.written(final, self.list())
+
+    def _fresh_temporary(self, step: int) -> Path:
+        """Where rank 0 has every process write `step`: a new directory under a random name (a
+        predictable one could be planted beforehand, as a link or a directory of links), named so
+        that `_remove_stale_temporaries` recognises it."""
+        self._remove_stale_temporaries()
+        return temporary_directory(self.directory, f"{_TEMP_PREFIX}{step:08d}.")
 
     def _remove_stale_temporaries(self) -> None:
         """What a writer killed mid-save left behind (SIGKILL, the OOM killer, preemption)."""
@@ -354,6 +356,18 @@ def _barrier() -> None:
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def _from_rank_0(value: Any) -> Any:
+    """Rank 0's `value` on every process (collective; a barrier as well). The peer is this job's own
+    rank 0, over the process group the job already trusts with its gradients."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
 
 
 def _size(directory: Path) -> int:

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from watchdog.fileio import write_atomically
+
 
 def _rank_main(rank: int, world: int, port: int, steps: int, everies: list[int], out_dir: str) -> None:
     import torch.distributed as dist
@@ -65,7 +67,7 @@ def _rank_main(rank: int, world: int, port: int, steps: int, everies: list[int],
         result["decision"] = result["every_step"] - result["empty"]
     finally:
         dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    write_atomically(Path(out_dir, f"rank{rank}.json"), json.dumps(result))
 
 
 def _free_port() -> int:

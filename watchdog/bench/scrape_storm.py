@@ -5,10 +5,12 @@
 One process trains the trainer's model (tiny, plain CPU, one torch thread) with the watchdog
 sampling every step and its endpoint serving. Phases of equal length follow each other in the
 same run: quiet, `--clients` scrapers fetching /metrics back to back, `--clients` half-open
-clients (connect, send nothing, reconnect when dropped), quiet again. The clients run in a
-child process (asyncio), so the figures are what the storm costs the training process: its
-steps/s, and the most threads and file descriptors it had during the phase. It prints figures;
-it asserts nothing.
+clients (connect, send nothing, reconnect when dropped), `--clients` slow-loris clients (a
+header line every second, reconnect when dropped), quiet again. The clients run in a child
+process (asyncio), so the figures are what the storm costs the training process: its steps/s,
+and the most threads and file descriptors it had during the phase. Beside each storm, one
+probe scrapes once a second as Prometheus would (10 s timeout): whether the storm kept a real
+scrape from being answered. It prints figures; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ from dataclasses import dataclass
 
 import psutil
 
-PHASES = (("quiet", None), ("scrapers", "scrape"), ("half-open", "half-open"), ("quiet again", None))
+PHASES = (("quiet", None), ("scrapers", "scrape"), ("half-open", "half-open"), ("slow-loris", "slow-loris"),
+          ("quiet again", None))
 REFUSED_PAUSE_SECONDS = 0.05  # a scraper turned away tries again this much later, as a real one would (later still)
+SLOW_LINE_SECONDS = 1.0  # a slow-loris client sends one header line this often
+PROBE_EVERY_SECONDS = 1.0  # the probe's scrape interval
+PROBE_TIMEOUT_SECONDS = 10.0  # Prometheus's default scrape timeout
 
 
 # ---- the clients (a child process) -----------------------------------------------------------------
@@ -62,10 +68,57 @@ async def _hold_half_open(host: str, port: int, counts: collections.Counter) -> 
             await asyncio.sleep(REFUSED_PAUSE_SECONDS)
 
 
+async def _slow_loris(host: str, port: int, counts: collections.Counter) -> None:
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            counts["connections"] += 1
+            writer.write(f"GET /metrics HTTP/1.1\r\nHost: {host}\r\n".encode())
+            line = 0
+            while not reader.at_eof():
+                await writer.drain()
+                try:  # the server's hang-up ends the wait early
+                    await asyncio.wait_for(reader.read(1), SLOW_LINE_SECONDS)
+                except asyncio.TimeoutError:
+                    pass
+                writer.write(f"X-Slow-{line}: 1\r\n".encode())
+                line += 1
+            counts["dropped by the server"] += 1
+            writer.close()
+        except OSError:
+            counts["refused"] += 1
+            await asyncio.sleep(REFUSED_PAUSE_SECONDS)
+
+
+async def _probe(host: str, port: int, counts: collections.Counter) -> None:
+    """A real scraper beside the storm: answered or not, and its slowest answer."""
+    request = f"GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n".encode()
+    while True:
+        started = time.monotonic()
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), PROBE_TIMEOUT_SECONDS)
+            writer.write(request)
+            answer = await asyncio.wait_for(reader.read(), PROBE_TIMEOUT_SECONDS - (time.monotonic() - started))
+            writer.close()
+        except (OSError, asyncio.TimeoutError):
+            answer = b""
+        took_ms = round((time.monotonic() - started) * 1000)
+        if answer.startswith(b"HTTP/1.0 200"):
+            counts["probe answered"] += 1
+            counts["probe slowest ms"] = max(counts["probe slowest ms"], took_ms)
+        else:
+            counts["probe not answered"] += 1
+        await asyncio.sleep(max(0.0, PROBE_EVERY_SECONDS - (time.monotonic() - started)))
+
+
+CLIENTS = {"scrape": _scrape, "half-open": _hold_half_open, "slow-loris": _slow_loris}
+
+
 async def _clients(host: str, port: int, mode: str, clients: int) -> None:
     counts: collections.Counter = collections.Counter()
-    client = _scrape if mode == "scrape" else _hold_half_open
+    client = CLIENTS[mode]
     tasks = [asyncio.create_task(client(host, port, counts)) for _ in range(clients)]
+    tasks.append(asyncio.create_task(_probe(host, port, counts)))
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # the parent says stop
     for task in tasks:

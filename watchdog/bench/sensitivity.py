@@ -33,6 +33,7 @@ from watchdog.bench.corpus import _job, _limit
 from watchdog.bench.memory_model import GiB, KiB, LinearLeak, render
 from watchdog.core.detector import DetectorConfig
 from watchdog.core.replay import replay
+from watchdog.fileio import save_figure
 
 STEPS = 20_000
 ONSET_FRACTION = 0.1  # the leak starts at 10% of the run and runs to its end
@@ -257,7 +258,7 @@ def render_png(result: Sensitivity, path: str | Path) -> Path:
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    save_figure(fig, out)
     plt.close(fig)
     return out
 

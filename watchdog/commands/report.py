@@ -24,6 +24,7 @@ from watchdog.core.errors import InputError
 from watchdog.core.sample import Sample, load_trace
 from watchdog.core.units import format_bytes, memory_limit_option
 from watchdog.core.verdict import Action, Status, Verdict
+from watchdog.fileio import write_atomically
 
 GiB = float(1 << 30)
 SUFFIXES = (".png", ".html")
@@ -235,12 +236,9 @@ def check_output(output: Path) -> None:
 
 def _write_atomically(output: Path, data: bytes) -> None:
     """All of the new report or, on a failure (disk full), the old one untouched and one line why."""
-    temporary = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     try:
-        temporary.write_bytes(data)
-        os.replace(temporary, output)
+        write_atomically(output, data)
     except OSError as exc:
-        temporary.unlink(missing_ok=True)
         raise InputError(f"{output}: cannot write it: {exc.strerror or exc}") from None
 
 

@@ -17,6 +17,7 @@ import threading
 
 from watchdog.core.errors import InputError
 from watchdog.core.units import memory_limit_option
+from watchdog.runtime.exporter import add_metrics_options, check_metrics_port
 
 TPU_CHIPS = ("V2", "V3", "V4", "V5E", "V5P", "V6E", "V7X")  # tpu_info.device.TpuChip, listed without importing it
 
@@ -64,7 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     act.add_argument("--no-act", action="store_true", help="warn only; never signal")
 
     out = parser.add_argument_group("outputs")
-    out.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (0: any free port)")
+    add_metrics_options(out)
     out.add_argument("--trace-file", help="append every sample to this trace CSV (one per device when several)")
 
 
@@ -89,8 +90,7 @@ def build(args: argparse.Namespace):
                          + (f" (got {', '.join(given)})" if given else ""))
     if not args.wait_seconds >= 0:
         raise InputError(f"--wait-seconds must not be negative, got {args.wait_seconds}")
-    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
-        raise InputError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
+    check_metrics_port(args.metrics_port)
     axis = TimeAxis(interval_seconds=args.interval, checkpoint_seconds=args.checkpoint_seconds,
                     safety_seconds=args.safety_seconds, warmup_seconds=args.warmup_seconds,
                     grace_seconds=args.grace_seconds)
@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     server = None
     try:
         if args.metrics_port is not None:
-            server = serve_registry(build_watch_registry(daemon.state, daemon.telemetry), args.metrics_port)
+            server = serve_registry(build_watch_registry(daemon.state, daemon.telemetry), args.metrics_port,
+                                    addr=args.metrics_address)
             print(f"metrics: {server.url}", flush=True)
         log.info("watch_started", target=finder.description, interval_seconds=config.axis.interval_seconds,
                  checkpoint_margin_seconds=config.axis.margin_seconds, memory_limit_bytes=config.memory_limit_bytes,

@@ -30,6 +30,7 @@ from lightning.pytorch import Callback
 
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED
+from watchdog.fileio import replacing_path
 from watchdog.logs import get_logger
 from watchdog.runtime import xla_stats
 from watchdog.runtime.sidecar import Watchdog
@@ -112,13 +113,15 @@ class HbmWatchdogCallback(Callback):
                   checkpoint=str(self.checkpoint_path), exit_code=self.exit_code)
 
     def _save_atomically(self, trainer) -> None:
+        """Lightning writes the checkpoint (on global rank zero) to a temporary that becomes the real
+        name only once whole (watchdog/fileio.py: a random name no link can be planted under).
+        `save_checkpoint` is collective, so every rank passes rank zero's path."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        temporary = self.checkpoint_path.with_suffix(".ckpt.tmp")
-        trainer.save_checkpoint(temporary)
-        if trainer.is_global_zero:
-            with open(temporary, "rb") as handle:
-                os.fsync(handle.fileno())
-            os.replace(temporary, self.checkpoint_path)  # a torn write never has the real name
+        if not trainer.is_global_zero:
+            trainer.save_checkpoint(trainer.strategy.broadcast(None))
+            return
+        with replacing_path(self.checkpoint_path) as temporary:
+            trainer.save_checkpoint(trainer.strategy.broadcast(str(temporary)))
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._stop()

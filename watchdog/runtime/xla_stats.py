@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from watchdog.core.compile_causes import SourceView
+from watchdog.fileio import link_atomically, write_atomically
 
 LEVEL_ENV = "PT_XLA_DEBUG_LEVEL"
 FILE_ENV = "PT_XLA_DEBUG_FILE"
@@ -130,7 +131,7 @@ class CompileAnalysis:
             return None
         with self._lock:
             if self.owned and self._readers == 0:
-                _replace_with(self.path, lambda tmp: tmp.touch())
+                write_atomically(self.path, b"")  # torch_xla may open the path at any moment
             self._readers += 1
         return AnalysisReader(self)
 
@@ -138,16 +139,7 @@ class CompileAnalysis:
         with self._lock:
             self._readers -= 1
             if self.owned and self._readers == 0:
-                _replace_with(self.path, lambda tmp: tmp.symlink_to(os.devnull))
-
-
-def _replace_with(path: Path, make) -> None:
-    """Atomically put a new file (or link) at `path`: torch_xla may open it at any moment."""
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
-    if temporary.is_symlink() or temporary.exists():
-        temporary.unlink()
-    make(temporary)
-    os.replace(temporary, path)
+                link_atomically(self.path, os.devnull)
 
 
 class AnalysisReader:
@@ -232,7 +224,7 @@ def _prepare() -> CompileAnalysis:
         directory = Path(tempfile.mkdtemp(prefix="hbm-watchdog-xla-"))
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
         path = directory / "compile-analysis.txt"
-        path.symlink_to(os.devnull)  # off until a recompilation is found
+        link_atomically(path, os.devnull)  # off until a recompilation is found
     except OSError as exc:
         return CompileAnalysis(None, owned=False, unavailable=f"no place for torch_xla's compile analysis: {exc}")
     env[LEVEL_ENV] = "1"

@@ -15,7 +15,7 @@ from pathlib import Path
 from watchdog.core.errors import InputError
 from watchdog.core.units import memory_limit_option
 from watchdog.logs import console_wanted
-from watchdog.runtime.exporter import DEFAULT_ADDRESS
+from watchdog.runtime.exporter import add_metrics_options, check_metrics_port
 from watchdog.trainer.leaks import FORMS, parse_leak_spec
 
 DEFAULT_STEPS = 600
@@ -73,10 +73,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     wd.add_argument("--sample-every", type=int, default=5,
                     help="sample memory every N steps (default %(default)s: this trainer's steps are short and its "
                          "runs a few hundred steps; the library's WatchdogConfig default is 10)")
-    wd.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (0: any free port)")
-    wd.add_argument("--metrics-address", default=DEFAULT_ADDRESS, metavar="HOST",
-                    help="interface the metrics endpoint listens on (default %(default)s: this machine only; "
-                         "0.0.0.0 or :: for all, as in a pod)")
+    add_metrics_options(wd)
     wd.add_argument("--trace-file", type=Path, help="append every sample to this trace CSV")
     wd.add_argument("--checkpoint-margin-steps", type=int, default=50,
                     help="steps a checkpoint needs before the OOM (the policy's margin)")
@@ -108,8 +105,7 @@ def build_config(args: argparse.Namespace):
         raise InputError(f"--spmd needs XLA (--device xla or auto), got --device {args.device}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise InputError(f"--lr must be a positive finite number, got {args.lr}")
-    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
-        raise InputError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
+    check_metrics_port(args.metrics_port)
     limit = memory_limit_option(args.memory_limit)
     if args.text_file is not None and not os.access(args.text_file, os.R_OK):
         raise InputError(f"--text-file {args.text_file}: not a readable file")

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from watchdog.core.errors import EXIT_OK, InputError
+from watchdog.fileio import write_atomically
 from watchdog.runtime.exporter import DEFAULT_ADDRESS
 
 
@@ -76,5 +77,5 @@ def _replica(index: int, config, metrics_port: int | None, metrics_address: str,
         trainer.close()
         if server is not None:
             server.close()
-    Path(results, f"rank-{replica.rank:05d}.json").write_text(
-        json.dumps({"rank": replica.rank, "exit_code": result.exit_code, "summary": result.summary()}))
+    write_atomically(Path(results, f"rank-{replica.rank:05d}.json"),
+                     json.dumps({"rank": replica.rank, "exit_code": result.exit_code, "summary": result.summary()}))
