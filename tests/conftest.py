@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,31 @@ def run_cli():
                               env=env or hbm_watchdog_env())
 
     return run
+
+
+HANG_GUARD_SECONDS = 60.0  # a bound for a call that should return at once: a hang guard, not a timing
+
+
+def without_hanging(call, fifo: Path | None = None):
+    """`call()`'s result, or the exception it raised, once it has returned; fails the test if it has
+    not within HANG_GUARD_SECONDS (run in a daemon thread, so a regression cannot hang the suite).
+    `fifo`: a FIFO a stuck call may be waiting on in open(), released on failure so the thread ends."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["result"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_SECONDS)
+    if thread.is_alive():
+        if fifo is not None and fifo.is_fifo():
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"{call} did not return within {HANG_GUARD_SECONDS:g} s")
+    return outcome["error"] if "error" in outcome else outcome["result"]
 
 
 class ProcessInFastTest(AssertionError):

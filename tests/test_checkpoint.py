@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_python
+from conftest import REPO, run_python, without_hanging
 
 from watchdog.actions.checkpoint import (
     CheckpointManager,
@@ -245,3 +245,55 @@ def test_sigkill_in_the_middle_of_a_write_leaves_the_previous_checkpoint_loadabl
     mgr.save({"step": newest + 1}, newest + 1)
     assert not temp.exists()
     assert not list(directory.glob(".ckpt-*"))
+
+
+# --- trust: a checkpoint is what its name says, and lives in its directory --------------------------
+
+def skipped_reasons(caplog):
+    return {Path(r.msg["path"]).name: r.msg["reason"] for r in caplog.records
+            if isinstance(r.msg, dict) and r.msg.get("event") == "checkpoint_skipped"}
+
+
+def test_a_link_to_another_runs_checkpoint_named_as_a_newer_step_is_never_trusted(tmp_path, caplog):
+    other = CheckpointManager(tmp_path / "other")
+    foreign = other.save({"step": 15, "run": "other"}, 15)
+    mine = tmp_path / "mine"
+    first = CheckpointManager(mine, keep_last=3)
+    for step in (10, 20):
+        first.save({"step": step, "run": "mine"}, step)
+    (mine / "ckpt-00000099.pt").symlink_to(foreign)  # the case: it won every resume
+    (mine / "ckpt-00000005.pt").symlink_to(foreign)  # older than the resume point: never pruned as ours
+
+    restarted = CheckpointManager(mine, keep_last=3)
+    with caplog.at_level(logging.WARNING, logger="watchdog.actions.checkpoint"):
+        state = without_hanging(lambda: restarted.open_run(resume=True))
+    assert state == {"step": 20, "run": "mine"}  # this run's real newest
+    assert "a symbolic link, not a regular file" in skipped_reasons(caplog)["ckpt-00000099.pt"]
+    assert (mine / "ckpt-00000099.pt.unreadable").is_symlink()  # set aside, not deleted
+
+    restarted.save({"step": 21, "run": "mine"}, 21)
+    assert sorted(p.name for p in mine.glob("ckpt-*.pt")) == [
+        "ckpt-00000005.pt", "ckpt-00000010.pt", "ckpt-00000020.pt", "ckpt-00000021.pt"]  # nothing of ours pruned
+    assert (mine / "ckpt-00000005.pt").is_symlink()
+    assert torch.load(foreign, weights_only=True) == {"step": 15, "run": "other"}  # the other run's, intact
+    assert CheckpointManager(mine, keep_last=3).open_run(resume=True)["step"] == 21  # and again on the next start
+
+
+def test_a_file_whose_step_inside_disagrees_with_its_name_or_that_is_no_file_is_skipped(tmp_path, caplog):
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    mgr.save({"step": 10}, 10)
+    copied = tmp_path / "ckpt-00000030.pt"
+    torch.save({"step": 15}, copied)  # another checkpoint under a name that is not its own
+    os.mkfifo(tmp_path / "ckpt-00000040.pt")  # its open() would wait for a writer for good
+    (tmp_path / "ckpt-00000050.pt").mkdir()
+
+    restarted = CheckpointManager(tmp_path, keep_last=3)
+    with caplog.at_level(logging.WARNING, logger="watchdog.actions.checkpoint"):
+        assert without_hanging(lambda: restarted.open_run(resume=True)) == {"step": 10}
+    reasons = skipped_reasons(caplog)
+    assert reasons["ckpt-00000030.pt"] == "holds step 15, but its name says step 30: not trusted"
+    assert "a FIFO (named pipe), not a regular file" in reasons["ckpt-00000040.pt"]
+    assert "a directory, not a regular file" in reasons["ckpt-00000050.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # newer than the resume point: set aside, kept
+        "ckpt-00000010.pt", "ckpt-00000030.pt.unreadable", "ckpt-00000040.pt.unreadable",
+        "ckpt-00000050.pt.unreadable"]

@@ -1,5 +1,7 @@
 """The Lightning callback with real Lightning on CPU, a real leak and the real RSS source."""
 
+import os
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -97,3 +99,18 @@ def test_validation_runs_under_the_eval_phase_and_the_counter_keeps_rising_throu
     assert steps == sorted(set(steps))  # global_step stands still in validation; the watchdog's counter does not
     assert {s.phase for s in samples} == {"", "eval/8"}  # as many batches as Lightning planned
     assert callback._phase is None and callback.watchdog._phase == ""  # back to training after each validation
+
+
+def test_a_resume_checkpoint_that_is_a_link_or_no_file_is_not_resumed_from_and_is_kept(tmp_path):
+    callback = HbmWatchdogCallback(checkpoint_dir=tmp_path / "ckpt")
+    callback.checkpoint_dir.mkdir()
+    foreign = tmp_path / "other-run.ckpt"
+    foreign.write_bytes(b"another run's checkpoint")
+    callback.checkpoint_path.symlink_to(foreign)
+    assert callback.resume_path() is None
+    aside = callback.checkpoint_dir / f"{callback.checkpoint_path.name}.unreadable"
+    assert aside.is_symlink() and foreign.read_bytes() == b"another run's checkpoint"  # set aside, nothing deleted
+    os.mkfifo(callback.checkpoint_path)
+    assert callback.resume_path() is None and not callback.checkpoint_path.exists()
+    callback.checkpoint_path.write_bytes(b"this run's")
+    assert callback.resume_path() == str(callback.checkpoint_path)

@@ -9,8 +9,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from watchdog.actions.supervisor import (
@@ -189,10 +191,121 @@ def test_sigterm_during_backoff_stops_without_another_run():
     assert "run 1" not in stdout
 
 
+# --- the job's process group: nothing of it outlives supervise -----------------------------------
+
+def shell_supervisor(script, *options):
+    """`supervise --kill-grace 1 -- sh -c SCRIPT`: a shell child, whose commands are its own children."""
+    return subprocess.Popen([sys.executable, "-m", "watchdog", "--log-format", "json", "supervise", "--backoff", "0",
+                             "--kill-grace", "1", *options, "--", "sh", "-c", script],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def gone(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # dead, its parent not yet told
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_until_gone(pids, seconds=20.0):
+    """The pids still running after a bounded wait (a hang guard: the test fails, it never hangs)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(gone(pid) for pid in pids):
+        time.sleep(0.05)
+    return [pid for pid in pids if not gone(pid)]
+
+
+def kill_all(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_and_supervise_exits():
+    ignores_sigterm = "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    sup = start_supervisor(ignores_sigterm, "--kill-grace", "1")
+    try:
+        assert sup.stdout.readline().strip() == "run 0"
+        assert sup.stdout.readline().strip() == "ready"
+        sup.send_signal(signal.SIGTERM)
+        _, stderr = sup.communicate(timeout=30)
+    finally:
+        sup.kill()
+    assert sup.returncode == 128 + signal.SIGKILL
+    (killed,) = [e for e in log_events(subprocess.CompletedProcess([], 0, "", stderr))
+                 if e["event"] == "child_killed_after_grace"]
+    assert killed["signal"] == "SIGTERM" and killed["grace_seconds"] == 1.0
+
+
+def children_of(pid, seconds=20.0):
+    """The children `pid` has started, once it has some (bounded wait)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        children = psutil.Process(pid).children()
+        if children:
+            return [child.pid for child in children]
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} started no child")
+
+
+@pytest.mark.slow
+def test_sigterm_reaches_a_shell_childs_commands_and_none_is_left():
+    sup = shell_supervisor("echo $$; sleep 60; echo done")  # the issue's case: the shell waits on its command
+    job = []
+    try:
+        shell = int(sup.stdout.readline())
+        job = [shell, *children_of(shell)]
+        sup.send_signal(signal.SIGTERM)
+        stdout, _ = sup.communicate(timeout=30)
+        assert wait_until_gone(job) == []
+    finally:
+        sup.kill()
+        kill_all(job)
+    assert sup.returncode == 128 + signal.SIGTERM and "done" not in stdout
+
+
+@pytest.mark.slow
+def test_what_a_child_leaves_running_is_ended_before_the_restart_and_the_exit():
+    # run 0 leaves a command running (holding the output pipe) and asks for a restart; run 1 does it again and ends
+    sup = shell_supervisor('sleep 60 & echo $!; exit $(( HBMWATCH_RESTART_COUNT == 0 ? 42 : 0 ))')
+    orphans = []
+    try:
+        stdout, stderr = sup.communicate(timeout=60)
+        orphans = [int(line) for line in stdout.split()]
+        assert wait_until_gone(orphans) == []
+    finally:
+        sup.kill()
+        kill_all(orphans)
+    assert sup.returncode == 0 and len(orphans) == 2
+    events = log_events(subprocess.CompletedProcess([], 0, "", stderr))
+    assert [e["signal"] for e in events if e["event"] == "job_leftovers_ended"] == ["SIGTERM", "SIGTERM"]
+
+
+@pytest.mark.slow
+def test_after_sigkill_of_supervise_the_whole_job_is_gone_even_ignoring_sigterm():
+    sup = shell_supervisor('trap "" TERM; sleep 60 & echo $$ $!; wait')  # the shell and its command ignore SIGTERM
+    job = []
+    try:
+        job = [int(pid) for pid in sup.stdout.readline().split()]
+        sup.send_signal(signal.SIGKILL)
+        _, stderr = sup.communicate(timeout=30)  # the guard, holding our stderr, is done too
+        assert wait_until_gone(job) == []
+    finally:
+        sup.kill()
+        kill_all(job)
+    assert len(job) == 2
+    assert "the supervisor is gone; ended its job's process group" in stderr
+
+
 @pytest.mark.parametrize("argv, message", [
     ([], "no command to supervise"),
     (["--"], "no command to supervise"),
     (["--max-restarts", "-1", "--", "true"], "--max-restarts"),
+    (["--kill-grace", "-1", "--", "true"], "--kill-grace"),
+    (["--kill-grace", "nan", "--", "true"], "--kill-grace"),
     (["--", "/nonexistent/hbm-watchdog-child"], "cannot run"),
 ])
 @pytest.mark.slow

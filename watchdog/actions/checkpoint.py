@@ -12,6 +12,13 @@ Why `weights_only=True`: a checkpoint directory is often shared storage; loading
 arbitrary pickled code. Everything saved therefore has to be tensors and plain Python values,
 which is why the RNG helpers below convert python's and numpy's generator states to tensors.
 
+Why a checkpoint's name is not trusted alone: the name is the resume point and the pruning
+order, but anything can sit under it, e.g. a symbolic link to another run's step 15 named
+`ckpt-00000099.pt`, which would win every resume and push this run's real checkpoints out of
+keep-last. So a checkpoint is trusted only when it is a regular file in the directory (not a
+symbolic link, never opened through one: O_NOFOLLOW) and the step inside it agrees with the step
+in its name; any other is skipped like a torn file, and is never one of this run's to prune.
+
 Nothing lost: a run deletes only checkpoints of its own timeline, the ones it wrote and the ones
 it resumed from (keep-last-k). `open_run` settles what is already in the directory before the
 first step: continue it, or refuse to start over another run's checkpoints unless told to
@@ -29,12 +36,14 @@ import os
 import random
 import re
 import shutil
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from watchdog.core.errors import ConfigError, InputError
+from watchdog.core.inputs import NotARegularFile, open_regular
 from watchdog.fileio import probe_writable, replacing
 from watchdog.logs import get_logger
 
@@ -54,6 +63,30 @@ def step_of(path: Path) -> int | None:
     """The step a checkpoint file name encodes, or None if the name is not a checkpoint's."""
     match = _CHECKPOINT_NAME.match(path.name)
     return int(match.group(1)) if match else None
+
+
+def is_regular_file(path: Path) -> bool:
+    """A regular file itself (a symbolic link is not, whatever it points at): a checkpoint file in place."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def disagrees_with_name(state: Any, named_step: int | None) -> str | None:
+    """Why a checkpoint's contents disagree with its name, or None when they agree (or it holds no step).
+
+    The same rule for single files and sharded steps: the step saved inside must be the step in the
+    name, or the file is another checkpoint under a name that is not its own.
+    """
+    inner = state.get("step") if isinstance(state, dict) else None
+    if inner is None or named_step is None:
+        return None
+    try:
+        agrees = int(inner) == named_step
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of more than one value
+        agrees = False
+    return None if agrees else f"holds step {inner!r}, but its name says step {named_step}: not trusted"
 
 
 class CheckpointSaveError(Exception):
@@ -96,20 +129,23 @@ class Timeline:
     naming the directory and the ways out), or, when told to replace them, deleted only after this
     run's first save. An unusable checkpoint newer than the resume point, or one in the way of a
     save, is renamed aside (`*.unreadable`), never deleted. Checkpoints are keyed by step; `paths`
-    are files (`ckpt-*.pt`) or directories (sharded `step-*/`), `remove` deletes one.
+    are files (`ckpt-*.pt`) or directories (sharded `step-*/`), `remove` deletes one. `in_place`
+    says whether an entry is a checkpoint of that layout itself (not a symbolic link): only those
+    can be this run's, so a link or a skipped (untrusted, unusable) entry is never pruned.
     """
 
     def __init__(self, directory: Path, keep_last: int, step_of: Callable[[Path], int | None],
-                 remove: Callable[[Path], None]):
+                 remove: Callable[[Path], None], in_place: Callable[[Path], bool]):
         self.directory, self.keep_last = directory, keep_last
-        self._step_of, self._remove = step_of, remove
+        self._step_of, self._remove, self._in_place = step_of, remove, in_place
         self._own: set[str] = set()  # names on this run's timeline: written by it, or resumed from
         self._to_replace: list[Path] = []  # another run's, deleted after this run's first save
 
     def resumed(self, existing: list[Path], loaded: Path, skipped: list[Path], writer: bool = True) -> None:
         """This run continues from `loaded`: the timeline up to it is ours; newer unusable ones go aside."""
         step = self._step_of(loaded)
-        self._own.update(p.name for p in existing if self._step_of(p) <= step)
+        self._own.update(p.name for p in existing
+                         if self._step_of(p) <= step and p not in skipped and self._in_place(p))
         if writer:
             for path in skipped:
                 if self._step_of(path) > step:
@@ -143,7 +179,7 @@ class Timeline:
                 self._remove(path)
                 log.warning("checkpoint_replaced", path=str(path), note="--overwrite-checkpoints")
         self._to_replace = []
-        own = [path for path in listing if path.name in self._own]
+        own = [path for path in listing if path.name in self._own and self._in_place(path)]
         for path in own[:-self.keep_last]:
             self._remove(path)
             self._own.discard(path.name)
@@ -179,7 +215,8 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.format = format
         self.required_keys = required_keys
-        self.timeline = Timeline(self.directory, keep_last, step_of, lambda path: path.unlink(missing_ok=True))
+        self.timeline = Timeline(self.directory, keep_last, step_of, lambda path: path.unlink(missing_ok=True),
+                                 is_regular_file)
         self._skipped: list[Path] = []  # files the last load_latest could not use
         self._loaded: Path | None = None  # the file the last load_latest returned
         ensure_writable_directory(self.directory)
@@ -245,23 +282,25 @@ class CheckpointManager:
         return final
 
     def load_latest(self, map_location: Any = "cpu") -> dict | None:
-        """The newest checkpoint that loads and is usable, or None when there is none.
+        """The newest checkpoint that loads, is usable and is trusted, or None when there is none.
 
-        A torn, corrupt, unsafe (needs arbitrary unpickling) or unusable (no model, another format)
-        file is skipped with a warning naming the file and the reason, and the one before it is tried.
+        A torn, corrupt, unsafe (needs arbitrary unpickling), unusable (no model, another format)
+        or untrusted (a symbolic link or no regular file; a step inside other than its name's) file
+        is skipped with a warning naming the file and the reason, and the one before it is tried.
         """
         import torch
 
         self._skipped = []
         for path in reversed(self.list()):
             try:
-                with warnings.catch_warnings():  # torch's pickle-protocol advice is noise for a file we refuse
-                    warnings.simplefilter("ignore")
-                    state = torch.load(path, map_location=map_location, weights_only=True)
+                # never through a link, never an open that waits (a FIFO): see the module's docstring
+                with open_regular(path, "rb", follow_symlinks=False) as handle, warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # torch's pickle-protocol advice is noise for a file we refuse
+                    state = torch.load(handle, map_location=map_location, weights_only=True)
             except Exception as exc:  # any failure to read means "not usable", never "crash the resume"
                 self._skip(path, _load_failure(exc))
                 continue
-            problem = self._unusable(state)
+            problem = self._unusable(state) or disagrees_with_name(state, step_of(path))
             if problem is not None:
                 self._skip(path, problem)
                 continue
@@ -334,6 +373,8 @@ def _os_error_in(exc: BaseException) -> OSError | None:
 def _load_failure(exc: BaseException) -> str:
     """Why a file did not load, in one line. torch's advice to retry with weights_only=False is
     left out: it is wrong for a torn or garbage file and unsafe for a malicious one."""
+    if isinstance(exc, NotARegularFile):
+        return f"{exc.kind}, not a regular file in the directory: not trusted"
     text = str(exc)
     if "Weights only load failed" in text:
         detail = text.partition("WeightsUnpickler error:")[2].strip().splitlines()

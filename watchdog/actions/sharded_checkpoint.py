@@ -27,6 +27,11 @@ a directory of links under it beforehand.
 pickle, so it is read through an unpickler that admits only DCP's own metadata records; and
 nothing is ever stored as a pickled DCP "bytes" item (only tensors go to DCP).
 
+Trust, as for the single-file checkpoints: a step is read only when it is a directory in the
+checkpoint directory (not a symbolic link), every file in it is a regular file (DCP opens its
+shards itself, and a FIFO there would hang it), `.metadata` names no file outside the step, and
+the step in `host.pt` is the step in the directory's name; any other is skipped like a torn one.
+
 Every process calls `save` and `load_latest` at the same step: both are collective when
 torch.distributed is initialised (a multi-host slice). In one process they need no process group.
 """
@@ -39,6 +44,7 @@ import os
 import pickle
 import re
 import shutil
+import stat
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -46,10 +52,12 @@ from typing import Any, Callable
 from watchdog.actions.checkpoint import (
     DiskSpace,
     Timeline,
+    disagrees_with_name,
     ensure_writable_directory,
     one_line,
 )
 from watchdog.core.errors import ConfigError, InputError
+from watchdog.core.inputs import NotARegularFile, kind_of, open_regular
 from watchdog.fileio import fsync_directory, replacing, temporary_directory
 from watchdog.logs import get_logger
 
@@ -70,6 +78,27 @@ def step_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def is_real_directory(path: Path) -> bool:
+    """A directory itself (a symbolic link to one is not): a step in place."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+class UntrustedStep(Exception):
+    """A step directory that is not what its place and name say; the message is the reason."""
+
+
+def check_step_files(directory: str | os.PathLike) -> None:
+    """NotARegularFile unless every entry of a step directory is a regular file (DCP opens them blindly)."""
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            kind = kind_of(entry.stat(follow_symlinks=False).st_mode)
+            if kind is not None:
+                raise NotARegularFile(entry.path, kind)
+
+
 class ShardedCheckpointManager:
     """`step-{step:08d}/` DCP checkpoints in `directory`: atomic commit, keep-last-k, newest good one."""
 
@@ -78,7 +107,8 @@ class ShardedCheckpointManager:
             raise ConfigError("keep_last", f"must be at least 1, got {keep_last}")
         self.directory = Path(directory)
         self.keep_last = keep_last
-        self.timeline = Timeline(self.directory, keep_last, step_of, lambda path: shutil.rmtree(path, ignore_errors=True))
+        self.timeline = Timeline(self.directory, keep_last, step_of,
+                                 lambda path: shutil.rmtree(path, ignore_errors=True), is_real_directory)
         self._skipped: list[Path] = []  # steps the last load_latest could not use
         self._loaded: Path | None = None
         if _rank() == 0:
@@ -188,7 +218,8 @@ class ShardedCheckpointManager:
         already sharded (and whose optimizer state exists): its device tensors receive the shards.
         The result is the saved host values with those tensors in their places. `check(host)` may
         refuse a checkpoint with an InputError (a different model), which is raised, not skipped.
-        A torn, corrupt or unsafe step is skipped with a warning naming it, for the one before.
+        A torn, corrupt, unsafe or untrusted (see the module's docstring) step is skipped with a
+        warning naming it, for the one before.
         """
         import torch
         import torch.distributed.checkpoint as dcp
@@ -199,14 +230,16 @@ class ShardedCheckpointManager:
         self._skipped = []
         for path in reversed(self.list()):
             try:
-                host = torch.load(path / HOST_FILE, map_location="cpu", weights_only=True)
-                if not isinstance(host, dict):
-                    raise TypeError(f"{HOST_FILE} holds a {type(host).__name__}, not a dict")
+                host = trusted_host_values(path)
                 if check is not None:
                     check(host)
                 load_metadata(path)  # read it first: DCP turns a refused or missing one into a bare assert
                 with _quiet_dcp():
                     dcp.load(device_tree, storage_reader=allow_list_reader(path), planner=SPMDLoadPlanner())
+            except NotARegularFile as exc:  # an InputError, but a step's content: skipped, never fatal
+                log.warning("checkpoint_skipped", path=str(path), reason=f"{exc}: not trusted")
+                self._skipped.append(path)
+                continue
             except InputError:
                 raise
             # Any failure to read means "not usable", never "crash the resume". DCP reports its
@@ -219,6 +252,23 @@ class ShardedCheckpointManager:
             self._loaded = path
             return merge_trees(host, device_tree)
         return None
+
+
+def trusted_host_values(path: Path) -> dict:
+    """A step's host values, read only once the step is trusted as far as can be told before DCP reads it."""
+    import torch
+
+    if not is_real_directory(path):
+        raise UntrustedStep(f"not a directory in {path.parent} (a symbolic link?): not trusted")
+    check_step_files(path)
+    with open_regular(path / HOST_FILE, "rb", follow_symlinks=False) as handle:
+        host = torch.load(handle, map_location="cpu", weights_only=True)
+    if not isinstance(host, dict):
+        raise TypeError(f"{HOST_FILE} holds a {type(host).__name__}, not a dict")
+    problem = disagrees_with_name(host, step_of(path))
+    if problem is not None:
+        raise UntrustedStep(f"{HOST_FILE} {problem}")
+    return host
 
 
 def _first_cause(exc: BaseException) -> BaseException:
@@ -301,9 +351,16 @@ class _AllowListUnpickler(pickle.Unpickler):
 
 
 def load_metadata(directory: str | os.PathLike) -> Any:
-    """DCP's `.metadata` of a checkpoint directory, through the allow-list."""
-    with open(Path(directory) / METADATA_FILE, "rb") as handle:
-        return _AllowListUnpickler(handle).load()
+    """DCP's `.metadata` of a checkpoint directory, through the allow-list; it may name only files
+    of that directory (DCP opens the shards it names, joined to the directory: an absolute or `..`
+    name would read anything)."""
+    with open_regular(Path(directory) / METADATA_FILE, "rb", follow_symlinks=False) as handle:
+        metadata = _AllowListUnpickler(handle).load()
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        name = str(getattr(info, "relative_path", ""))
+        if not name or os.path.basename(name) != name or name in (".", ".."):
+            raise pickle.UnpicklingError(f"checkpoint metadata names {name!r}, not a file of its directory")
+    return metadata
 
 
 @functools.cache
@@ -384,6 +441,7 @@ def read_tensors(directory: str | os.PathLike) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    check_step_files(directory)
     metadata = load_metadata(directory)
     tensors = {name: torch.empty(entry.size, dtype=entry.properties.dtype)
                for name, entry in metadata.state_dict_metadata.items() if isinstance(entry, TensorStorageMetadata)}

@@ -11,14 +11,23 @@ Exit status of the supervisor:
 - the child's own status when it fails for any other reason (128+N for death by signal N);
 - 1 when a restart was due but the budget (`--max-restarts`) was spent: not 42, so an outer
   restarter (JobSet, torchelastic) does not loop on a job that keeps running out of memory;
-- SIGINT/SIGTERM to the supervisor are forwarded to the child and end supervision: the exit
-  status is then the child's (42 when it saved on SIGTERM, which tells a cluster to reschedule).
+- SIGINT/SIGTERM to the supervisor are forwarded to the child's whole process group and end
+  supervision; what is still running `--kill-grace` seconds later gets SIGKILL. The exit status
+  is then the child's (42 when it saved on SIGTERM, which tells a cluster to reschedule; 137
+  when it had to be killed).
 
 The child sees `HBMWATCH_RESTART_COUNT` = restarts so far (0 for the first run).
 
-The child's life is tied to the supervisor's: on Linux it is started with PR_SET_PDEATHSIG, so
-if the supervisor dies, even by SIGKILL, the kernel sends the child SIGTERM (the trainer saves a
-checkpoint and exits) instead of leaving it running unsupervised under PID 1.
+The supervisor owns the job's process group (`job_group.py`): the child starts in a session of
+its own, so a shell child's commands, a trainer's workers, anything the job starts, are signalled
+with it; once the child has exited, what is left of its group is ended (SIGTERM, SIGKILL after the
+grace) before a restart or the supervisor's exit. Nothing of the job outlives the supervisor:
+- it stops: as above, the group is ended before it exits;
+- it is killed, even by SIGKILL: the guard process (`job_group.py`) sends the group SIGTERM (the
+  trainer saves a checkpoint and exits) and SIGKILL after the grace; and on Linux the kernel sends
+  the direct child SIGTERM at once (PR_SET_PDEATHSIG), or SIGKILL when no guard could be started.
+Out of reach: a process that left the group (setsid), and, if the guard is killed together with
+the supervisor, everything but the direct child's parent-death signal.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Sequence
 
+from watchdog.actions.job_group import Guard, end_group, signal_group, start_guard
 from watchdog.core.errors import EXIT_RESTART_REQUESTED, InputError
 from watchdog.logs import get_logger
 
@@ -44,6 +54,9 @@ EXIT_BUDGET_EXHAUSTED = 1
 OOM_MARKERS = (b"RESOURCE_EXHAUSTED", b"CUDA out of memory", b"OutOfMemoryError")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+DEFAULT_KILL_GRACE = 30.0  # seconds between a forwarded stop and SIGKILL: time for a checkpoint
+_WAIT_POLL_SECONDS = 0.5  # how often a wait looks at the grace (a handler cannot wake os.waitpid)
+_DRAIN_SECONDS = 5.0  # output still open once the group is gone: held by a process that left it
 
 
 # --- pure decisions -------------------------------------------------------------------------------
@@ -120,11 +133,13 @@ class OomScanner:
 # --- processes and signals ------------------------------------------------------------------------
 
 class _StopRequest:
-    """While active, SIGINT/SIGTERM are forwarded to the current child and mark supervision as ending."""
+    """While active, SIGINT/SIGTERM are forwarded to the current job's process group and mark
+    supervision as ending; `since` is when the first one came (the grace runs from then)."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
-        self.child: subprocess.Popen | None = None
+        self.since: float | None = None
+        self.group: int | None = None  # the running job's process group
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "_StopRequest":
@@ -137,10 +152,12 @@ class _StopRequest:
             signal.signal(signum, handler)
 
     def _handle(self, signum, _frame) -> None:
-        self.signal = signum  # handlers only set a flag and signal the child: no locks taken here
-        child = self.child
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
+        self.signal = signum  # handlers only set flags and signal the group: no locks taken here
+        if self.since is None:
+            self.since = time.monotonic()
+        group = self.group
+        if group is not None:
+            signal_group(group, signum)
 
     def sleep(self, seconds: float) -> bool:
         """Back off; True if a stop signal arrived meanwhile."""
@@ -150,11 +167,15 @@ class _StopRequest:
         return self.signal is not None
 
 
-def _die_with_supervisor() -> Callable[[], None] | None:
-    """A preexec function that asks the kernel for SIGTERM when the supervisor dies (Linux; None elsewhere).
+def _die_with_supervisor(signum: int) -> Callable[[], None] | None:
+    """A preexec function that asks the kernel for `signum` when the supervisor dies (Linux; None elsewhere).
 
+    SIGTERM while a guard will escalate (the trainer saves first), SIGKILL when none could be
+    started (nothing else would end a child that ignores SIGTERM). Only the direct child gets it:
+    the kernel does not pass it on to the child's own children (the guard ends those).
     Runs in the forked child before exec, while the supervisor has no other thread (the output
-    pumps of the previous child are joined), so it is safe there. A supervisor that died between
+    pumps of the previous child are done, unless a process that left its group still writes to
+    them; the function takes no lock they could hold), so it is safe there. A supervisor that died between
     fork and prctl would never send the signal: the child checks its parent and stops itself.
     """
     if not sys.platform.startswith("linux"):
@@ -166,9 +187,9 @@ def _die_with_supervisor() -> Callable[[], None] | None:
     supervisor = os.getpid()
 
     def in_child() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
         if os.getppid() != supervisor:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
 
     return in_child
 
@@ -188,44 +209,77 @@ def _pump(source: BinaryIO, sink: BinaryIO | None, scanner: OomScanner) -> None:
 
 
 def _run_child(command: list[str], restarts: int, stop: _StopRequest, stdout: BinaryIO,
-               stderr: BinaryIO) -> ChildOutcome:
+               stderr: BinaryIO, kill_grace: float, guard: Guard | None) -> ChildOutcome:
     env = {**os.environ, RESTART_COUNT_ENV: str(restarts)}
+    death_signal = signal.SIGTERM if guard is not None and guard.alive else signal.SIGKILL
     try:
-        # Its own session: a terminal's Ctrl-C reaches only us, and we forward it exactly once.
+        # Its own session and process group: a terminal's Ctrl-C reaches only us, and we forward it
+        # exactly once, to the whole job.
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True, preexec_fn=_die_with_supervisor())
+                                 start_new_session=True, preexec_fn=_die_with_supervisor(death_signal))
     except OSError as exc:
         raise InputError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
-    stop.child = child
+    group = child.pid  # the leader of its own session and group
+    if guard is not None and not guard.hold(group):
+        log.warning("supervisor_guard_gone",
+                    note="a SIGKILL to the supervisor now leaves the job's other processes running")
+    stop.group = group
     if stop.signal is not None:  # a stop that landed between Popen and now
-        child.send_signal(stop.signal)
+        signal_group(group, stop.signal)
     scanners = (OomScanner(), OomScanner())
     pumps = [threading.Thread(target=_pump, args=(pipe, sink, scanner), daemon=True)
              for pipe, sink, scanner in zip((child.stdout, child.stderr), (stdout, stderr), scanners)]
     for pump in pumps:
         pump.start()
     log.info("child_started", pid=child.pid, restarts_so_far=restarts, command=command)
-    returncode = child.wait()
+    returncode = _wait(child, stop, kill_grace)
+    # what the child leaves behind (a shell's command, a worker) goes now, not with the next run
+    leftover = end_group(group, kill_grace, signalled_at=stop.since)
+    if leftover is not None:
+        log.warning("job_leftovers_ended", pgid=group, signal=leftover.name, grace_seconds=kill_grace)
+    stop.group = None
+    if guard is not None:
+        guard.release(group)
     for pump in pumps:
-        pump.join()
-    stop.child = None
+        pump.join(timeout=_DRAIN_SECONDS)  # bounded: a process that left the group may hold the pipe
+        if pump.is_alive():
+            log.warning("child_output_still_open", pid=child.pid,
+                        note="a process outside the job's group holds its output; not waiting for it")
     marker = next((s.found for s in scanners if s.found), None)
     if marker:
         log.warning("child_out_of_memory_seen", pid=child.pid, marker=marker.decode())
     return ChildOutcome(returncode, saw_oom=marker is not None)
 
 
-def check_options(max_restarts: int, backoff: float, max_backoff: float) -> None:
+def _wait(child: subprocess.Popen, stop: _StopRequest, kill_grace: float) -> int:
+    """The child's exit status; once a stop signal went to its group, SIGKILL to the group when the
+    grace is over (a child that ignores SIGTERM must not keep the supervisor up for good)."""
+    killed = False
+    while True:
+        try:
+            return child.wait(timeout=_WAIT_POLL_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        if stop.since is not None and not killed and time.monotonic() >= stop.since + kill_grace:
+            log.warning("child_killed_after_grace", pid=child.pid, grace_seconds=kill_grace,
+                        signal=signal.Signals(stop.signal).name)
+            signal_group(child.pid, signal.SIGKILL)
+            killed = True
+
+
+def check_options(max_restarts: int, backoff: float, max_backoff: float, kill_grace: float = DEFAULT_KILL_GRACE
+                  ) -> None:
     """InputError unless the budget is a count and the waits are finite seconds (a NaN wait is no wait)."""
     if max_restarts < 0:
         raise InputError(f"--max-restarts must be >= 0, got {max_restarts}")
-    for flag, seconds in (("--backoff", backoff), ("--max-backoff", max_backoff)):
+    for flag, seconds in (("--backoff", backoff), ("--max-backoff", max_backoff), ("--kill-grace", kill_grace)):
         if not (math.isfinite(seconds) and seconds >= 0):
             raise InputError(f"{flag} must be a finite number of seconds >= 0, got {seconds}")
 
 
 def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float = 1.0,
-              max_backoff: float = 60.0, stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> int:
+              max_backoff: float = 60.0, kill_grace: float = DEFAULT_KILL_GRACE,
+              stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> int:
     """Run `command` until it finishes, restarting it as `decide` says; returns the supervisor's exit status.
 
     Must run on the main thread (it installs SIGINT/SIGTERM handlers for the duration).
@@ -233,13 +287,32 @@ def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float =
     command = list(command)
     if not command:
         raise InputError("no command to supervise: hbm-watchdog supervise [options] -- CMD ...")
-    check_options(max_restarts, backoff, max_backoff)
+    check_options(max_restarts, backoff, max_backoff, kill_grace)
     stdout = stdout or sys.stdout.buffer
     stderr = stderr or sys.stderr.buffer
+    guard = _start_guard(kill_grace)
+    try:
+        return _supervise(command, max_restarts, backoff, max_backoff, kill_grace, stdout, stderr, guard)
+    finally:
+        if guard is not None:
+            guard.close()
+
+
+def _start_guard(kill_grace: float) -> Guard | None:
+    try:
+        return start_guard(kill_grace)
+    except OSError as exc:
+        log.warning("supervisor_guard_not_started", error=str(exc),
+                    note="a SIGKILL to the supervisor would leave the job's other processes running")
+        return None
+
+
+def _supervise(command: list[str], max_restarts: int, backoff: float, max_backoff: float, kill_grace: float,
+               stdout: BinaryIO, stderr: BinaryIO, guard: Guard | None) -> int:
     restarts = 0
     with _StopRequest() as stop:
         while True:
-            outcome = _run_child(command, restarts, stop, stdout, stderr)
+            outcome = _run_child(command, restarts, stop, stdout, stderr, kill_grace, guard)
             decision = decide(outcome, restarts, max_restarts, stopping=stop.signal is not None)
             if not decision.restart:
                 _log_end(decision, outcome, restarts, max_restarts)

@@ -30,6 +30,7 @@ import numpy as np
 from watchdog.bench.corpus import LabelledTrace
 from watchdog.bench.memory_model import START_TIMESTAMP, GiB
 from watchdog.core.errors import InputError
+from watchdog.core.inputs import open_regular
 from watchdog.core.sample import Sample
 
 DATA_FILE = "alibaba_mem_util.csv.gz"
@@ -59,8 +60,12 @@ def resolve_data_path(path: str | os.PathLike[str] | None = None) -> Path:
     resolved = Path(path) if path else default_data_path()
     if resolved.is_dir():
         resolved = resolved / DATA_FILE
-    if not resolved.is_file():
-        raise InputError(f"real traces not found at {resolved}: pass --data PATH or set {DATA_ENV}")
+    try:  # opened once now, so a FIFO or a device fails before minutes of other work, never hangs
+        open_regular(resolved, "rb", what="real traces ").close()
+    except FileNotFoundError:
+        raise InputError(f"real traces not found at {resolved}: pass --data PATH or set {DATA_ENV}") from None
+    except OSError as exc:
+        raise InputError(f"{resolved}: cannot read the real traces: {exc.strerror or exc}") from None
     return resolved
 
 
@@ -68,7 +73,8 @@ def resolve_data_path(path: str | os.PathLike[str] | None = None) -> Path:
 def _load_machines(path: str, mtime: float) -> dict[int, np.ndarray]:
     """machine number -> array of (seconds, percent) rows, in file order. Parsed once per process."""
     try:
-        raw = gzip.open(path).read()
+        with open_regular(path, "rb", what="real traces ") as handle:
+            raw = gzip.GzipFile(fileobj=handle).read()
     except (OSError, EOFError) as exc:
         raise InputError(f"{path}: cannot read the real traces: {exc}") from None
     newline = raw.find(b"\n")

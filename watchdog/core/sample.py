@@ -9,8 +9,9 @@ a resumed run continues the same file, in the columns that file has.
 A writer killed mid-row (SIGKILL, the OOM killer, a full disk) leaves a last line without its
 newline. Readers skip that torn line with a warning (a row cut inside its last field can still
 have five fields, so only the missing newline tells), and a writer cuts it off before appending,
-so the next row never glues onto it. Lines are read with a bound, so `/dev/zero` or a file with
-no newline is a one-line error, not a MemoryError.
+so the next row never glues onto it. Lines are read with a bound, so a file with no newline is a
+one-line error, not a MemoryError; and a trace path that names no regular file (a FIFO, a
+directory, `/dev/zero`) is refused before anything waits on it (`watchdog.core.inputs`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from watchdog.core.errors import InputError, TraceFormatError
+from watchdog.core.inputs import NotARegularFile, open_regular
 
 TRACE_HEADER = ("step", "timestamp", "bytes_used", "bytes_limit", "peak_bytes_used")
 TRACE_HEADER_WITH_PHASE = TRACE_HEADER + ("phase",)
@@ -156,7 +158,7 @@ def read_trace(path: str | os.PathLike[str]) -> Iterator[Sample]:
     """Stream the samples of a trace file, one at a time (1M-sample traces stay cheap)."""
     name = str(path)
     try:
-        handle = open(path, newline="", encoding="utf-8")
+        handle = open_regular(path, "r", newline="", encoding="utf-8")
     except OSError as exc:
         raise TraceFormatError(name, 0, f"cannot read: {exc.strerror or exc}") from None
     with handle:
@@ -166,7 +168,7 @@ def read_trace(path: str | os.PathLike[str]) -> Iterator[Sample]:
             raise TraceFormatError(name, 1, "not a text CSV file") from None
         except csv.Error as exc:
             raise TraceFormatError(name, 0, f"malformed CSV: {exc}") from None
-        except OSError as exc:  # a directory, a device that fails mid-read
+        except OSError as exc:  # a disk that fails mid-read
             raise TraceFormatError(name, 0, f"cannot read: {exc.strerror or exc}") from None
 
 
@@ -179,7 +181,8 @@ class TraceWriter:
 
     Used from the sidecar thread only, never from the training step. `write` and `flush` raise
     the disk's OSError (the sidecar decides what a failure means); a path that cannot be appended
-    to at all (a directory, a read-only file system, no permission) is an InputError.
+    to at all (a directory, a FIFO, a device, a read-only file system, no permission) is an
+    InputError, and no open of it waits (a FIFO's would, for a reader).
     """
 
     def __init__(self, path: str | os.PathLike[str], flush_every: int = 64):
@@ -190,7 +193,9 @@ class TraceWriter:
             self._with_phase = self._check_existing_header()
             self._drop_torn_tail()
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle: IO[str] = open(self.path, "a", newline="", encoding="utf-8")
+            self._handle: IO[str] = open_regular(self.path, "a", newline="", encoding="utf-8")
+        except NotARegularFile as exc:
+            raise InputError(f"trace file {self.path}: cannot append to it: {exc.kind}, not a regular file") from None
         except OSError as exc:
             if exc.errno in _NOT_APPENDABLE:
                 raise InputError(f"trace file {self.path}: cannot append to it: {exc.strerror or exc}") from None
@@ -202,10 +207,13 @@ class TraceWriter:
 
     def _check_existing_header(self) -> bool:
         """Whether rows carry the phase column: a new file does; an old trace keeps its five."""
-        if not self.path.exists() or self.path.stat().st_size == 0:
+        if not self.path.exists():
             return True
-        with open(self.path, newline="", encoding="utf-8", errors="replace") as handle:
-            first = tuple(handle.readline(MAX_LINE_CHARS).strip().split(","))
+        with open_regular(self.path, "r", newline="", encoding="utf-8", errors="replace") as handle:
+            line = handle.readline(MAX_LINE_CHARS)
+        if not line:  # an empty file: a new trace
+            return True
+        first = tuple(line.strip().split(","))
         if first not in (TRACE_HEADER, TRACE_HEADER_WITH_PHASE):
             raise TraceFormatError(str(self.path), 1, "exists but is not a trace CSV; refusing to append")
         return first == TRACE_HEADER_WITH_PHASE
@@ -216,9 +224,9 @@ class TraceWriter:
         The fragment is a row that was never complete (its last field may be cut short and still
         parse), so it carries nothing to keep; it is logged, not silently dropped.
         """
-        if not self.path.is_file():
+        if not self.path.exists():
             return
-        with open(self.path, "rb+") as handle:
+        with open_regular(self.path, "rb+") as handle:
             end = handle.seek(0, os.SEEK_END)
             if end == 0:
                 return

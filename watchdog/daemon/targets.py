@@ -24,12 +24,14 @@ from typing import Protocol
 import psutil
 
 from watchdog.core.errors import InputError
+from watchdog.core.inputs import open_regular
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
 
 _CMDLINE_LOGGED = 200  # characters of a command line worth a log field
 _PIDFILE_SLACK_SECONDS = 1.0  # a pidfile is written after its process starts; clocks are coarse
+_PIDFILE_MAX_CHARS = 64  # a PID and its newline; a huge file is not a pidfile, and is not read whole
 
 
 class WatchedProcess:
@@ -229,9 +231,10 @@ class PidfileFinder:
         self._why = f"{self.path} does not exist yet"
 
     def find(self) -> psutil.Process | None:
-        try:
-            text = self.path.read_text().strip()
-            written = self.path.stat().st_mtime
+        try:  # a FIFO, a directory or a device here is a mistake (exit 2), never a wait on open()
+            with open_regular(self.path, "r", what="--pidfile ", errors="replace") as handle:
+                text = handle.read(_PIDFILE_MAX_CHARS).strip()
+                written = os.fstat(handle.fileno()).st_mtime
         except FileNotFoundError:
             self._why = f"{self.path} does not exist"
             return None

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
+from watchdog.actions.checkpoint import is_regular_file, set_aside
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED
 from watchdog.fileio import replacing_path
@@ -59,8 +60,19 @@ class HbmWatchdogCallback(Callback):
         return self.checkpoint_dir / CHECKPOINT_NAME
 
     def resume_path(self) -> str | None:
-        """The checkpoint a restarted job should resume from, if one was saved."""
-        return str(self.checkpoint_path) if self.checkpoint_path.is_file() else None
+        """The checkpoint a restarted job should resume from, if one was saved.
+
+        Only a regular file in `checkpoint_dir` is trusted, as for the trainer's checkpoints: a
+        symbolic link (another run's checkpoint under this name) or a FIFO is not resumed from; it
+        is renamed aside (never deleted) so this run's next save does not land on it, and logged.
+        """
+        path = self.checkpoint_path
+        if is_regular_file(path):
+            return str(path)
+        if path.is_symlink() or path.exists():
+            log.warning("checkpoint_skipped", path=str(path), reason="not a regular file in the directory: not trusted")
+            set_aside(path, "not trusted: not a regular file in the checkpoint directory")
+        return None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # Before the strategy runs any graph (Lightning's first one checks the dataloader's length):

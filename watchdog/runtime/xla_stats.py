@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from watchdog.core.compile_causes import SourceView
+from watchdog.core.inputs import NotARegularFile, kind_of, open_regular
 from watchdog.fileio import link_atomically, write_atomically
 
 LEVEL_ENV = "PT_XLA_DEBUG_LEVEL"
@@ -153,15 +154,18 @@ class AnalysisReader:
         self._closed = False
         if analysis.owned:
             self._handle = open(self._path, "rb")  # kept open: the file leaves the path when the capture ends
-        elif self._path.exists():  # the user's own file: read from its current end on
-            self._handle = open(self._path, "rb")
-            self._handle.seek(0, os.SEEK_END)
+        else:  # the user's own file: read from its current end on
+            self._handle = _open_users_file(self._path)
+            if self._handle is not None:
+                self._handle.seek(0, os.SEEK_END)
 
     def read(self) -> str:
         if self._handle is None:
-            if self._closed or not self._path.exists():
+            if self._closed:
                 return ""
-            self._handle = open(self._path, "rb")  # the user's file, created by torch_xla meanwhile
+            self._handle = _open_users_file(self._path)  # created by torch_xla meanwhile, or still not there
+            if self._handle is None:
+                return ""
         data = self._handle.read(max(self._budget, 0))
         self._budget -= len(data)
         return data.decode("utf-8", errors="replace")
@@ -177,6 +181,15 @@ class AnalysisReader:
             self._handle.close()
             self._handle = None
         return text
+
+
+def _open_users_file(path: Path):
+    """The user's PT_XLA_DEBUG_FILE for reading, or None while it is not there or not a regular file
+    (a FIFO's open would wait for a writer; `_users_own_setting` says why nothing is read from one)."""
+    try:
+        return open_regular(path, "rb")
+    except (OSError, NotARegularFile):
+        return None
 
 
 _ANALYSIS: CompileAnalysis | None = None
@@ -247,6 +260,13 @@ def _users_own_setting(level: str, file: str | None) -> CompileAnalysis:
         return CompileAnalysis(None, owned=False, unavailable=(
             f"{LEVEL_ENV} is set without {FILE_ENV}: torch_xla writes its compile analysis to stderr, "
             "where the watchdog cannot read it (look for 'Compilation Analysis' there)"))
+    try:
+        kind = kind_of(os.stat(file).st_mode)
+    except OSError:
+        kind = None  # not there yet: torch_xla creates it at its first report
+    if kind is not None:
+        return CompileAnalysis(None, owned=False, unavailable=(
+            f"{FILE_ENV}={file} is {kind}, not a regular file: the watchdog cannot read the compile analysis back"))
     return CompileAnalysis(Path(file), owned=False, unavailable=None)
 
 

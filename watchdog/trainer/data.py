@@ -19,6 +19,7 @@ from typing import Iterator
 import torch
 
 from watchdog.core.errors import InputError
+from watchdog.core.inputs import open_regular
 
 FOLLOW_CHAIN = 0.9  # share of synthetic tokens that follow the chain; the rest are noise
 
@@ -70,7 +71,8 @@ class TokenSource:
 def _read_text(path: str | Path, seq_len: int) -> torch.Tensor:
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with open_regular(path, "rb", what="--text-file ") as handle:
+            data = handle.read()
     except OSError as exc:
         raise InputError(f"--text-file {path}: cannot read it ({exc.strerror or exc})") from None
     if len(data) < seq_len + 2:

@@ -1,0 +1,76 @@
+"""Opening a file someone named: a regular file, or a one-line InputError; never a hang.
+
+A path from the command line, the environment or a checkpoint directory can name anything. A
+plain `open()` of a FIFO waits for a writer for good (and a signal handler cannot end that wait
+cleanly), `/dev/zero` never ends, a directory fails late with a confusing error. So every reader
+opens through `open_regular`: the open itself never blocks (O_NONBLOCK), the descriptor is then
+checked for what it is (fstat on the descriptor opened: no window between the check and the use),
+and only a regular file is handed back, in blocking mode. `follow_symlinks=False` also refuses a
+symbolic link (O_NOFOLLOW): a checkpoint must live in its directory, not point elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import IO, Any
+
+from watchdog.core.errors import InputError
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link"))
+# open()'s modes -> os.open flags; only the ones the project uses
+_FLAGS = {"r": os.O_RDONLY, "r+": os.O_RDWR, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT}
+
+
+class NotARegularFile(InputError):
+    """A path names something other than a regular file; `kind` says what ("a FIFO (named pipe)")."""
+
+    def __init__(self, path: str | os.PathLike[str], kind: str, what: str = ""):
+        super().__init__(f"{what}{os.fspath(path)}: {kind}, not a regular file")
+        self.path, self.kind = os.fspath(path), kind
+
+
+def kind_of(mode: int) -> str | None:
+    """What a file of this st_mode is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a file of a known kind")
+
+
+def open_regular(path: str | os.PathLike[str], mode: str = "rb", *, what: str = "",
+                 follow_symlinks: bool = True, **text: Any) -> IO:
+    """`open(path, mode, **text)` for a regular file only; anything else raises NotARegularFile at once.
+
+    `mode` is one of r, r+, a (with b or not); `what` prefixes the error (e.g. "--pidfile "). Other
+    failures (no such file, no permission) are the OSError they always were: callers decide what
+    those mean (a pidfile not written yet is waited for, a missing trace is an error).
+    """
+    flags = _FLAGS[mode.replace("b", "").replace("t", "")] | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError:
+        # a socket (ENXIO), a FIFO opened to write with no reader (ENXIO), a symbolic link refused
+        # (ELOOP), a directory opened to write (EISDIR): say what it is, not the errno's words
+        kind = _kind_at(path, follow_symlinks)
+        if kind is not None:
+            raise NotARegularFile(path, kind, what) from None
+        raise
+    try:
+        kind = kind_of(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise NotARegularFile(path, kind, what)
+        os.set_blocking(fd, True)  # a regular file: reads behave as always
+        return os.fdopen(fd, mode, **text)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind_at(path: str | os.PathLike[str], follow_symlinks: bool) -> str | None:
+    try:
+        return kind_of(os.stat(path, follow_symlinks=follow_symlinks).st_mode)
+    except OSError:
+        return None
