@@ -50,7 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     timing.add_argument("--safety-seconds", type=float, metavar="S",
                         help="added to the checkpoint time (default: two intervals)")
     timing.add_argument("--warmup-seconds", type=float, default=30.0, metavar="S",
-                        help="a new process's start-up, not judged (default 30)")
+                        help="a new process's start-up, not judged for a trend (default 30; memory over the "
+                             "limit is acted on even then)")
     timing.add_argument("--memory-limit", help="memory budget, e.g. 30GiB (default: the host's memory)")
 
     act = parser.add_argument_group("action")
