@@ -1,5 +1,5 @@
 """`hbm-watchdog analyze` end to end: exit codes, JSON fields, no torch (in a subprocess), and what it
-says about memory over the budget (in process)."""
+says about memory over the budget and out-of-range steps (in process)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from conftest import run_python
 
 from watchdog.commands.cli import main
-from watchdog.core.sample import Sample, write_trace
+from watchdog.core.sample import TRACE_HEADER, Sample, write_trace
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -88,3 +88,15 @@ def test_memory_over_the_budget_from_the_first_sample_is_acted_on_at_step_0(tmp_
     row = json.loads(capsys.readouterr().out)
     assert row["first_action_step"] == 0 and row["oom_projected"] and row["status"] == "leaking"
 
+
+@pytest.mark.parametrize("step", [2**52, 2**60, 10**25])
+def test_a_step_out_of_range_is_one_line_naming_file_and_line(tmp_path, capsys, step):
+    """Issue 24, item 11: steps of 2**60 were a ZeroDivisionError in the trend fit (neighbouring
+    steps one float), steps near 10**25 a TypeError inside matplotlib. Steps are below 2**52."""
+    trace = tmp_path / "far.csv"
+    trace.write_text(",".join(TRACE_HEADER) + f"\n0,1.0,{GiB},,\n{step},2.0,{GiB},,\n")
+    assert main(["analyze", str(trace)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{trace}:3: step" in err[0] and "Traceback" not in err[0]
+    trace.write_text(",".join(TRACE_HEADER) + f"\n0,1.0,{GiB},,\n{2**52 - 1},2.0,{GiB},,\n")
+    assert main(["analyze", str(trace)]) == 0  # the largest step there is

@@ -317,3 +317,28 @@ def test_a_target_over_its_budget_from_the_start_is_signalled_at_the_first_sampl
     assert telemetry.actions_snapshot()[Action.CHECKPOINT_RESTART] == 1
     assert daemon.devices["process"].judge.detector.status.value == "warming_up"
 
+
+# -- the target's PID: ASCII digits, bounded, never init -------------------------------------------
+
+@pytest.mark.parametrize("text", ["\u00b2", "9" * 5000, "\u0661", "\uff15\uff10", "1", "0", "-4242", "4194304",
+                                  "42 43", ""])
+def test_a_pidfile_that_names_no_process_to_watch_is_waited_on_never_read_as_one(tmp_path, text):
+    """Issue 24, items 14-15: '²' and 5,000 digits passed `isdigit()` and failed in `int()`
+    (ValueError); '١' (an Arabic-Indic one) was read as PID 1, and the daemon attached to init."""
+    from watchdog.daemon.targets import PidfileFinder
+
+    pidfile = tmp_path / "job.pid"
+    pidfile.write_text(text, encoding="utf-8")
+    finder = PidfileFinder(pidfile)
+    assert finder.find() is None
+    reason = finder.why_not_found()
+    assert "not a PID to watch" in reason and len(reason) < 300
+
+
+@pytest.mark.parametrize("pid", ["1", "0", "\u0661", "\u00b2", "9" * 5000, "-1"])
+def test_pid_one_and_anything_not_a_pid_is_refused_by_the_parser_in_one_line(pid, capsys):
+    from watchdog.commands.cli import main
+
+    assert main(["watch", "--pid", pid]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pid" in err[0] and len(err[0]) < 300
