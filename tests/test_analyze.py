@@ -1,4 +1,5 @@
-"""`hbm-watchdog analyze` end to end, in a subprocess: exit codes, JSON fields, no torch."""
+"""`hbm-watchdog analyze` end to end: exit codes, JSON fields, no torch (in a subprocess), and what it
+says about memory over the budget and out-of-range steps (in process)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import run_python
 
-from watchdog.core.sample import Sample, write_trace
+from watchdog.commands.cli import main
+from watchdog.core.sample import TRACE_HEADER, Sample, write_trace
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -71,3 +73,30 @@ def test_analyze_never_imports_torch(tmp_path):
     code = ("import sys; from watchdog.commands.cli import main; rc = main(['analyze', sys.argv[1], '--json']); "
             "assert rc == 0; assert 'torch' not in sys.modules, 'torch imported'; print('no torch')")
     assert run_python(code, str(trace), timeout=120).strip().endswith("no torch")
+
+
+def test_memory_over_the_budget_from_the_first_sample_is_acted_on_at_step_0(tmp_path, capsys):
+    """Issue 24, item 10: 120 samples from 2 GiB, rising, against a 1 GiB budget said "no leak,
+    warming up". Over the budget needs no trend: acted on at the first sample, and said why."""
+    trace = tmp_path / "over.csv"
+    write_trace(trace, (Sample(s, 1e9 + s, 2 * GiB + s * 8 * MiB) for s in range(120)))
+    assert main(["analyze", str(trace), "--memory-limit", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "OOM PROJECTED" in out and "checkpoint_reinit asked for at step 0" in out
+    assert "at or over the 1.0 GiB limit" in out
+    assert main(["analyze", str(trace), "--memory-limit", "1GiB", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["first_action_step"] == 0 and row["oom_projected"] and row["status"] == "leaking"
+
+
+@pytest.mark.parametrize("step", [2**52, 2**60, 10**25])
+def test_a_step_out_of_range_is_one_line_naming_file_and_line(tmp_path, capsys, step):
+    """Issue 24, item 11: steps of 2**60 were a ZeroDivisionError in the trend fit (neighbouring
+    steps one float), steps near 10**25 a TypeError inside matplotlib. Steps are below 2**52."""
+    trace = tmp_path / "far.csv"
+    trace.write_text(",".join(TRACE_HEADER) + f"\n0,1.0,{GiB},,\n{step},2.0,{GiB},,\n")
+    assert main(["analyze", str(trace)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{trace}:3: step" in err[0] and "Traceback" not in err[0]
+    trace.write_text(",".join(TRACE_HEADER) + f"\n0,1.0,{GiB},,\n{2**52 - 1},2.0,{GiB},,\n")
+    assert main(["analyze", str(trace)]) == 0  # the largest step there is

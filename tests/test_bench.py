@@ -130,10 +130,13 @@ def test_each_replay_is_timed_repeat_times_and_scored_once(small_corpus):
     assert (thrice[0].f1, thrice[0].samples) == (once[0].f1, once[0].samples)
 
 
-def test_bench_refuses_a_repeat_below_one(capsys):
-    assert main(["bench", "--repeat", "0"]) == 2
+@pytest.mark.parametrize("args, message", [(["--repeat", "0"], "--repeat"), (["--seed", "-1"], "a seed"),
+                                           (["--seed", str(2**32)], "a seed"), (["--seed", "١"], "digits 0-9")])
+def test_bench_refuses_a_bad_repeat_or_seed_in_one_line(capsys, args, message):
+    """`--seed -1` was numpy's ValueError and a traceback (issue 24, item 13)."""
+    assert main(["bench", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--repeat" in err[0]
+    assert len(err) == 1 and message in err[0] and args[0] in err[0]
 
 
 def test_bench_json_is_one_object_with_a_table_per_corpus(capsys):

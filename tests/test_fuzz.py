@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from watchdog.commands.cli import build_parser
 from watchdog.core.errors import InputError, TraceFormatError
+from watchdog.core.numbers import MAX_SIZE, MAX_STEP, PID_MAX, SEED_MAX
 from watchdog.core.sample import (
     TRACE_HEADER,
     Sample,
@@ -29,7 +31,9 @@ sizes = st.integers(min_value=0, max_value=1 << 50)
 samples = st.builds(Sample, step=st.integers(min_value=0, max_value=10**7),
                     timestamp=st.floats(min_value=0, max_value=4e9, allow_nan=False).map(lambda t: round(t, 6)),
                     bytes_used=sizes, bytes_limit=st.none() | sizes, peak_bytes_used=st.none() | sizes)
-field = st.text(alphabet="0123456789.-+eE naif\"\r\n\t\x00\u00e9", max_size=14)
+NOT_ASCII_DIGITS = "\u00b2\u0661\uff15\u0967"  # '²' '١' '５' '१': isdigit() passes them, int() reads some
+field = st.one_of(st.text(alphabet="0123456789.-+eE naif\"\r\n\t\x00\u00e9" + NOT_ASCII_DIGITS, max_size=14),
+                  st.integers(0, 10**30).map(str), st.integers(1, 600).map(lambda n: "9" * n))
 header = ",".join(TRACE_HEADER)
 
 
@@ -74,8 +78,10 @@ def test_any_rows_under_the_header_load_or_are_one_trace_format_error(tmp_path_f
     text = "\n".join([header, *(",".join(row) for row in rows)])
     path.write_text(text + ("\n" if final_newline else ""), encoding="utf-8")
     loaded = load_or_refuse(path)
-    if loaded is not None:
-        assert all(s.bytes_used >= 0 and math.isfinite(s.timestamp) for s in loaded)
+    if loaded is not None:  # every number in bounds: steps exact as floats, sizes in 64 bits
+        assert all(0 <= s.step < MAX_STEP and 0 <= s.bytes_used < MAX_SIZE and math.isfinite(s.timestamp)
+                   and all(b is None or 0 <= b < MAX_SIZE for b in (s.bytes_limit, s.peak_bytes_used))
+                   for s in loaded)
 
 
 @FUZZ
@@ -106,7 +112,10 @@ values = st.one_of(
     st.sampled_from(["nan", "inf", "-inf", "NaN", "1e309", "-1", "0", "1", "2", "3", "7", "64", "65536", "99999999999",
                      "1e-300", "0.5", "", " ", "abc", "2GiB", "-5MiB", "0x10", "1_000", "tensors:4MiB/step",
                      "graph:2/step@10", "recompile:0", "reinit@3", "restart@x", "auto", "never", "cpu", "xla", "full",
-                     "::", "0.0.0.0", "localhost", "no-such-host.invalid", "/", "/dev/null", "/proc", "a/b/c"]),
+                     "::", "0.0.0.0", "localhost", "no-such-host.invalid", "/", "/dev/null", "/proc", "a/b/c",
+                     "9" * 400, "9" * 400 + "GiB", f"tensors:{'9' * 400}/step", f"graph:{'9' * 400}/step",
+                     f"tensors:1MiB/step@{'9' * 30}", "tensors:1MiB/step@\u0661", "reinit@\u0661", "\u00b2", "\u0661",
+                     "\uff15", str(2**32), str(2**52), str(2**63), "4194304"]),
     st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
 )
 TRAIN_OPTIONS = ["--steps", "--num-devices", "--seed", "--batch-size", "--lr", "--log-every", "--depth", "--width",
@@ -117,7 +126,7 @@ TRAIN_OPTIONS = ["--steps", "--num-devices", "--seed", "--batch-size", "--lr", "
 
 
 def parsed(argv: list[str]):
-    """argparse's own refusals are exit 2 with its usage line: allowed, and not ours to test."""
+    """A refusal by the parser (argparse's own, or an option's `type=`): exit 2, in one line."""
     try:
         return build_parser().parse_args(argv)
     except SystemExit as exit:
@@ -139,6 +148,10 @@ def test_train_options_are_taken_or_refused_as_input_errors(options, capsys):
     except InputError:
         return  # the router prints it as one line, exit 2 (test_an_input_error_is_always_one_line)
     assert math.isfinite(config.learning_rate) and config.learning_rate > 0
+    assert 0 <= config.seed <= SEED_MAX and 0 <= config.steps < MAX_STEP
+    assert all(0 < leak.amount < MAX_SIZE and 0 <= leak.start_step < MAX_STEP for leak in config.leaks)
+    limit = config.watchdog.memory_limit_bytes if config.watchdog else None
+    assert limit is None or 0 < limit < MAX_SIZE
 
 
 @FUZZ
@@ -158,16 +171,50 @@ def test_supervise_options_are_taken_or_refused_as_input_errors(options, capsys)
     assert all(0 <= backoff_seconds(n, args.backoff, args.max_backoff) < math.inf for n in range(5))
 
 
-@FUZZ
-@given(values)
-def test_memory_limits_are_taken_or_refused_as_input_errors(text):
-    from watchdog.core.units import memory_limit_option
+# The number options of every command but train, and what they may come back as once taken.
+NUMBER_OPTIONS = {
+    "analyze": {"--memory-limit": (1, MAX_SIZE - 1)},
+    "report": {"--memory-limit": (1, MAX_SIZE - 1)},
+    "watch": {"--pid": (2, PID_MAX - 1), "--memory-limit": (1, MAX_SIZE - 1), "--metrics-port": (0, 65535)},
+    "bench": {"--seed": (0, SEED_MAX), "--repeat": (1, MAX_STEP - 1)},
+    "supervise": {"--max-restarts": (0, MAX_STEP - 1)},
+}
+REQUIRED = {"analyze": ["t.csv"], "report": ["t.csv", "-o", "t.png"], "supervise": ["--", "true"]}
 
-    try:
-        limit = memory_limit_option(text)
-    except InputError:
-        return  # the router prints it as one line, exit 2 (test_an_input_error_is_always_one_line)
-    assert limit is None or limit > 0
+
+@FUZZ
+@given(data=st.data(), command=st.sampled_from(sorted(NUMBER_OPTIONS)), text=values)
+def test_number_options_are_bounded_ints_or_one_line_refusals(data, command, text, capsys):
+    """Sizes, PIDs, seeds and counts go through watchdog.core.numbers: taken as an int in bounds,
+    or refused by the parser in one line with status 2; never a traceback, never a float overflow."""
+    option = data.draw(st.sampled_from(sorted(NUMBER_OPTIONS[command])))
+    args = parsed([command, option, text, *REQUIRED.get(command, [])])
+    err = capsys.readouterr().err
+    if args is None:
+        assert err.count("\n") == 1 and option in err
+        return
+    value = getattr(args, option.lstrip("-").replace("-", "_"))
+    low, high = NUMBER_OPTIONS[command][option]
+    assert type(value) is int and low <= value <= high
+
+
+@pytest.mark.parametrize("argv", [["train", "--memory-limit", "9" * 400], ["analyze", "t.csv", "--memory-limit", "9" * 400],
+                                  ["watch", "--pid", "4242", "--memory-limit", "9" * 400],
+                                  ["report", "t.csv", "-o", "t.png", "--memory-limit", "9" * 400 + "GiB"]])
+def test_a_400_digit_size_is_refused_in_one_line_not_an_overflow(argv, capsys):
+    """Issue 24, item 12: a 400-digit size was an OverflowError (float arithmetic) in every command."""
+    assert parsed(argv) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "too large" in err and "--memory-limit" in err
+
+
+@pytest.mark.parametrize("spec", [f"tensors:{'9' * 400}/step", f"global:{'9' * 400}MiB/step", f"graph:{'9' * 400}/step",
+                                  f"tensors:1MiB/step@{'9' * 400}", "tensors:1MiB/step@\u0661"])
+def test_a_400_digit_leak_is_refused_as_an_input_error(spec):
+    from watchdog.trainer.cli import build_config
+
+    with pytest.raises(InputError, match="--inject-leak"):
+        build_config(parsed(["train", "--inject-leak", spec]))
 
 
 @FUZZ

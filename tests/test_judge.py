@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from watchdog.core.detector import DetectorConfig, LeakDetector
 from watchdog.core.judge import Judge, effective_limit
@@ -52,7 +54,8 @@ def test_a_device_limit_that_changes_mid_run_moves_the_projection():
 
 
 def test_the_judge_is_the_detector_then_the_policy_sample_by_sample():
-    samples = leaking(6000, rate=1 * MiB, seed=3)
+    """While memory stays clear of the limit (at it, the limit rule speaks: below)."""
+    samples = leaking(3500, rate=1 * MiB, seed=3)  # readings up to 15.5 GiB of 16
     detector, policy = LeakDetector(DetectorConfig(), limit_bytes=LIMIT), ActionPolicy(PolicyConfig())
     expected = [(v, policy.decide(v)) for v in map(detector.update, samples)]
     judge = Judge()
@@ -144,3 +147,108 @@ def test_a_restart_is_measured_against_the_floor_its_action_was_taken_at_not_the
     judge.restarted()
     recovery = judge.restart_settled(BASE)
     assert recovery is not None and recovery.floor_before_bytes == at_action and recovery.recovered
+
+
+# -- the limit rule: memory at the limit needs no trend -------------------------------------------
+
+def rising_from(start, steps, rate=MiB, limit=None):
+    return [Sample(s, 1.7e9 + 0.5 * s, start + rate * s, limit) for s in range(steps)]
+
+
+def test_memory_over_the_budget_is_acted_on_at_the_first_sample_while_the_detector_warms_up():
+    """The probe's case (issue 24, item 10): 120 samples from 2 GiB, rising, against a 1 GiB budget
+    used to be "no leak, warming up". Over the budget is the one case that needs no trend."""
+    judge = Judge(memory_limit_bytes=GiB)
+    (first, action), *rest = [judge.judge(s) for s in rising_from(2 * GiB, 120)]
+    assert judge.detector.status is Status.WARMING_UP
+    assert action is Action.CHECKPOINT_REINIT
+    assert first.oom_projected and first.projected_oom_steps == 0 and first.projected_oom_step == 0
+    assert "2.0 GiB at or over the 1.0 GiB limit" in first.explanation
+    assert [a for _, a in rest] == [Action.NONE] * 119, "one action, then the cooldown: no storm"
+    assert all(v.oom_projected for v, _ in rest)
+
+
+def test_a_flat_job_over_its_budget_gets_one_action_per_cooldown_with_no_trend_at_all():
+    judge = Judge(policy_config=PolicyConfig(cooldown_steps=500), memory_limit_bytes=8 * GiB)
+    samples = [Sample(s, 1.7e9 + s, 9 * GiB + (s % 7) * 16 * MiB, LIMIT) for s in range(3000)]
+    acted = [s.step for s in samples if judge.judge(s)[1].needs_checkpoint]
+    assert acted == [0, 500, 1000, 1500, 2000, 2500]
+    assert judge.detector.status is Status.HEALTHY and not judge.latest.leak_detected
+
+
+def test_the_limit_rule_sees_the_device_limit_and_the_headroom_too():
+    headroom = DetectorConfig(headroom_bytes=GiB)
+    assert Judge().judge(Sample(0, 0.0, LIMIT, LIMIT))[1].needs_checkpoint  # at the device's own limit
+    assert not Judge().judge(Sample(0, 0.0, LIMIT - 1, LIMIT))[1].needs_checkpoint
+    assert Judge(headroom).judge(Sample(0, 0.0, LIMIT - GiB, LIMIT))[1].needs_checkpoint
+    assert not Judge().judge(Sample(0, 0.0, 64 * GiB, None))[1].needs_checkpoint  # no limit known
+
+
+def test_over_the_limit_a_reinit_that_freed_nothing_is_followed_by_a_restart_at_once():
+    judge = Judge(memory_limit_bytes=GiB)
+    samples = rising_from(2 * GiB, 10, rate=0)
+    assert judge.judge(samples[0])[1] is Action.CHECKPOINT_REINIT
+    recovery = judge.reinit_finished(2 * GiB)
+    assert recovery is not None and not recovery.recovered
+    assert judge.judge(samples[1])[1] is Action.CHECKPOINT_RESTART  # the cooldown does not hold it back
+    assert [judge.judge(s)[1] for s in samples[2:]] == [Action.NONE] * 8
+
+
+def test_within_the_checkpoint_margin_of_the_limit_a_confirmed_leak_is_acted_on_without_waiting():
+    """A reading plus what the alarm's pessimistic rate adds in one checkpoint margin reaches the
+    limit: the action comes at that sample, even from a policy that wants a million confirmations."""
+    judge = Judge(policy_config=PolicyConfig(confirm_verdicts=10**6, checkpoint_margin_steps=200))
+    for sample in leaking(8000, rate=1 * MiB):
+        verdict, action = judge.judge(sample)
+        if action is not Action.NONE:
+            break
+    assert action.needs_checkpoint and sample.bytes_used < LIMIT
+    assert sample.bytes_used + 200 * judge.detector.rising_bytes_per_step >= LIMIT
+    assert "200-step checkpoint margin" in verdict.explanation and 0 < verdict.projected_oom_steps <= 200
+
+
+@pytest.mark.parametrize("name", ["compile_warmup-00", "compile_warmup-04", "eval_buffers_kept-01",
+                                  "eval_buffers_kept-04"])
+def test_growth_the_detector_still_doubts_is_no_margin_to_act_on(name):
+    """Bench negatives whose early climb (a compile cache, buffers kept after the first
+    evaluation) the detector only suspects: measured over a checkpoint margin of hundreds of steps
+    its rate put these healthy jobs, at 35-70% of their limit, "within the margin" of it. Only the
+    alarm's rate counts; theirs is no margin."""
+    from watchdog.bench.corpus import synthetic_trace
+
+    trace = synthetic_trace(name)
+    judge = Judge(policy_config=PolicyConfig(checkpoint_margin_steps=trace.checkpoint_margin_steps),
+                  memory_limit_bytes=trace.limit_bytes)
+    suspected = 0
+    for sample in trace.samples:
+        verdict, action = judge.judge(sample)
+        assert not action.needs_checkpoint, f"acted at step {sample.step}: {verdict.explanation}"
+        suspected += judge.detector.status is Status.SUSPECT
+        assert judge.detector.rising_bytes_per_step == 0 or judge.detector.status is Status.LEAKING
+    assert suspected, "the detector suspected the climb: the case this test is about"
+
+
+readings = st.lists(st.tuples(st.integers(1, 40), st.integers(0, 4 * GiB), st.sampled_from(["", "", "eval", "eval/30"])),
+                    min_size=1, max_size=400)
+
+
+@settings(max_examples=150, deadline=None)
+@given(readings, st.integers(1, 4 * GiB), st.integers(0, 300))
+def test_every_reading_at_the_limit_is_acted_on_within_one_cooldown_and_never_more_often(steps, budget, cooldown):
+    """Whatever the detector makes of the readings (warming up, healthy, a phase running), a reading at
+    or over the limit is covered by a checkpoint action asked at it or less than a cooldown before it,
+    and no two checkpoint actions come closer than the cooldown; the replay's quiet path agrees."""
+    policy = PolicyConfig(cooldown_steps=cooldown)
+    judge, quiet = Judge(policy_config=policy, memory_limit_bytes=budget), Judge(policy_config=policy,
+                                                                               memory_limit_bytes=budget)
+    step, last_action = 0, None
+    for gap, used, phase in steps:
+        step += gap
+        sample = Sample(step, 1.7e9 + step, used, None, None, phase)
+        verdict, action = judge.judge(sample)
+        assert (quiet.judge_quietly(sample) or (quiet.latest, Action.NONE)) == (verdict, action)
+        if action.needs_checkpoint:
+            assert last_action is None or step - last_action >= cooldown
+            last_action = step
+        if used >= budget:
+            assert verdict.oom_projected and last_action is not None and step - last_action < max(cooldown, 1)

@@ -172,3 +172,14 @@ def test_a_reinit_that_worked_keeps_the_cooldown():
     assert policy.decide(verdict(1_000, projected_oom_steps=30.0, window=500.0)) is Action.CHECKPOINT_REINIT
     assert policy.reinit_finished(floor_before_bytes=2e9, floor_after_bytes=1e9)
     assert policy.decide(verdict(1_005, projected_oom_steps=25.0, window=500.0)) is Action.NONE
+
+
+def test_the_limit_rule_acts_at_once_then_keeps_the_cooldown_and_the_restart_budget():
+    """`limit_reached`: memory at the limit is no projection to confirm or doubt (no confirmation, no
+    horizon, no first-ramp caution), but it is one checkpoint action per cooldown, never a storm."""
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=5, cooldown_steps=100, prefer_restart=True, max_restarts=1))
+    at_limit = [verdict(step, projected_oom_steps=0.0, window=0.0) for step in range(250)]
+    actions = [policy.limit_reached(v) for v in at_limit]
+    acted = {step: action for step, action in enumerate(actions) if action is not Action.NONE}
+    assert acted == {0: Action.CHECKPOINT_RESTART, 100: Action.CHECKPOINT_REINIT, 200: Action.CHECKPOINT_REINIT}
+    assert policy.restarts_so_far == 1

@@ -86,3 +86,14 @@ def test_missing_or_empty_trace_exits_2(tmp_path, capsys):
     empty.write_text("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n")
     assert main(["report", str(empty), "-o", str(tmp_path / "x.html")]) == 2
     assert "no samples" in capsys.readouterr().err
+
+
+def test_steps_beyond_the_bound_are_one_line_not_a_matplotlib_error(tmp_path, capsys):
+    """Issue 24, item 11: steps near 10**25 reached matplotlib and failed there with a TypeError."""
+    trace = tmp_path / "far.csv"
+    rows = "".join(f"{10**25 + k},{1e9 + k},{(1 << 30) + k},,\n" for k in range(50))
+    trace.write_text("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n" + rows)
+    assert main(["report", str(trace), "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{trace}:2: step" in err[0]
+    assert not (tmp_path / "x.png").exists()

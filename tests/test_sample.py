@@ -66,6 +66,18 @@ def test_the_phase_column_round_trips_and_may_be_empty(tmp_path):
          "expected 6 fields"),
         ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5,,,eval\n", 2, "expected 5 fields"),
         ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5.5,,\n", 2, "whole number"),
+        # numbers are ASCII digits and bounded: steps below 2**52, byte counts below 2**63
+        (f"step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5,,\n{2**60},3.0,5,,\n", 3, "step"),
+        (f"step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n{10**25},2.0,5,,\n", 2, "a step from 0"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1e20,2.0,5,,\n", 2, "a step from 0"),
+        (f"step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,{'9' * 400},,\n", 2, "bytes_used"),
+        (f"step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5,{2**63},\n", 2, "bytes_limit"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,5,,1e400\n", 2, "peak_bytes_used"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n\u0661,2.0,5,,\n", 2, "digits 0-9"),  # '١'
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,\uff15,,\n", 2, "digits 0-9"),  # '５'
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n\u00b2,2.0,5,,\n", 2, "digits 0-9"),  # '²'
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,\u0661.5,5,,\n", 2, "timestamp"),
+        ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1_000,2.0,5,,\n", 2, "digits 0-9"),
     ],
 )
 def test_bad_traces_name_the_file_and_line(tmp_path, content, line, fragment):
@@ -93,3 +105,13 @@ def test_writer_refuses_to_append_to_a_file_that_is_not_a_trace(tmp_path):
     with pytest.raises(TraceFormatError, match="refusing to append"):
         TraceWriter(path)
     assert path.read_text() == "hello,world\n"
+
+
+def test_the_largest_numbers_in_bounds_round_trip(tmp_path):
+    """Steps up to 2**52 - 1 and byte counts up to 2**63 - 1 load as written; one more is refused."""
+    path = tmp_path / "edge.csv"
+    edge = [Sample(0, 1.0, 0), Sample(2**52 - 1, 2.0, 2**63 - 1, 2**63 - 1, 2**63 - 1)]
+    write_trace(path, edge)
+    assert load_trace(path) == edge
+    path.write_text(",".join(TRACE_HEADER) + "\n1,2.0,1.5e9,,\n2,3.0,1073741824.0,,\n")  # a spreadsheet's way
+    assert [s.bytes_used for s in load_trace(path)] == [1_500_000_000, 1 << 30]

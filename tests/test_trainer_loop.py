@@ -154,14 +154,18 @@ def test_sigterm_saves_at_the_step_boundary_exits_42_and_resumes(tmp_path):
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--steps", "-1"], "--steps must not be negative"),
+    (["--steps", "-1"], "--steps: expected a whole number"),
     (["--inject-leak", "bogus:1/step"], "unknown kind 'bogus'"),
     (["--inject-leak", "tensors:4MiB"], "tensors:AMOUNT/step"),
     (["--memory-limit", "lots"], "--memory-limit"),
-    (["--sample-every", "0"], "--sample-every must be at least 1"),
+    (["--sample-every", "0"], "--sample-every: expected a positive whole number"),
     (["--force-action", "explode@3"], "reinit@STEP or restart@STEP"),
-    (["--eval-every", "-5"], "--eval-every must not be negative"),
-    (["--eval-steps", "0"], "--eval-steps must be at least 1"),
+    (["--eval-every", "-5"], "--eval-every: expected a whole number"),
+    (["--eval-steps", "0"], "--eval-steps: expected a positive whole number"),
+    (["--steps", "\u0661"], "digits 0-9"),  # int() would read the Arabic-Indic one as 1
+    (["--seed", "-1"], "--seed: expected a seed"),
+    (["--memory-limit", "9" * 400], "too large"),
+    (["--force-action", "reinit@\u00b2"], "--force-action"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, fragment, capsys):
     assert main(["train", *argv]) == EXIT_BAD_INPUT

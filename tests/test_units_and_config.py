@@ -2,7 +2,22 @@ import pytest
 
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import ConfigError, InputError
-from watchdog.core.units import format_bytes, memory_limit_option, parse_size
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from watchdog.core.numbers import (
+    MAX_SIZE,
+    MAX_STEP,
+    PID_MAX,
+    SEED_MAX,
+    parse_count,
+    parse_pid,
+    parse_port,
+    parse_positive,
+    parse_seed,
+    parse_step,
+)
+from watchdog.core.units import format_bytes, parse_size, positive_size
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -48,13 +63,80 @@ def test_default_config_is_valid():
     assert config.sample_every >= 1 and config.source == "auto"
 
 
-@pytest.mark.parametrize("text, expected", [(None, None), ("2.75GiB", 2816 << 20), ("1048576", 1 << 20)])
-def test_memory_limit_option_accepts_sizes_and_absence(text, expected):
-    assert memory_limit_option(text) == expected
+@pytest.mark.parametrize("text, expected", [("2.75GiB", 2816 << 20), ("1048576", 1 << 20), (" 1 KiB ", 1024)])
+def test_a_memory_budget_is_a_positive_size(text, expected):
+    assert positive_size(text) == expected
 
 
 @pytest.mark.parametrize("text, message", [("0", "must be a positive"), ("3 parsecs", "unknown size unit"),
                                            ("-1GiB", "not a size")])
-def test_memory_limit_option_names_the_flag_on_bad_input(text, message):
-    with pytest.raises(InputError, match=rf"^--budget: .*{message}"):
-        memory_limit_option(text, flag="--budget")
+def test_a_bad_memory_budget_says_why(text, message):
+    with pytest.raises(InputError, match=message):
+        positive_size(text)
+
+
+# -- numbers from people and files: ASCII digits, bounded (watchdog.core.numbers) ------------------
+
+PARSERS = {  # parser -> (lowest, highest) it may return
+    parse_step: (0, MAX_STEP - 1), parse_count: (0, MAX_STEP - 1), parse_positive: (1, MAX_STEP - 1),
+    parse_seed: (0, SEED_MAX), parse_pid: (2, PID_MAX - 1), parse_port: (0, 65535), parse_size: (0, MAX_SIZE - 1),
+}
+NOT_ASCII_DIGITS = ["²", "١", "５", "٣٢", "1²", "१०", "⑤", "𝟗"]  # int() reads some, isdigit() passes all
+texts = st.one_of(st.text(max_size=30), st.text(alphabet="0123456789 .kKmMgGiIbB+-_eE" + "".join(NOT_ASCII_DIGITS),
+                                                max_size=30), st.sampled_from(NOT_ASCII_DIGITS),
+                  st.integers(0, 10**30).map(str), st.integers(1, 5000).map(lambda n: "9" * n))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(list(PARSERS)), texts)
+def test_any_text_is_a_number_within_bounds_or_one_input_error(parse, text):
+    try:
+        value = parse(text)
+    except InputError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 300  # one line, a long value cut short
+        return
+    low, high = PARSERS[parse]
+    assert type(value) is int and low <= value <= high
+    assert text.strip()[:1].isascii() and all(c.isascii() for c in text.strip())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(list(PARSERS)), st.integers(0, 2**70))
+def test_valid_numbers_round_trip_and_the_bounds_are_exact(parse, value):
+    low, high = PARSERS[parse]
+    if low <= value <= high:
+        assert parse(str(value)) == value and parse(f" {value:0>25}") == value  # spaces and leading zeros
+    else:
+        with pytest.raises(InputError):
+            parse(str(value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, MAX_SIZE - 1), st.sampled_from([("", 1), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30),
+                                                      ("TiB", 1 << 40), ("GB", 10**9)]), st.integers(0, 3))
+def test_sizes_round_trip_through_their_units_and_the_log_format(size, unit, digits):
+    suffix, factor = unit
+    whole = size // factor
+    assert parse_size(f"{whole}{suffix}") == whole * factor
+    assert parse_size(f"{whole} {suffix.lower()}") == whole * factor
+    if size < MAX_SIZE // 2:  # nearer the bound, "8388608.0 TiB" rounds up past it
+        printed = format_bytes(size, digits)  # "1.5 GiB": what the logs say parses back, to its rounding and a byte
+        unit_bytes = parse_size("1" + printed.split()[1])
+        assert abs(parse_size(printed) - size) <= 0.5 * 10**-digits * unit_bytes + 1
+
+
+@pytest.mark.parametrize("text", ["9" * 400, "1" + "0" * 19 + "GiB", "8EiB", "8388608TiB", "9223372036854775808"])
+def test_a_size_too_large_is_an_input_error_not_an_overflow(text):
+    with pytest.raises(InputError, match="too large|unknown size unit"):
+        parse_size(text)
+    assert parse_size("8388607.999TiB") < MAX_SIZE
+
+
+@pytest.mark.parametrize("text, pid", [("²", None), ("١", None), ("５", None), ("9" * 5000, None), ("1", None),
+                                       ("0", None), ("-5", None), ("4194304", None), ("2", 2), (" 4242\n", 4242)])
+def test_pids_are_ascii_digits_between_init_and_pid_max(text, pid):
+    if pid is None:
+        with pytest.raises(InputError):
+            parse_pid(text)
+    else:
+        assert parse_pid(text) == pid

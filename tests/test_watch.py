@@ -283,3 +283,62 @@ def test_a_slow_leak_is_reported_for_its_device_with_its_rate_and_never_signalle
     assert reported["slope_bytes_per_step"] == pytest.approx(256 << 10, rel=0.1) and not reported["oom_projected"]
     assert daemon.telemetry["tpu:0"].verdict.leak_detected and not daemon.telemetry["tpu:1"].verdict.leak_detected
     assert captured.named("would_signal") == [] and captured.named("watchdog_action") == []
+
+
+class OverBudget:
+    """One process 28% over its 1 GiB budget from its first reading (the probe's forking target):
+    the detector is still warming up for all of it. Stops the daemon after `reads`."""
+
+    source = "scripted"
+
+    def __init__(self, stop: threading.Event, reads: int):
+        self.stop, self.reads, self.count = stop, reads, 0
+
+    def read(self):
+        self.count += 1
+        if self.count >= self.reads:
+            self.stop.set()
+        return [DeviceReading("process", int(1.28 * GiB) + self.count * MiB, None, pid=4242)]
+
+
+@pytest.mark.parametrize("reads", [1, 5])
+def test_a_target_over_its_budget_from_the_start_is_signalled_at_the_first_sample_and_once(tmp_path, captured,
+                                                                                           reads):
+    axis = TimeAxis(interval_seconds=0.001, checkpoint_seconds=0.05, warmup_seconds=60.0, grace_seconds=60.0)
+    config = WatchConfig(axis=axis, memory_limit_bytes=GiB, act=False, wait_seconds=1.0)
+    stop = threading.Event()
+    daemon = Daemon(config, ThisProcess(), lambda process: OverBudget(stop, reads), stop=stop)
+    assert daemon.run() == 0
+    [signalled] = captured.named("would_signal")  # one signal per grace period, not one per sample
+    assert signalled["signal"] == "SIGTERM" and signalled["limit_bytes"] == GiB
+    assert "at or over the 1.0 GiB limit" in signalled["explanation"]
+    telemetry = daemon.telemetry["process"]
+    assert telemetry.samples_total == reads and telemetry.verdict.oom_projected
+    assert telemetry.actions_snapshot()[Action.CHECKPOINT_RESTART] == 1
+    assert daemon.devices["process"].judge.detector.status.value == "warming_up"
+
+
+# -- the target's PID: ASCII digits, bounded, never init -------------------------------------------
+
+@pytest.mark.parametrize("text", ["\u00b2", "9" * 5000, "\u0661", "\uff15\uff10", "1", "0", "-4242", "4194304",
+                                  "42 43", ""])
+def test_a_pidfile_that_names_no_process_to_watch_is_waited_on_never_read_as_one(tmp_path, text):
+    """Issue 24, items 14-15: '²' and 5,000 digits passed `isdigit()` and failed in `int()`
+    (ValueError); '١' (an Arabic-Indic one) was read as PID 1, and the daemon attached to init."""
+    from watchdog.daemon.targets import PidfileFinder
+
+    pidfile = tmp_path / "job.pid"
+    pidfile.write_text(text, encoding="utf-8")
+    finder = PidfileFinder(pidfile)
+    assert finder.find() is None
+    reason = finder.why_not_found()
+    assert "not a PID to watch" in reason and len(reason) < 300
+
+
+@pytest.mark.parametrize("pid", ["1", "0", "\u0661", "\u00b2", "9" * 5000, "-1"])
+def test_pid_one_and_anything_not_a_pid_is_refused_by_the_parser_in_one_line(pid, capsys):
+    from watchdog.commands.cli import main
+
+    assert main(["watch", "--pid", pid]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pid" in err[0] and len(err[0]) < 300

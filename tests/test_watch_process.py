@@ -28,6 +28,7 @@ pytestmark = pytest.mark.slow
 MiB = 1 << 20
 JOBS = Path(__file__).resolve().parent / "jobs"
 WATCH = [sys.executable, "-m", "watchdog", "--log-format", "json", "watch"]
+THIS = str(os.getpid())  # a process that exists (this test run), for tests that fail before any signal
 
 
 def hog(*args: str, **popen) -> subprocess.Popen:
@@ -81,14 +82,14 @@ def one_line_error(out: subprocess.CompletedProcess) -> str:
     (["--pid", "4194303"], "--pid 4194303: no such process"),
     (["--cmd-pattern", "no-process-has-this-in-its-command-line-[0-9]{40}", "--wait-seconds", "1"],
      "no target after 1 s (--wait-seconds): --cmd-pattern"),
-    (["--pid", "1", "--signal", "TERMINATE"], "--signal 'TERMINATE': not a signal"),
-    (["--pid", "1", "--escalate", "9999"], "--escalate '9999': not a signal"),
+    (["--pid", THIS, "--signal", "TERMINATE"], "--signal 'TERMINATE': not a signal"),
+    (["--pid", THIS, "--escalate", "9999"], "--escalate '9999': not a signal"),
     (["--cmd-pattern", "(unclosed"], "not a regular expression"),
     (["--pidfile", "/nonexistent/job.pid", "--wait-seconds", "0.5"], "/nonexistent/job.pid does not exist"),
     (["--tpu"], "give exactly one target"),
-    (["--pid", "1", "--pidfile", "x"], "give exactly one target"),
-    (["--pid", "1", "--interval", "0"], "--interval: must be a positive number of seconds"),
-    (["--pid", "1", "--memory-limit", "lots"], "--memory-limit"),
+    (["--pid", THIS, "--pidfile", "x"], "give exactly one target"),
+    (["--pid", THIS, "--interval", "0"], "--interval: must be a positive number of seconds"),
+    (["--pid", THIS, "--memory-limit", "lots"], "--memory-limit"),
 ])
 def test_bad_input_is_one_line_and_exit_2(run_cli, args, message):
     assert message in one_line_error(run_cli("watch", *args, timeout=60))
@@ -96,7 +97,8 @@ def test_bad_input_is_one_line_and_exit_2(run_cli, args, message):
 
 def test_no_permission_to_signal_is_one_line_and_exit_2(tmp_path):
     """A target owned by someone else. As root, the daemon drops to `nobody` once loaded (the
-    interpreter may live where `nobody` cannot read); otherwise PID 1 is someone else's."""
+    interpreter may live where `nobody` cannot read); otherwise a process of another user (never
+    PID 1: init is refused as a target before any permission is asked)."""
     target = hog("--tag", "not-yours")
     try:
         if os.geteuid() == 0:
@@ -105,8 +107,8 @@ def test_no_permission_to_signal_is_one_line_and_exit_2(tmp_path):
                     "sys.exit(cli.main(['--log-format', 'json', 'watch', '--pid', sys.argv[1]]))")
             out = subprocess.run([sys.executable, "-c", code, str(target.pid)], capture_output=True, text=True,
                                  timeout=60, cwd=REPO, env=hbm_watchdog_env())
-        elif psutil.Process(1).uids().real != os.getuid():
-            out = subprocess.run([*WATCH, "--pid", "1"], capture_output=True, text=True, timeout=60, cwd=REPO,
+        elif (theirs := _someone_elses_process()) is not None:
+            out = subprocess.run([*WATCH, "--pid", str(theirs)], capture_output=True, text=True, timeout=60, cwd=REPO,
                                  env=hbm_watchdog_env())
         else:
             pytest.skip("no process owned by another user to test against")
@@ -116,6 +118,15 @@ def test_no_permission_to_signal_is_one_line_and_exit_2(tmp_path):
         stop(target)
 
 
+def _someone_elses_process() -> int | None:
+    me = os.getuid()
+    for process in psutil.process_iter(["uids"]):
+        uids = process.info["uids"]
+        if process.pid > 1 and uids is not None and uids.real != me:
+            return process.pid
+    return None
+
+
 def test_a_busy_metrics_port_is_one_line_and_exit_2(run_cli):
     import socket
 
@@ -123,7 +134,7 @@ def test_a_busy_metrics_port_is_one_line_and_exit_2(run_cli):
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        line = one_line_error(run_cli("watch", "--pid", "1", "--metrics-port", str(port), timeout=60))
+        line = one_line_error(run_cli("watch", "--pid", THIS, "--metrics-port", str(port), timeout=60))
     assert f"metrics port {port}" in line and "already in use" in line
 
 

@@ -10,6 +10,7 @@ which chip (libtpu reports chips, not processes; the job to signal is given by -
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -73,7 +74,7 @@ def test_the_leaking_chip_is_named_and_the_job_signalled_before_it_fills():
 
 
 def test_no_chips_and_no_chip_type_is_one_line_and_exit_2():
-    out = subprocess.run([sys.executable, "-m", "watchdog", "watch", "--pid", "1", "--tpu"],
+    out = subprocess.run([sys.executable, "-m", "watchdog", "watch", "--pid", str(os.getpid()), "--tpu"],
                          capture_output=True, text=True, timeout=60, cwd=REPO, env=hbm_watchdog_env())
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "--tpu:" in out.stderr and "Traceback" not in out.stderr

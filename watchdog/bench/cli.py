@@ -12,6 +12,7 @@ import json
 import sys
 
 from watchdog.core.errors import InputError
+from watchdog.core.numbers import option, parse_positive, parse_seed
 
 ANCHORS = (
     "PrecogMF: F1 0.857 with 0 false positives (Jindal et al. 2021, offline, labelled cloud VMs)",
@@ -33,13 +34,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--corpus", choices=("all", "synthetic", "real"), default="all",
                         help="which corpus to score (default: both, as separate tables)")
-    parser.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+    parser.add_argument("--seed", type=option(parse_seed), default=0, help="corpus seed (default 0)")
     parser.add_argument("--data", metavar="PATH", default=None,
                         help="alibaba_mem_util.csv.gz or its folder (default: $HBMWATCH_DATA, "
                              "else the copy shipped with hbm-watchdog)")
     parser.add_argument("--detectors", metavar="NAMES", default=None,
                         help="comma-separated subset, e.g. hbm-watchdog,lbr_r2_0.8 (default: all)")
-    parser.add_argument("--repeat", type=int, default=3, metavar="N",
+    parser.add_argument("--repeat", type=option(parse_positive), default=3, metavar="N",
                         help="time each replay N times and count the fastest, as timeit does (default 3)")
     parser.add_argument("--traces", action="store_true",
                         help="also list per-trace outcomes (JSON) or the traces the first detector got wrong (tables)")
@@ -92,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
 
         return step_cost_main()
     names = _selected(args.detectors)
-    if args.repeat < 1:
-        raise InputError(f"--repeat must be at least 1, got {args.repeat}")
     from watchdog.bench.corpus import corpus_summary
     from watchdog.bench.evaluate import detectors, evaluate
 

@@ -452,16 +452,25 @@ def _meta(model: MemoryModel) -> dict:
 
 def synthetic_corpus(seed: int = 0) -> list[LabelledTrace]:
     """The whole labelled synthetic corpus; the same seed gives the same traces, sample for sample."""
-    traces: list[LabelledTrace] = []
-    for family_index, (kind, make, count, lengths) in enumerate(NEGATIVES):
-        for i in range(count):
-            rng = np.random.default_rng([seed, 0, family_index, i])
-            traces.append(_negative(kind, make, rng, lengths, i))
-    for family_index, (kind, make, count, lengths) in enumerate(POSITIVES):
-        for i in range(count):
-            rng = np.random.default_rng([seed, 1, family_index, i])
-            traces.append(_positive(kind, make, rng, lengths, i))
-    return traces
+    return [_draw(seed, positive, family, i) for positive, families in enumerate((NEGATIVES, POSITIVES))
+            for family, (_, _, count, _) in enumerate(families) for i in range(count)]
+
+
+def synthetic_trace(name: str, seed: int = 0) -> LabelledTrace:
+    """One trace of `synthetic_corpus(seed)` by its name (`compile_warmup-04`), without drawing the rest."""
+    kind, _, index = name.rpartition("-")
+    for positive, families in enumerate((NEGATIVES, POSITIVES)):
+        for family, (family_kind, _, count, _) in enumerate(families):
+            if family_kind == kind and index.isascii() and index.isdigit() and int(index) < count:
+                return _draw(seed, positive, family, int(index))
+    raise KeyError(name)
+
+
+def _draw(seed: int, positive: int, family: int, index: int) -> LabelledTrace:
+    """Trace `index` of a family: its own generator, so each trace is the same whichever others are drawn."""
+    kind, make, _, lengths = (POSITIVES if positive else NEGATIVES)[family]
+    rng = np.random.default_rng([seed, positive, family, index])
+    return (_positive if positive else _negative)(kind, make, rng, lengths, index)  # type: ignore[arg-type]
 
 
 def corpus_summary(traces: list[LabelledTrace]) -> dict:

@@ -32,6 +32,7 @@ import numpy as np
 from watchdog.bench.corpus import _job, _limit
 from watchdog.bench.memory_model import GiB, KiB, LinearLeak, render
 from watchdog.core.detector import DetectorConfig
+from watchdog.core.numbers import option, parse_positive
 from watchdog.core.replay import replay
 from watchdog.fileio import save_figure
 
@@ -270,16 +271,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
-    return value
-
-
 def _progress(total: int):
     """(tick, close): `bench`'s bar on a terminal when tqdm is installed, else a counter line every ~10%."""
     from watchdog.bench.cli import _progress_bar
@@ -303,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m watchdog.bench.sensitivity", description=__doc__.splitlines()[0])
     parser.add_argument("--out", metavar="PNG", type=Path, default=None,
                         help=f"write the picture here (e.g. {DEFAULT_OUT.relative_to(DEFAULT_OUT.parents[2])})")
-    parser.add_argument("--seeds", metavar="N", type=_positive_int, default=DEFAULT_SEEDS,
+    parser.add_argument("--seeds", metavar="N", type=option(parse_positive), default=DEFAULT_SEEDS,
                         help=f"jobs per leak size (default {DEFAULT_SEEDS})")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)

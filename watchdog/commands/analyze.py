@@ -12,22 +12,22 @@ import json
 import math
 
 from watchdog.core.errors import InputError
+from watchdog.core.numbers import option
 from watchdog.core.replay import ReplayResult, replay
 from watchdog.core.sample import read_trace
-from watchdog.core.units import format_bytes, memory_limit_option
+from watchdog.core.units import format_bytes, positive_size
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace CSV files (step,timestamp,bytes_used,...)")
-    parser.add_argument("--memory-limit", metavar="BYTES", default=None,
+    parser.add_argument("--memory-limit", metavar="BYTES", default=None, type=option(positive_size),
                         help="a budget (e.g. 16GiB) when the trace has no limit, or one lower than the device's")
     parser.add_argument("--json", action="store_true", help="one JSON object per trace per line")
 
 
 def run(args: argparse.Namespace) -> int:
-    limit = memory_limit_option(args.memory_limit)
     for path in args.traces:
-        result = replay(read_trace(path), memory_limit_bytes=limit)
+        result = replay(read_trace(path), memory_limit_bytes=args.memory_limit)
         if result.samples == 0:
             raise InputError(f"{path}:2: the trace has a header but no samples")
         print(json.dumps({"trace": path, **result.to_json()}) if args.json else summary(path, result))

@@ -3,8 +3,9 @@
 Each subcommand lives in its own module exposing `configure(parser)` and `run(args) -> int`;
 this file only routes. Modules import heavy dependencies (torch) inside `run`, so `--help`
 and `analyze` start fast. Any `InputError` becomes one line on stderr and exit status 2, and so
-does a `watchdog` package shared with the file-events package of that name (`clash.py`), which
-is checked before anything else is imported.
+do argparse's own refusals (a bad option, a value an option's `type=` refuses: numbers go
+through `watchdog.core.numbers`) and a `watchdog` package shared with the file-events package of
+that name (`clash.py`), which is checked before anything else is imported.
 """
 
 from __future__ import annotations
@@ -27,10 +28,21 @@ COMMANDS = {
 }
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, refusing in one line and exit status 2 like an InputError (no usage block: `--help` has it)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {_one_line(message)}\n")
+
+
+def _one_line(message: str) -> str:
+    return message.replace("\r", "\\r").replace("\n", "\\n")  # a path or a value may hold a newline
+
+
 def build_parser() -> argparse.ArgumentParser:
     from watchdog import __version__
 
-    parser = argparse.ArgumentParser(prog="hbm-watchdog", description=__doc__.splitlines()[0])
+    parser = _OneLineParser(prog="hbm-watchdog", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"hbm-watchdog {__version__}")
     parser.add_argument("--log-format", choices=("auto", "json", "console"), default="auto",
                         help="log rendering (default: console on a TTY, JSON lines otherwise)")
@@ -54,13 +66,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hbm-watchdog: error: {clash}", file=sys.stderr)
         return EXIT_BAD_INPUT
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help and --version (0), or a refusal already printed in one line (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
     configure_logging(args.log_format, "warning" if args.quiet else args.log_level)
     try:
         return int(args._run(args) or 0)
     except InputError as exc:
-        one_line = str(exc).replace("\r", "\\r").replace("\n", "\\n")  # a path may hold a newline
-        print(f"hbm-watchdog {args.command}: error: {one_line}", file=sys.stderr)
+        print(f"hbm-watchdog {args.command}: error: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"hbm-watchdog {args.command}: interrupted", file=sys.stderr)

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from watchdog.core.errors import InputError
+from watchdog.core.numbers import option
 from watchdog.core.sample import Sample, load_trace
-from watchdog.core.units import format_bytes, memory_limit_option
+from watchdog.core.units import format_bytes, positive_size
 from watchdog.core.verdict import Action, Status, Verdict
 from watchdog.fileio import write_atomically
 
@@ -262,14 +263,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="trace CSV (step,timestamp,bytes_used,bytes_limit,peak_bytes_used)")
     parser.add_argument("-o", "--output", required=True, metavar="FILE",
                         help="FILE.png for the picture, FILE.html for a page with the picture and a summary")
-    parser.add_argument("--memory-limit", metavar="BYTES", default=None,
+    parser.add_argument("--memory-limit", metavar="BYTES", default=None, type=option(positive_size),
                         help="memory budget (512MiB, 16GiB); lower than the device's limit, or where none is recorded")
 
 
 def run(args: argparse.Namespace) -> int:
     check_output(Path(args.output))
-    limit = memory_limit_option(args.memory_limit)
     samples = load_trace(args.trace)
-    path = render_report(samples, args.output, name=Path(args.trace).name, memory_limit_bytes=limit)
+    path = render_report(samples, args.output, name=Path(args.trace).name, memory_limit_bytes=args.memory_limit)
     print(f"wrote {path}")
     return 0

@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 
 from watchdog.actions.supervisor import DEFAULT_KILL_GRACE, supervise
+from watchdog.core.numbers import option, parse_count
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-restarts", type=int, default=3, metavar="N",
+    parser.add_argument("--max-restarts", type=option(parse_count), default=3, metavar="N",
                         help="restarts allowed before giving up with status 1 (default 3)")
     parser.add_argument("--backoff", type=float, default=1.0, metavar="SECONDS",
                         help="wait before the first restart; doubles each time (default 1)")

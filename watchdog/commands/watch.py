@@ -16,8 +16,9 @@ import signal
 import threading
 
 from watchdog.core.errors import InputError
-from watchdog.core.units import memory_limit_option
-from watchdog.runtime.exporter import add_metrics_options, check_metrics_port
+from watchdog.core.numbers import option, parse_pid
+from watchdog.core.units import positive_size
+from watchdog.runtime.exporter import add_metrics_options
 
 TPU_CHIPS = ("V2", "V3", "V4", "V5E", "V5P", "V6E", "V7X")  # tpu_info.device.TpuChip, listed without importing it
 
@@ -25,7 +26,7 @@ TPU_CHIPS = ("V2", "V3", "V4", "V5E", "V5P", "V6E", "V7X")  # tpu_info.device.Tp
 
 def configure(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target (exactly one)")
-    target.add_argument("--pid", type=int, help="a process and its children (resident memory)")
+    target.add_argument("--pid", type=option(parse_pid), help="a process and its children (resident memory)")
     target.add_argument("--cmd-pattern", metavar="REGEX",
                         help="the process whose command line matches (the largest, when several do); "
                              "followed across restarts")
@@ -51,8 +52,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     timing.add_argument("--safety-seconds", type=float, metavar="S",
                         help="added to the checkpoint time (default: two intervals)")
     timing.add_argument("--warmup-seconds", type=float, default=30.0, metavar="S",
-                        help="a new process's start-up, not judged (default 30)")
-    timing.add_argument("--memory-limit", help="memory budget, e.g. 30GiB (default: the host's memory)")
+                        help="a new process's start-up, not judged for a trend (default 30; memory over the "
+                             "limit is acted on even then)")
+    timing.add_argument("--memory-limit", type=option(positive_size),
+                        help="memory budget, e.g. 30GiB (default: the host's memory)")
 
     act = parser.add_argument_group("action")
     act.add_argument("--signal", default="TERM", help="sent before the projected OOM (default TERM)")
@@ -90,11 +93,10 @@ def build(args: argparse.Namespace):
                          + (f" (got {', '.join(given)})" if given else ""))
     if not args.wait_seconds >= 0:
         raise InputError(f"--wait-seconds must not be negative, got {args.wait_seconds}")
-    check_metrics_port(args.metrics_port)
     axis = TimeAxis(interval_seconds=args.interval, checkpoint_seconds=args.checkpoint_seconds,
                     safety_seconds=args.safety_seconds, warmup_seconds=args.warmup_seconds,
                     grace_seconds=args.grace_seconds)
-    config = WatchConfig(axis=axis, memory_limit_bytes=memory_limit_option(args.memory_limit),
+    config = WatchConfig(axis=axis, memory_limit_bytes=args.memory_limit,
                          signal=parse_signal(args.signal), signal_group=args.signal_group,
                          escalate_to=parse_escalation(args.escalate), act=not args.no_act,
                          wait_seconds=args.wait_seconds,

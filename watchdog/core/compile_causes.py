@@ -30,12 +30,14 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from watchdog.core.errors import InputError
+from watchdog.core.numbers import parse_count
 from watchdog.core.recompilation import Recompilation
 from watchdog.core.units import format_bytes
 
 _COMPILE_PREFIX = "Compilation Analysis:"
 _POST_PREFIX = "Post Compilation Analysis:"
-_FRAME = re.compile(r"^(?P<function>.+?) \((?P<file>.*):(?P<line>\d+)\)$")
+_FRAME = re.compile(r"^(?P<function>.+?) \((?P<file>.*):(?P<line>[0-9]{1,9})\)$")  # [0-9]: int() reads any script
 _GB = re.compile(r"^(?P<what>[A-Za-z ]+ size): (?P<gb>[0-9.]+) GB$")
 _POST_FIELDS = {"Graph input size": "input_bytes", "Graph output size": "output_bytes",
                 "Compiled program size": "program_bytes"}
@@ -116,10 +118,10 @@ def parse_compile_analysis(text: str) -> list[CompileRecord]:
             value = value.strip()
             if key == "Graph Hash":
                 record.graph_hash = value
-            elif key == "Number of Graph Inputs" and value.isdigit():
-                record.inputs = int(value)
-            elif key == "Number of Graph Outputs" and value.isdigit():
-                record.outputs = int(value)
+            elif key == "Number of Graph Inputs":
+                record.inputs = _count(value, record.inputs)
+            elif key == "Number of Graph Outputs":
+                record.outputs = _count(value, record.outputs)
         elif section == "frames":
             match = _FRAME.match(stripped)
             if match:
@@ -127,6 +129,15 @@ def parse_compile_analysis(text: str) -> list[CompileRecord]:
             elif stripped.startswith(".."):
                 record.frames_truncated = True
     return [r for r in records if r.frames or r.graph_hash]
+
+
+def _count(text: str, otherwise: int | None) -> int | None:
+    """A count torch_xla printed, or `otherwise` when it is not one (ASCII digits, bounded: a mangled
+    report is no reason to stop a training run)."""
+    try:
+        return parse_count(text)
+    except InputError:
+        return otherwise
 
 
 @dataclass(frozen=True)

@@ -305,6 +305,7 @@ class LeakDetector:
         self._analysis: _Analysis | None = None
         self.status = Status.WARMING_UP  # the status of every verdict until the next analysis
         self.leak_detected = False  # the leak report of every verdict until the next analysis
+        self.rising_bytes_per_step = 0.0  # the alarm's pessimistic rate while it is up, else 0 (the limit rule's)
         self._projection: _Projection | None = None  # what verdicts share until the next close or limit change
 
     # -- per sample: a couple of comparisons --------------------------------------------------
@@ -406,9 +407,11 @@ class LeakDetector:
             return  # the verdict was refreshed recently enough for the span it is drawn from
         history_span = self._xs[-1] - self._xs[0] if self._xs else 0.0
         self._next_analysis = self._end + min(self._recent_width, history_span / REFRESHES_PER_SPAN)
-        self._analysis = self._analyse()
-        self.status = self._analysis.status
-        self.leak_detected = self._analysis.leak_detected
+        analysis = self._analysis = self._analyse()
+        self.status = analysis.status
+        self.leak_detected = analysis.leak_detected
+        # Only a rise the alarm believes: a suspect one may be a compile cache or a ramp that stops.
+        self.rising_bytes_per_step = analysis.trend.high if analysis.status is Status.LEAKING else 0.0
         self._projection = None
 
     def _recent_active(self) -> bool:

@@ -12,6 +12,20 @@ the live watchdog would have said" holds by construction. Pure: no threads, no I
 Each sample carries the loop's phase (`watchdog.core.phase`). Training samples (or samples with
 no phase) feed the detector's floor; a sample from a bounded phase (an evaluation) is a transient
 to the detector, and the judge watches the phase's own growth for an OOM before the phase ends.
+
+The limit rule has two parts. Which limit: the smaller of the device's and the configured budget
+(`effective_limit`). And what memory at it means: a reading at or over that limit (less the
+detector's `headroom_bytes`, the line every projection aims at), or within the checkpoint margin
+of it, is acted on from the first sample, whatever the detector says, warm-up included: memory
+over the budget is the one case that needs no trend. "Within the checkpoint margin" in bytes is
+what the floor could add in `checkpoint_margin_steps` at the pessimistic rate of the detector's
+alarm while it is up (`LeakDetector.rising_bytes_per_step`): a reading that close to the line may
+not leave a checkpoint asked for now the time to finish. Any other rate is zero (warm-up, no
+growth, and growth the detector still doubts: a compile cache or a first ramp measured over a
+margin of hundreds of steps would put a healthy job at 60% of its limit "within reach" of it, six
+false actions on the bench), so then only a reading at the line acts. The verdict says so
+(`leaking`, the OOM due in the steps to the line), and the policy answers with `limit_reached`: a
+checkpoint action at once, then its cooldown (`watchdog.core.policy`).
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ from watchdog.core.units import format_bytes
 from watchdog.core.verdict import Action, Status, Verdict
 
 _NO_LIMIT_SEEN = -1  # sentinel: no sample's bytes_limit has been seen yet (None is a real value)
+_NO_LINE = math.inf  # no limit known: the limit rule never acts
 _NO_ACTION = Action.NONE
 _LEAKING = Status.LEAKING
 
@@ -76,6 +91,9 @@ class Judge:
         self._label = ""  # the phase label of the last sample
         self._episode: PhaseEpisode | None = None  # the bounded phase running now, if any
         self._phase_steps: dict[str, float] = {}  # how long each bounded phase ran last time
+        self._margin_steps = self.policy.config.checkpoint_margin_steps
+        self._line = _NO_LINE  # the limit rule's line: the effective limit less the headroom
+        self._set_limit(effective_limit(None, memory_limit_bytes))
 
     @property
     def limit_bytes(self) -> int | None:
@@ -96,12 +114,15 @@ class Judge:
     def judge(self, sample: Sample) -> tuple[Verdict, Action]:
         if sample.bytes_limit != self._device_limit:
             self._device_limit = sample.bytes_limit
-            self.detector.set_limit(effective_limit(sample.bytes_limit, self.memory_limit_bytes))
+            self._set_limit(effective_limit(sample.bytes_limit, self.memory_limit_bytes))
         if sample.phase != self._label or sample.step < self._last_step:
             self._transition(sample)
         self._last_step = sample.step
         self._unjudged = None
-        verdict = self._latest = self._route(sample)  # the detector, or the watch on a bounded phase
+        verdict = self._route(sample)  # the detector, or the watch on a bounded phase
+        if sample.bytes_used + self.detector.rising_bytes_per_step * self._margin_steps >= self._line:
+            return self._at_limit(sample, verdict)
+        self._latest = verdict
         return verdict, self._act(verdict)
 
     def judge_quietly(self, sample: Sample) -> tuple[Verdict, Action] | None:
@@ -120,12 +141,16 @@ class Judge:
         self._last_step = step
         detector = self.detector
         detector.absorb(sample)
-        if detector.status is not _LEAKING:
+        at_limit = sample.bytes_used + detector.rising_bytes_per_step * self._margin_steps >= self._line
+        if detector.status is not _LEAKING and not at_limit:
             self._unjudged = sample
             self._observe(step)
             return None
         self._unjudged = None
-        verdict = self._latest = detector.verdict(sample)
+        verdict = detector.verdict(sample)
+        if at_limit:
+            return self._at_limit(sample, verdict)
+        self._latest = verdict
         return verdict, self._act(verdict)
 
     def _act(self, verdict: Verdict) -> Action:
@@ -133,6 +158,20 @@ class Judge:
         if action is not _NO_ACTION and action.needs_checkpoint:
             self._floor_at_action = verdict.floor_bytes
         return action
+
+    def _set_limit(self, limit: int | None) -> None:
+        """The effective limit changed: the detector projects against it, the limit rule acts at it."""
+        self.detector.set_limit(limit)
+        self._line = _NO_LINE if limit is None else limit - self.detector.config.headroom_bytes
+
+    def _at_limit(self, sample: Sample, verdict: Verdict) -> tuple[Verdict, Action]:
+        """The limit rule acts: memory at the line, or within the checkpoint margin of it."""
+        verdict = self._latest = _limit_verdict(sample, verdict, self._line, self.detector.rising_bytes_per_step,
+                                                self._margin_steps)
+        action = self.policy.limit_reached(verdict)
+        if action.needs_checkpoint:
+            self._floor_at_action = verdict.floor_bytes
+        return verdict, action
 
     def _use_policy(self, policy: ActionPolicy) -> None:
         self.policy = policy
@@ -235,6 +274,34 @@ class Judge:
         if before is None:
             return None
         return Recovery(before, float(bytes_after), bytes_after < before)
+
+
+def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float, margin_steps: int) -> Verdict:
+    """LEAKING: the limit rule's verdict on `sample`, from the detector's (or the phase's) `verdict`.
+
+    The OOM is due now when the reading is at the line, else in the steps the pessimistic rise
+    takes to reach it (at most the checkpoint margin). What the detector measured (floor, slopes,
+    the leak report) is kept: the rule needs no trend, but says what there is of one.
+    """
+    used = sample.bytes_used
+    limit = verdict.limit_bytes
+    if used >= line:
+        steps = 0.0
+        headroom = "" if line == limit else f" less its headroom ({format_bytes(line)})"
+        explanation = (f"memory {format_bytes(used)} at or over the {format_bytes(limit)} limit{headroom}: "
+                       "acted on with no trend needed")
+    else:
+        steps = (line - used) / rising
+        explanation = (f"memory {format_bytes(used)} within the {margin_steps:,}-step checkpoint margin of the "
+                       f"{format_bytes(limit)} limit: {format_bytes(line - used)} left, rising up to "
+                       f"{format_bytes(rising)}/step")
+    seconds = 0.0  # due now
+    if steps:  # at the pace the detector measured: steps per second from its slope in each unit
+        per_second = verdict.slope_bytes_per_second
+        seconds = steps * verdict.slope_bytes_per_step / per_second if per_second > 0 else math.inf
+    return verdict._replace(status=Status.LEAKING, projected_oom_step=math.ceil(sample.step + steps),
+                            projected_oom_steps=steps, projected_oom_seconds=seconds,
+                            projected_oom_steps_pessimistic=steps, explanation=explanation)
 
 
 def _phase_verdict(sample: Sample, episode: PhaseEpisode, forecast: PhaseForecast, floor: Verdict,

@@ -29,7 +29,8 @@ import math
 import re
 from typing import NamedTuple
 
-from watchdog.core.errors import ConfigError
+from watchdog.core.errors import ConfigError, InputError
+from watchdog.core.numbers import parse_step
 from watchdog.core.trend import Series, Trend, fit_trend, newest_evidence
 
 TRAIN = "train"
@@ -68,9 +69,11 @@ def parse_label(label: str) -> Phase:
     """A sample's label back into a phase; lenient, since traces come from anywhere: text that is
     not NAME/STEPS is all name, of unknown length."""
     name, _, steps = label.partition("/")
-    if steps.isdigit() and int(steps) > 0:
-        return Phase(name, int(steps))
-    return Phase(label, None)
+    try:
+        planned = parse_step(steps)  # ASCII digits, bounded: a trace's '²' or 5,000 digits is a name, not a crash
+    except InputError:
+        return Phase(label, None)
+    return Phase(name, planned) if planned > 0 else Phase(label, None)
 
 
 class PhaseForecast(NamedTuple):

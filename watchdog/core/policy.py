@@ -19,6 +19,14 @@ The ladder, one verdict at a time:
   comes at the next confirmed verdict inside the horizon (waiting out the cooldown let a leak of
   4 MiB/step grow 600 MiB into the OOM the action was for).
 
+The limit rule (`limit_reached`, called by the `Judge` instead of `decide`): memory at or over the
+limit, or within the checkpoint margin of it, gets the checkpoint action at once, from the first
+sample: no confirmation, no horizon, no first-ramp caution. Those are there to doubt a projection,
+and this is no projection: the OOM is here, and every sample waited for is one the checkpoint may
+not get. The cooldown holds as for any checkpoint action (one action, then quiet for
+`cooldown_steps`, or the restart at once after a reinit that gave nothing back), so memory that
+stays over the limit gets one action per cooldown, never one per sample.
+
 The action horizon is the larger of `lead_factor` checkpoint margins and `horizon_fraction` of
 the steps watched so far: the checkpoint is asked for while the pessimistic projection still
 leaves at least the margin it needs, with room for the projection to be wrong, and a growth that
@@ -130,6 +138,18 @@ class ActionPolicy:
                 return Action.NONE
             self._warned_until = verdict.step + self.config.cooldown_steps
             return Action.WARN
+        return self._checkpoint(verdict)
+
+    def limit_reached(self, verdict: Verdict) -> Action:
+        """`decide` for a verdict of the limit rule (memory at or over the limit, or within the
+        checkpoint margin of it): a checkpoint action unless one was taken within the cooldown."""
+        self._clock(verdict.step)
+        if verdict.step < self._quiet_until:
+            return Action.NONE
+        return self._checkpoint(verdict)
+
+    def _checkpoint(self, verdict: Verdict) -> Action:
+        """The checkpoint action for `verdict`, then the cooldown."""
         action = self._checkpoint_action()
         self._cautious = False
         self._quiet_until = self._warned_until = verdict.step + self.config.cooldown_steps

@@ -12,6 +12,10 @@ have five fields, so only the missing newline tells), and a writer cuts it off b
 so the next row never glues onto it. Lines are read with a bound, so a file with no newline is a
 one-line error, not a MemoryError; and a trace path that names no regular file (a FIFO, a
 directory, `/dev/zero`) is refused before anything waits on it (`watchdog.core.inputs`).
+
+Numbers are ASCII and bounded (`watchdog.core.numbers`): a step below 2**52, byte counts below
+2**63; `int()` and `float()` would read `'١'` as 1, and a step of 2**60 would make neighbouring
+steps one float. A row outside them is an error naming the file and line, like any other defect.
 """
 
 from __future__ import annotations
@@ -21,17 +25,22 @@ import errno
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from watchdog.core.errors import InputError, TraceFormatError
 from watchdog.core.inputs import NotARegularFile, open_regular
+from watchdog.core.numbers import MAX_SIZE, MAX_STEP, whole_number
 
 TRACE_HEADER = ("step", "timestamp", "bytes_used", "bytes_limit", "peak_bytes_used")
 TRACE_HEADER_WITH_PHASE = TRACE_HEADER + ("phase",)
 MAX_LINE_CHARS = 4096  # a row is about 100 characters; a longer line is not a trace
 _LINE_ENDS = ("\n", "\r")
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")  # ASCII: 1073741824, 1073741824.0, 1.07e9
+_BOUNDS = {"step": ("a step", MAX_STEP), "bytes_used": ("a size", MAX_SIZE), "bytes_limit": ("a size", MAX_SIZE),
+           "peak_bytes_used": ("a size", MAX_SIZE)}  # each integer column: what it names, and the bound it is below
 # open() failures that are the configuration's fault (exit 2), not the disk's (best effort, retried)
 _NOT_APPENDABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.ENOENT,
                    errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP}
@@ -64,21 +73,25 @@ class Sample:
 
 
 def _int_field(text: str, name: str, path: str, line: int, optional: bool) -> int | None:
+    """One integer column: ASCII digits (or a whole number in decimal or exponent form, as a
+    spreadsheet may write it), below its column's bound; else the TraceFormatError saying why."""
     if text == "" and optional:
         return None
-    try:
-        value = int(text)
-    except ValueError:
-        try:
-            as_float = float(text)
-        except ValueError:
-            raise TraceFormatError(path, line, f"{name} is not a number: {text!r}") from None
-        if not math.isfinite(as_float) or as_float != int(as_float):
-            raise TraceFormatError(path, line, f"{name} is not a whole number of bytes: {text!r}")
-        value = int(as_float)
-    if value < 0:
+    what, bound = _BOUNDS[name]
+    number = text.strip()
+    if number.startswith("-") and _DECIMAL.fullmatch(number[1:]):
         raise TraceFormatError(path, line, f"{name} must not be negative: {text!r}")
-    return value
+    if not _DECIMAL.fullmatch(number):
+        raise TraceFormatError(path, line, f"{name} is not a number in the digits 0-9: {text[:40]!r}")
+    if not number.isdigit():  # 1.0e9: a float first, and only a whole one
+        as_float = float(number)
+        if not math.isfinite(as_float) or as_float != int(as_float):
+            raise TraceFormatError(path, line, f"{name} is not a whole number: {text!r}")
+        number = str(int(as_float))
+    try:
+        return whole_number(number, what, 0, bound - 1)
+    except InputError as exc:
+        raise TraceFormatError(path, line, f"{name}: {exc}") from None
 
 
 def parse_rows(rows: Iterable[list[str]], path: str) -> Iterator[Sample]:
@@ -101,27 +114,32 @@ def parse_rows(rows: Iterable[list[str]], path: str) -> Iterator[Sample]:
             continue
         if len(row) != fields:
             raise TraceFormatError(path, line, f"expected {fields} fields, got {len(row)}")
-        try:  # the rows a writer of ours wrote: plain integers, a finite timestamp, nothing negative
-            step, timestamp, used = int(row[0]), float(row[1]), int(row[2])
+        digits = row[0] + row[2] + row[3] + row[4]
+        if digits.isascii() and digits.isdigit() and row[1].isascii() and row[0] and row[2]:
+            # the rows a writer of ours wrote: ASCII digits (so nothing negative), an ASCII timestamp
+            try:
+                timestamp = float(row[1])
+            except ValueError:
+                timestamp = math.nan  # the careful way below says what is wrong
+            step, used = int(row[0]), int(row[2])
             limit = int(row[3]) if row[3] else None
             peak = int(row[4]) if row[4] else None
-        except ValueError:
-            pass  # the careful way below says what is wrong, or accepts "1e9"
-        else:
-            if (step >= 0 and used >= 0 and isfinite(timestamp) and (limit is None or limit >= 0)
-                    and (peak is None or peak >= 0)):
+            if (step < MAX_STEP and used < MAX_SIZE and isfinite(timestamp) and (limit is None or limit < MAX_SIZE)
+                    and (peak is None or peak < MAX_SIZE)):
                 yield Sample(step, timestamp, used, limit, peak, row[5].strip() if fields > 5 else "")
                 continue
-        yield _careful_row(row, fields, path, line)
+        yield _careful_row(row, fields, path, line)  # says what is wrong, or accepts "1e9"
 
 
 def _careful_row(row: list[str], fields: int, path: str, line: int) -> Sample:
     """One row the fast path of `parse_rows` did not take: a Sample, or the TraceFormatError saying why not."""
     step = _int_field(row[0], "step", path, line, optional=False)
     try:
+        if not row[1].isascii():
+            raise ValueError  # float() reads other scripts' digits too
         timestamp = float(row[1])
     except ValueError:
-        raise TraceFormatError(path, line, f"timestamp is not a number: {row[1]!r}") from None
+        raise TraceFormatError(path, line, f"timestamp is not a number: {row[1][:40]!r}") from None
     if not math.isfinite(timestamp):
         raise TraceFormatError(path, line, f"timestamp is not finite: {row[1]!r}")
     return Sample(

@@ -1,44 +1,54 @@
-"""Byte sizes as people write them (`512MiB`, `3GiB`, `1048576`) and as logs print them."""
+"""Byte sizes as people write them (`512MiB`, `3GiB`, `1048576`) and as logs print them.
+
+A size is ASCII digits, an optional fraction and an optional unit, and is below `MAX_SIZE`
+(8 EiB): the rules of `watchdog.core.numbers`. It is computed in integers, so a 400-digit size is
+refused as too large instead of overflowing a float.
+"""
 
 from __future__ import annotations
 
 import re
 
 from watchdog.core.errors import InputError
+from watchdog.core.numbers import MAX_SIZE, shown
 
 _BINARY = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?\s*([a-zA-Z]*)\s*", re.ASCII)  # [0-9]: no other script's digits
+_FRACTION_DIGITS = 12  # a TiB's 2**40 bytes: 12 decimals resolve every byte of one
 
 
 def parse_size(text: str | int) -> int:
-    """Parse a size in bytes; raises ValueError with a message naming the bad text."""
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"size must not be negative, got {text}")
+    """A size in bytes, 0 to MAX_SIZE - 1; InputError naming the bad text otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if not 0 <= text < MAX_SIZE:
+            raise InputError(f"size must be from 0 to {MAX_SIZE - 1:,} bytes, got {text}")
         return text
-    match = _SIZE.match(str(text))
+    match = _SIZE.fullmatch(str(text))
     if not match:
-        raise ValueError(f"not a size: {text!r} (use bytes or a suffix such as 512MiB, 3GiB)")
-    number, unit = match.groups()
+        raise InputError(f"not a size: {shown(str(text))} (use bytes or a suffix such as 512MiB, 3GiB)")
+    whole, fraction, unit = match.groups()
     factor = _BINARY.get(unit.lower()) or _DECIMAL.get(unit.lower())
     if factor is None:
-        raise ValueError(f"unknown size unit {unit!r} in {text!r} (use KiB, MiB, GiB, TiB)")
-    return int(float(number) * factor)
+        raise InputError(f"unknown size unit {unit!r} in {shown(str(text))} (use KiB, MiB, GiB, TiB)")
+    whole = whole.lstrip("0") or "0"
+    fraction = (fraction or "")[:_FRACTION_DIGITS]
+    if len(whole) > len(str(MAX_SIZE)):  # before int(): thousands of digits are too large, not int()'s problem
+        raise InputError(f"size {shown(str(text))} is too large: sizes are below 8 EiB (2**63 bytes)")
+    scale = 10 ** len(fraction)
+    value = (int(whole) * scale + int(fraction or "0")) * factor // scale
+    if value >= MAX_SIZE:
+        raise InputError(f"size {shown(str(text))} is too large: sizes are below 8 EiB (2**63 bytes)")
+    return value
 
 
-def memory_limit_option(text: str | None, flag: str = "--memory-limit") -> int | None:
-    """A command-line memory budget: None when not given, else positive bytes (InputError if not)."""
-    if text is None:
-        return None
-    try:
-        limit = parse_size(text)
-    except ValueError as exc:
-        raise InputError(f"{flag}: {exc}") from None
-    if limit <= 0:
-        raise InputError(f"{flag}: must be a positive number of bytes")
-    return limit
+def positive_size(text: str) -> int:
+    """A memory budget (`--memory-limit`): a size of at least one byte."""
+    size = parse_size(text)
+    if size <= 0:
+        raise InputError(f"must be a positive number of bytes, got {shown(str(text))}")
+    return size
 
 
 def format_bytes(n: float | None, digits: int = 1) -> str:

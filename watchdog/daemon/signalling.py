@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import psutil
 
 from watchdog.core.errors import InputError
+from watchdog.core.numbers import whole_number
 from watchdog.daemon.targets import WatchedProcess
 from watchdog.logs import get_logger
 
@@ -33,10 +34,10 @@ def parse_signal(text: str, flag: str = "--signal") -> signal.Signals:
     """`TERM`, `SIGTERM`, `term` or `15` -> signal.SIGTERM; anything else is one line for the user."""
     name = text.strip().upper()
     try:
-        if name.isdigit():
-            return signal.Signals(int(name))
+        if name[:1].isdigit():
+            return signal.Signals(whole_number(name, "a signal number", 1, 64))  # not int(): '١' is not SIGHUP
         return signal.Signals[name if name.startswith("SIG") else "SIG" + name]
-    except (KeyError, ValueError):
+    except (KeyError, ValueError):  # InputError is a ValueError
         raise InputError(f"{flag} {text!r}: not a signal (use a name such as TERM, INT, USR1 or KILL)") from None
 
 

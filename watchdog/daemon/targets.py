@@ -25,6 +25,7 @@ import psutil
 
 from watchdog.core.errors import InputError
 from watchdog.core.inputs import open_regular
+from watchdog.core.numbers import parse_pid
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
@@ -121,8 +122,12 @@ class PidFinder:
 
     def __init__(self, pid: int):
         self.description = f"--pid {pid}"
-        if pid <= 0 or pid == os.getpid():
-            raise InputError(f"--pid {pid}: not a process this daemon can watch")
+        try:
+            parse_pid(str(pid))  # the command line's parser checked it; a caller in code gets the same rule
+        except InputError as exc:
+            raise InputError(f"--pid: {exc}") from None
+        if pid == os.getpid():
+            raise InputError(f"--pid {pid}: not a process this daemon can watch (the daemon itself)")
         try:
             self._process = psutil.Process(pid)
             self._process.create_time()
@@ -241,10 +246,11 @@ class PidfileFinder:
         except OSError as exc:
             self._why = f"cannot read {self.path}: {exc.strerror or exc}"
             return None
-        if not text.isdigit() or int(text) <= 0:
-            self._why = f"{self.path} holds {text[:40]!r}, not a PID"  # maybe being written: asked again
+        try:
+            pid = parse_pid(text)  # ASCII digits only: int() would read '١' as PID 1, init
+        except InputError as exc:
+            self._why = f"{self.path}: not a PID to watch ({exc})"  # maybe being written: asked again
             return None
-        pid = int(text)
         try:
             process = psutil.Process(pid)
             started = process.create_time()

@@ -36,7 +36,8 @@ class TimeAxis:
     """Added to the checkpoint time; default two intervals (a decision can come one interval late,
     and the signal and the handler's reaction to it take time too)."""
     warmup_seconds: float = 30.0
-    """A new process's first seconds are not judged: imports, weights and compilation are not a leak."""
+    """A new process's first seconds are no trend: imports, weights and compilation are not a leak
+    (memory over the limit is acted on even then: the judge's limit rule needs no trend)."""
     grace_seconds: float | None = None
     """After a signal, how long to wait before escalating; default twice the checkpoint time."""
     base_detector: DetectorConfig = field(default_factory=DetectorConfig)

@@ -44,6 +44,7 @@ from prometheus_client.exposition import make_wsgi_app
 
 from watchdog import __version__
 from watchdog.core.errors import InputError
+from watchdog.core.numbers import option, parse_port
 from watchdog.logs import get_logger
 from watchdog.runtime.telemetry import Telemetry
 
@@ -561,16 +562,10 @@ class MetricsServer:
 
 def add_metrics_options(group) -> None:
     """`--metrics-port` and `--metrics-address`: the same endpoint options for `train` and `watch`."""
-    group.add_argument("--metrics-port", type=int, help="serve Prometheus metrics (0: any free port)")
+    group.add_argument("--metrics-port", type=option(parse_port), help="serve Prometheus metrics (0: any free port)")
     group.add_argument("--metrics-address", default=DEFAULT_ADDRESS, metavar="HOST",
                        help="interface the metrics endpoint listens on (default %(default)s: this machine only; "
                             "0.0.0.0 or :: for all, as in a pod)")
-
-
-def check_metrics_port(port: int | None) -> None:
-    """Refuse a port no endpoint could listen on, before anything starts (InputError names the flag)."""
-    if port is not None and not 0 <= port <= 65535:
-        raise InputError(f"--metrics-port must be between 0 and 65535, got {port}")
 
 
 def serve_metrics(telemetry: Telemetry, port: int = DEFAULT_PORT, *, local_rank: int = 0,

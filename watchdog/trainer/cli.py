@@ -13,34 +13,36 @@ import sys
 from pathlib import Path
 
 from watchdog.core.errors import InputError
-from watchdog.core.units import memory_limit_option
+from watchdog.core.numbers import option, parse_count, parse_positive, parse_seed, parse_step
+from watchdog.core.units import positive_size
 from watchdog.logs import console_wanted
-from watchdog.runtime.exporter import add_metrics_options, check_metrics_port
+from watchdog.runtime.exporter import add_metrics_options
 from watchdog.trainer.leaks import FORMS, parse_leak_spec
 
 DEFAULT_STEPS = 600
+COUNT, POSITIVE = option(parse_count), option(parse_positive)  # ASCII digits, bounded (watchdog.core.numbers)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     run_group = parser.add_argument_group("run")
-    run_group.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps in all (default: %(default)s)")
+    run_group.add_argument("--steps", type=COUNT, default=DEFAULT_STEPS, help="training steps in all (default: %(default)s)")
     run_group.add_argument("--device", choices=("auto", "xla", "cuda", "cpu"), default="auto",
                            help="auto: XLA on a TPU, else CUDA, else XLA on PJRT CPU, else CPU")
-    run_group.add_argument("--num-devices", type=int, default=1,
+    run_group.add_argument("--num-devices", type=POSITIVE, default=1,
                            help="data-parallel replicas through torch_xla.launch (XLA only; default 1)")
     run_group.add_argument("--spmd", action="store_true",
                            help="shard the model, optimizer state and batch over every device of this "
                                 "process (XLA SPMD, FSDPv2-style; one process per host); on PJRT CPU set "
                                 "CPU_NUM_DEVICES")
-    run_group.add_argument("--seed", type=int, default=0)
-    run_group.add_argument("--batch-size", type=int, default=8)
+    run_group.add_argument("--seed", type=option(parse_seed), default=0)
+    run_group.add_argument("--batch-size", type=POSITIVE, default=8)
     run_group.add_argument("--lr", type=float, default=3e-3, help="peak learning rate of AdamW")
     run_group.add_argument("--text-file", type=Path, help="train on this file, byte level (default: synthetic data)")
-    run_group.add_argument("--log-every", type=int, default=50, help="a progress line (and a loss read) every N steps")
-    run_group.add_argument("--eval-every", type=int, default=0,
+    run_group.add_argument("--log-every", type=POSITIVE, default=50, help="a progress line (and a loss read) every N steps")
+    run_group.add_argument("--eval-every", type=COUNT, default=0,
                            help="a small evaluation after every N training steps, under the watchdog's eval phase "
                                 "(default: none)")
-    run_group.add_argument("--eval-steps", type=int, default=20, help="batches per evaluation (default: %(default)s)")
+    run_group.add_argument("--eval-steps", type=POSITIVE, default=20, help="batches per evaluation (default: %(default)s)")
     run_group.add_argument("--eval-keep-outputs", action="store_true",
                            help="keep each evaluation batch's logits on the device until the evaluation ends "
                                 "(the 'eval predictions accumulated on the device' pattern)")
@@ -48,17 +50,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                            help="print saved-activation bytes per step with and without checkpointing, then exit")
 
     model = parser.add_argument_group("model")
-    model.add_argument("--depth", type=int, default=2, help="transformer blocks")
-    model.add_argument("--width", type=int, default=64, help="embedding width")
-    model.add_argument("--heads", type=int, default=4)
-    model.add_argument("--seq-len", type=int, default=64)
+    model.add_argument("--depth", type=POSITIVE, default=2, help="transformer blocks")
+    model.add_argument("--width", type=POSITIVE, default=64, help="embedding width")
+    model.add_argument("--heads", type=POSITIVE, default=4)
+    model.add_argument("--seq-len", type=POSITIVE, default=64)
     model.add_argument("--activation-checkpointing", choices=("none", "full"), default="full",
                        help="recompute each block's activations in backward (default: %(default)s)")
 
     ckpt = parser.add_argument_group("checkpoints")
     ckpt.add_argument("--checkpoint-dir", type=Path,
                       help="where checkpoints go (default: a temporary directory, so no resume)")
-    ckpt.add_argument("--checkpoint-every", type=int, default=0,
+    ckpt.add_argument("--checkpoint-every", type=COUNT, default=0,
                       help="also checkpoint every N steps (default: only on actions, SIGTERM and at the end)")
     ckpt.add_argument("--resume", choices=("auto", "never"), default="auto",
                       help="auto: continue from the newest checkpoint in --checkpoint-dir if there is one")
@@ -69,15 +71,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     wd = parser.add_argument_group("watchdog")
     wd.add_argument("--inject-leak", action="append", default=[], metavar="SPEC",
                     help=f"{FORMS}, optionally @START (repeatable)")
-    wd.add_argument("--memory-limit", help="memory budget (e.g. 2GiB); needed on PJRT CPU and CPU")
-    wd.add_argument("--sample-every", type=int, default=5,
+    wd.add_argument("--memory-limit", type=option(positive_size),
+                    help="memory budget (e.g. 2GiB); needed on PJRT CPU and CPU")
+    wd.add_argument("--sample-every", type=POSITIVE, default=5,
                     help="sample memory every N steps (default %(default)s: this trainer's steps are short and its "
                          "runs a few hundred steps; the library's WatchdogConfig default is 10)")
     add_metrics_options(wd)
     wd.add_argument("--trace-file", type=Path, help="append every sample to this trace CSV")
-    wd.add_argument("--checkpoint-margin-steps", type=int, default=50,
+    wd.add_argument("--checkpoint-margin-steps", type=COUNT, default=50,
                     help="steps a checkpoint needs before the OOM (the policy's margin)")
-    wd.add_argument("--action-cooldown-steps", type=int, default=150,
+    wd.add_argument("--action-cooldown-steps", type=COUNT, default=150,
                     help="after a checkpoint action, no other for this many steps (default %(default)s, sized for "
                          "demo runs of a few hundred steps; the library's PolicyConfig default is 500)")
     wd.add_argument("--no-watchdog", action="store_true", help="train unwatched (for comparisons)")
@@ -93,20 +96,12 @@ def build_config(args: argparse.Namespace):
     from watchdog.trainer.loop import TrainConfig
     from watchdog.trainer.model import ModelConfig
 
-    for flag in ("steps", "checkpoint_every", "seed", "eval_every"):
-        if getattr(args, flag) < 0:
-            raise InputError(f"--{flag.replace('_', '-')} must not be negative, got {getattr(args, flag)}")
-    for flag in ("batch_size", "log_every", "sample_every", "num_devices", "eval_steps"):
-        if getattr(args, flag) < 1:
-            raise InputError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     if args.spmd and args.num_devices > 1:
         raise InputError("--spmd drives every device from one process; it does not combine with --num-devices")
     if args.spmd and args.device not in ("auto", "xla"):
         raise InputError(f"--spmd needs XLA (--device xla or auto), got --device {args.device}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise InputError(f"--lr must be a positive finite number, got {args.lr}")
-    check_metrics_port(args.metrics_port)
-    limit = memory_limit_option(args.memory_limit)
     if args.text_file is not None and not os.access(args.text_file, os.R_OK):
         raise InputError(f"--text-file {args.text_file}: not a readable file")
     if args.checkpoint_dir is not None:
@@ -116,7 +111,7 @@ def build_config(args: argparse.Namespace):
     watchdog = None
     if not args.no_watchdog:
         watchdog = WatchdogConfig(
-            sample_every=args.sample_every, memory_limit_bytes=limit, trace_file=args.trace_file,
+            sample_every=args.sample_every, memory_limit_bytes=args.memory_limit, trace_file=args.trace_file,
             detector=DetectorConfig(),
             policy=PolicyConfig(checkpoint_margin_steps=args.checkpoint_margin_steps,
                                 cooldown_steps=args.action_cooldown_steps))
@@ -168,9 +163,12 @@ def _parse_forced(text: str):
 
     kinds = {"reinit": Action.CHECKPOINT_REINIT, "restart": Action.CHECKPOINT_RESTART}
     kind, _, step = text.partition("@")
-    if kind not in kinds or not step.isdigit():
+    if kind not in kinds:
         raise InputError(f"--force-action {text!r}: expected reinit@STEP or restart@STEP")
-    return int(step), kinds[kind]
+    try:
+        return parse_step(step), kinds[kind]
+    except InputError as exc:
+        raise InputError(f"--force-action {text!r}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from watchdog.core.errors import InputError
+from watchdog.core.numbers import parse_positive, parse_step
 from watchdog.core.units import parse_size
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ KINDS = ("tensors", "graph", "global", "recompile", "total", "hook", "cache")
 SIZED = ("tensors", "global", "hook", "cache")  # the amount is bytes per step; otherwise a count
 FORMS = ("tensors:SIZE/step, graph:N/step, global:SIZE/step, recompile:K, total:N/step, hook:SIZE/step "
          "or cache:SIZE/step")
-_SPEC = re.compile(r"^(?P<kind>[a-z]+):(?P<amount>[^/@]+)(?P<per>/step)?(?:@(?P<start>\d+))?$")
+_SPEC = re.compile(r"^(?P<kind>[a-z]+):(?P<amount>[^/@]+)(?P<per>/step)?(?:@(?P<start>[^@]*))?$")
 _FORMS = f"{FORMS}, optionally @START_STEP"
 
 _GLOBAL_LEAK: list["torch.Tensor"] = []  # module level on purpose: what a reinit cannot reach
@@ -68,18 +69,13 @@ def parse_leak_spec(text: str) -> LeakSpec:
         form = "recompile:K" if kind == "recompile" else f"{kind}:AMOUNT/step"
         raise InputError(f"--inject-leak {text!r}: write it as {form}")
     try:
-        value = parse_size(amount) if kind in SIZED else _positive_int(amount)
-    except ValueError as exc:
+        value = parse_size(amount) if kind in SIZED else parse_positive(amount)
+        start_step = 0 if start is None else parse_step(start)
+    except InputError as exc:
         raise InputError(f"--inject-leak {text!r}: {exc}") from None
     if value < 1:
         raise InputError(f"--inject-leak {text!r}: the amount must be positive")
-    return LeakSpec(kind, value, int(start or 0))
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"expected a whole number, got {text!r}")
-    return int(text)
+    return LeakSpec(kind, value, start_step)
 
 
 @dataclass

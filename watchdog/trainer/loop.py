@@ -52,6 +52,7 @@ from watchdog.actions.coordination import ActionCoordinator, agree_on_action
 from watchdog.actions.supervisor import RESTART_COUNT_ENV
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUESTED, InputError
+from watchdog.core.numbers import parse_count
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.runtime import forensics
@@ -768,9 +769,10 @@ class Trainer:
 
 def _restarts_so_far_from_env() -> int:
     text = os.environ.get(RESTART_COUNT_ENV, "0").strip() or "0"
-    if not text.isdigit():
-        raise InputError(f"{RESTART_COUNT_ENV}={text!r}: expected a non-negative integer")
-    return int(text)
+    try:
+        return parse_count(text)
+    except InputError as exc:
+        raise InputError(f"{RESTART_COUNT_ENV}: {exc}") from None
 
 
 def train(config: TrainConfig, **kwargs) -> TrainResult:

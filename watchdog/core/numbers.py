@@ -1,0 +1,103 @@
+"""Whole numbers from people and files (steps, sizes, PIDs, seeds, counts): ASCII digits, bounded.
+
+Python's own parsing is too generous for numbers that name something: `int()` reads any Unicode
+decimal digit (`'١'` is 1, `'５'` is 5), `str.isdigit()` also passes superscripts that `int()`
+then refuses (`'²'`), and neither bounds the value. A PID file holding `١` would name init; a
+400-digit size overflows the float arithmetic behind every projection; a step of 2**60 makes
+neighbouring steps the same float and a slope a division by zero. So every such number goes
+through `whole_number`: the digits 0-9 and nothing else (no sign, no `_`, no spaces inside), a
+value within documented bounds, and anything else one `InputError` (one line, exit status 2).
+Sizes with their suffixes are `watchdog.core.units.parse_size`, built on the same rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Callable, TypeVar
+
+from watchdog.core.errors import InputError
+
+MAX_STEP = 2**52
+"""Steps (and counts of steps or samples) are below this: a step, and the midpoint of two steps
+(the detector's bucket centres), are then exact floats, so two different steps never compare equal."""
+MAX_SIZE = 2**63
+"""Sizes in bytes are below this (8 EiB): a signed 64-bit byte count, what every runtime reports."""
+PID_MAX = 2**22
+"""PIDs are below this: the kernel's pid_max can be raised to 2**22 (PID_MAX_LIMIT) and no further."""
+SEED_MAX = 2**32 - 1
+"""Seeds are at most this: numpy's generators take 0 .. 2**32 - 1."""
+PORT_MAX = 65535
+
+_DIGITS = re.compile(r"[0-9]+")  # not \d, which matches every script's digits
+_SHOWN = 40  # characters of a bad value worth quoting back
+
+T = TypeVar("T")
+
+
+def shown(text: str) -> str:
+    """A bad value as an error message quotes it: repr'd, and cut short (a 5,000-digit PID is one line)."""
+    return repr(text) if len(text) <= _SHOWN else repr(text[:_SHOWN]) + f"... ({len(text):,} characters)"
+
+
+def whole_number(text: str, what: str, low: int, high: int) -> int:
+    """`text` (surrounding spaces aside) as an integer from `low` to `high`, else InputError.
+
+    `what` names the number for the message ("a step", "a PID"). The length is checked before
+    `int()` is called, so a 5,000-digit string is refused as too large, not by `int()`'s own limit.
+    """
+    digits = text.strip()
+    if not _DIGITS.fullmatch(digits):
+        raise InputError(f"expected {what} written in the digits 0-9, got {shown(text)}")
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > len(str(high)) or not low <= (value := int(significant)) <= high:
+        raise InputError(f"expected {what} from {low:,} to {high:,}, got {shown(text)}")
+    return value
+
+
+def parse_step(text: str) -> int:
+    """A training step (or sample number): 0 to MAX_STEP - 1."""
+    return whole_number(text, "a step", 0, MAX_STEP - 1)
+
+
+def parse_count(text: str) -> int:
+    """A count of steps, samples or restarts that may be zero: bounded like a step."""
+    return whole_number(text, "a whole number", 0, MAX_STEP - 1)
+
+
+def parse_positive(text: str) -> int:
+    """A count that must be at least 1 (steps between samples, batch size, repeats)."""
+    return whole_number(text, "a positive whole number", 1, MAX_STEP - 1)
+
+
+def parse_seed(text: str) -> int:
+    """A random seed, as numpy takes it: 0 to 2**32 - 1."""
+    return whole_number(text, "a seed", 0, SEED_MAX)
+
+
+def parse_pid(text: str) -> int:
+    """A process to watch or signal: 2 to PID_MAX - 1. PID 1 is init (signalling it would take the
+    machine or the container down with it) and 0 is no process at all (to kill(), the caller's group)."""
+    pid = whole_number(text, "a PID", 0, PID_MAX - 1)
+    if pid < 2:
+        raise InputError(f"PID {pid} is {'init' if pid else 'no process'}: not a process to watch or signal")
+    return pid
+
+
+def parse_port(text: str) -> int:
+    """A TCP port: 0 (any free one) to 65535."""
+    return whole_number(text, "a port", 0, PORT_MAX)
+
+
+def option(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """`parse` as an argparse `type=`: its InputError becomes argparse's refusal (exit status 2),
+    message kept (argparse would otherwise replace a ValueError's message with its own)."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
