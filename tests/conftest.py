@@ -121,3 +121,21 @@ def _processes_only_in_slow_tests(request, monkeypatch):
     yield
     if not runtime_before and _xla_runtime_started():
         raise ProcessInFastTest(f"{request.node.nodeid} starts torch_xla's runtime: mark it @pytest.mark.slow")
+
+
+# ------------------------------------------------------------------------ set-up paid once per worker
+
+@pytest.fixture(scope="session")
+def synthetic_corpus_0():
+    """The bench's synthetic corpus, seed 0 (seconds to build): built once per worker, shared read-only."""
+    from watchdog.bench.corpus import synthetic_corpus
+
+    return tuple(synthetic_corpus(0))
+
+
+@pytest.fixture(scope="session")
+def real_corpus_shipped():
+    """The real corpus from the copy shipped in the package: built once per worker, shared read-only."""
+    from watchdog.bench.realtraces import real_corpus
+
+    return tuple(real_corpus())

@@ -4,9 +4,7 @@ import json
 
 import pytest
 
-from watchdog.bench.corpus import synthetic_corpus
 from watchdog.bench.evaluate import OURS, detectors, evaluate
-from watchdog.bench.realtraces import real_corpus
 from watchdog.bench.scoring import TraceOutcome, score
 from watchdog.commands.cli import main
 from watchdog.core.judge import Judge
@@ -97,8 +95,8 @@ def test_no_leaks_and_no_actions_is_perfect_precision_and_nothing_to_recall():
 # ------------------------------------------------------------------------------------------- runs
 
 @pytest.fixture(scope="module")
-def small_corpus():
-    return synthetic_corpus(0)[::8]  # every kind is represented at least once in 12 traces
+def small_corpus(synthetic_corpus_0):
+    return list(synthetic_corpus_0[::8])  # every kind is represented at least once in 12 traces
 
 
 def test_evaluate_scores_every_detector_on_the_same_traces(small_corpus):
@@ -188,15 +186,15 @@ def test_bench_refuses_an_unknown_detector(capsys):
 
 # ------------------------------------------------------------------- the leak report on the corpora
 
-@pytest.mark.parametrize("name, corpus", [("lumpy_cache_fill-00", lambda: synthetic_corpus(0)),
-                                          ("m_1051", real_corpus)], ids=["lumpy_cache_fill-00", "m_1051"])
-def test_growth_near_enough_to_project_an_oom_from_is_the_projections_to_report(name, corpus):
+@pytest.mark.parametrize("name, corpus", [("lumpy_cache_fill-00", "synthetic_corpus_0"),
+                                          ("m_1051", "real_corpus_shipped")], ids=["lumpy_cache_fill-00", "m_1051"])
+def test_growth_near_enough_to_project_an_oom_from_is_the_projections_to_report(name, corpus, request):
     """Two negatives that climb fast and stop: a cache filling in lumps (synthetic) and a machine
     whose memory climbed 8% of the limit in 1,500 steps and fell back later (real). At their climb
     the OOM is near enough to project, the projection does not confirm it, and the report leaves
     that call to it: neither is reported. A report may only be raised where the projection
     refused to extrapolate, or by the projection itself."""
-    trace = next(t for t in corpus() if t.name == name)
+    trace = next(t for t in request.getfixturevalue(corpus) if t.name == name)
     judge = Judge(memory_limit_bytes=trace.limit_bytes)
     verdicts = [judge.judge(s)[0] for s in trace.samples]
     assert not any(v.leak_detected for v in verdicts)

@@ -31,8 +31,8 @@ from watchdog.core.errors import InputError
 
 
 @pytest.fixture(scope="module")
-def corpus() -> list[LabelledTrace]:
-    return synthetic_corpus(0)
+def corpus(synthetic_corpus_0) -> list[LabelledTrace]:
+    return list(synthetic_corpus_0)
 
 
 def _quiet_model(**overrides) -> MemoryModel:
@@ -230,8 +230,8 @@ def test_a_file_in_another_format_is_refused(tmp_path):
         load_machines(data)
 
 
-def test_real_corpus_negatives_never_reach_the_limit_and_injected_leaks_do():
-    traces = real_corpus()  # the copy shipped in the package
+def test_real_corpus_negatives_never_reach_the_limit_and_injected_leaks_do(real_corpus_shipped):
+    traces = real_corpus_shipped  # the copy shipped in the package
     negatives = [t for t in traces if not t.leak]
     injected = [t for t in traces if t.leak]
     assert len(negatives) >= 20 and len(injected) >= 20

@@ -571,7 +571,7 @@ def test_the_endpoint_listens_on_loopback_unless_told_and_says_where_it_really_i
         serve_metrics(Telemetry(), 0, addr="no-such-host.invalid")
 
 
-@pytest.mark.parametrize("command", [["train"], ["watch", "--pid", "1"]])
+@pytest.mark.parametrize("command", [["train"], ["watch", "--pid", str(os.getpid())]])
 def test_train_and_watch_take_a_listen_address_and_default_to_loopback(command):
     from watchdog.commands.cli import build_parser
 

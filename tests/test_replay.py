@@ -94,13 +94,11 @@ def _check_quiet_is_judge(pairs) -> int:
     return quiet
 
 
-def test_judging_quietly_gives_every_verdict_and_action_judge_gives_on_the_bench_corpus():
+def test_judging_quietly_gives_every_verdict_and_action_judge_gives_on_the_bench_corpus(synthetic_corpus_0):
     """replay()'s hot loop builds no verdict while no alarm is up; nothing else may change."""
     import dataclasses
 
-    from watchdog.bench.corpus import synthetic_corpus
-
-    traces = synthetic_corpus(0)[::4]  # every family, leaks and hard negatives, phase labels included
+    traces = synthetic_corpus_0[::4]  # every family, leaks and hard negatives, phase labels included
     assert any(s.phase for t in traces for s in t.samples)
     quiet = total = 0
     for t in traces:

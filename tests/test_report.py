@@ -6,7 +6,6 @@ import struct
 
 import pytest
 
-from watchdog.bench.corpus import synthetic_corpus
 from watchdog.commands.cli import main
 from watchdog.commands.report import render_report
 from watchdog.core.sample import write_trace
@@ -20,9 +19,8 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def leak_trace():
-    corpus = synthetic_corpus(0)
-    return next(t for t in corpus if t.kind == "linear_large_leak" and len(t.samples) < 5000)
+def leak_trace(synthetic_corpus_0):
+    return next(t for t in synthetic_corpus_0 if t.kind == "linear_large_leak" and len(t.samples) < 5000)
 
 
 @pytest.fixture

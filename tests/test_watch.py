@@ -169,12 +169,21 @@ class ScriptedChips:
                 DeviceReading("tpu:1", 4 * GiB + sawtooth, 8 * GiB, pid=4242)]
 
 
+class TickPerRead(Daemon):
+    """The daemon with one tick per reading and no waiting: what it judges is then exactly the
+    script, step for step, however loaded the machine (a 1 ms axis skips ticks under load and
+    stretches a scripted leak's rate per step). Tests of the time axis itself use `Daemon`."""
+
+    def _sleep_until_next_tick(self, start: float, tick: int) -> int:
+        return tick + 1
+
+
 def run_daemon(tmp_path, reads: int, **reader_options) -> tuple[Daemon, ScriptedChips]:
     axis = TimeAxis(interval_seconds=0.001, checkpoint_seconds=0.05, warmup_seconds=0.0, grace_seconds=0.1)
     config = WatchConfig(axis=axis, act=False, wait_seconds=1.0, trace_file=tmp_path / "trace.csv")
     stop = threading.Event()
     chips = ScriptedChips(stop, reads, **reader_options)
-    daemon = Daemon(config, ThisProcess(), lambda process: chips, stop=stop)
+    daemon = TickPerRead(config, ThisProcess(), lambda process: chips, stop=stop)
     assert daemon.run() == 0
     return daemon, chips
 

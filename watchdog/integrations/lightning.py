@@ -21,6 +21,7 @@ rising through validation (where `global_step` stands still).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -81,8 +82,13 @@ class HbmWatchdogCallback(Callback):
             xla_stats.prepare_compile_analysis()
 
     def on_train_start(self, trainer, pl_module) -> None:
-        # Called on the training thread, after the strategy has put the model on its device.
-        self.watchdog = Watchdog(self.config, source=self.source).start()
+        # Called on the training thread, after the strategy has put the model on its device. The
+        # strategy names that device: guessing from what is imported would start torch_xla's
+        # runtime (and, on a TPU VM, claim the chips) for a CPU or GPU fit that merely has it installed.
+        config = self.config
+        if config.device is None:
+            config = dataclasses.replace(config, device=str(trainer.strategy.root_device))
+        self.watchdog = Watchdog(config, source=self.source).start()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.watchdog is None:
