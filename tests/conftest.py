@@ -93,6 +93,13 @@ def without_hanging(call, fifo: Path | None = None):
     return outcome["error"] if "error" in outcome else outcome["result"]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Slow tests first: the long end-to-end runs start while the short tests fill the other
+    workers, instead of one of them starting last and running alone at the end (a stable sort,
+    so the order within each lane is the files' own)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 class ProcessInFastTest(AssertionError):
     """A test that starts a process or the XLA runtime must be marked slow, so `pytest -m "not slow"` stays fast."""
 

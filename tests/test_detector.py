@@ -230,6 +230,7 @@ def test_any_flat_noisy_trace_never_yields_an_action(seed, jitter, transient, ev
     assert result.first_alarm_step is None and result.first_action_step is None
 
 
+@pytest.mark.slow  # pure, but a million updates (~15 s): the whole suite's, not the inner loop's
 def test_detector_memory_stays_flat_over_a_million_samples():
     """Bounded history: after the first buckets fill, a million more samples allocate nothing lasting."""
     detector = LeakDetector(limit_bytes=LIMIT)

@@ -22,3 +22,7 @@ def test_quick_start_is_exactly_two_commands():
     assert len(commands) == 2, commands
     assert "hbm-watchdog train" in commands[0] and "--inject-leak" in commands[0]
     assert "pytest" in commands[1]
+
+
+def test_ci_lists_the_twenty_slowest_tests():
+    assert "--durations=20" in (ROOT / ".ci" / "run").read_text()

@@ -84,7 +84,8 @@ def test_the_leaking_chip_drives_the_decision_and_every_chip_is_exported(tmp_pat
     """A watchdog on the gRPC source: chip 2 leaks while the others hold, so the detector (which
     sees only the fullest chip) calls the leak, and a real scrape shows all four chips."""
     traces = chip_traces()
-    config = WatchdogConfig(sample_every=1, trace_file=tmp_path / "trace.csv", stall_after_seconds=600)
+    # The device as a TPU job names it: guessed, it would depend on whether torch_xla was imported first.
+    config = WatchdogConfig(sample_every=1, device="xla:0", trace_file=tmp_path / "trace.csv", stall_after_seconds=600)
     with LibtpuMetricsServer(traces) as server:
         source = TpuRuntimeSource(grpc_addr=server.addr, chip_type=TpuChip.V5E)
         with Watchdog(config, source=source) as watchdog, serve_metrics(watchdog.telemetry, 0) as metrics:
