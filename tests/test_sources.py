@@ -106,3 +106,15 @@ def test_xla_on_pjrt_cpu_falls_back_to_rss_and_says_why():
     assert "SELECTED rss True" in out
     assert "REJECTED ['tpu', 'xla']" in out
     assert "XLA_ONLY True" in out
+
+
+@pytest.mark.slow  # a fresh process: torch_xla imported, as a library would, its runtime not yet started
+def test_the_device_guess_never_starts_torch_xlas_runtime():
+    out = run_python(
+        "import torch, torch_xla\n"
+        "from watchdog.runtime.sources import current_device\n"
+        "started = torch_xla._XLAC._xla_runtime_is_initialized\n"
+        "print(current_device(), started())\n"
+        "torch.ones(1, device=torch_xla.device())\n"
+        "print(current_device(), started())\n")
+    assert out.split() == ["xla:0", "False", "xla:0", "True"]

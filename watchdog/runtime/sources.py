@@ -244,11 +244,16 @@ def device_kind(device: str) -> str:
 def current_device() -> str:
     """The device the training thread is using, judged from what the program already imported.
 
-    Never imports torch itself: a CPU-only program must not pay for it.
+    Never imports torch itself: a CPU-only program must not pay for it. Never starts torch_xla's
+    runtime either: before the program's first XLA tensor no device is current, and the one it
+    will get is the default, `xla:0` (asking torch_xla would start a PJRT client here, and on a
+    TPU VM claim the chips, for a program that only imported torch_xla through a library).
     """
     if "torch_xla" in sys.modules:
         import torch_xla
 
+        if not torch_xla._XLAC._xla_runtime_is_initialized():
+            return "xla:0"
         return str(torch_xla.device())
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
