@@ -234,3 +234,13 @@ def test_a_census_that_raises_is_logged_and_the_action_still_saves_and_reinits(t
     monkeypatch.setattr(forensics, "explain_leak", broken)
     result, _ = finish(replace(TINY, checkpoint_dir=tmp_path, forced_actions=((N - 1, Action.CHECKPOINT_REINIT),)))
     assert result.exit_code == EXIT_OK and result.reinits == 1 and result.step == 2 * N
+
+
+@pytest.mark.parametrize("flag", ["--trace-file", "--checkpoint-dir"])
+def test_a_path_too_long_to_look_up_is_one_line_not_a_traceback(flag, capsys):
+    # Found by tests/test_fuzz.py: a 400-character name made Path.is_dir() raise ENAMETOOLONG.
+    from watchdog.commands.cli import main
+
+    assert main(["train", flag, "9" * 400]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and flag in err and "File name too long" in err

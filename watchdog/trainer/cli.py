@@ -105,9 +105,9 @@ def build_config(args: argparse.Namespace):
     if args.text_file is not None and not os.access(args.text_file, os.R_OK):
         raise InputError(f"--text-file {args.text_file}: not a readable file")
     if args.checkpoint_dir is not None:
-        _check_checkpoint_dir(args.checkpoint_dir)
+        _check_path("--checkpoint-dir", args.checkpoint_dir, _check_checkpoint_dir)
     if args.trace_file is not None and not args.no_watchdog:
-        _check_trace_file(args.trace_file)
+        _check_path("--trace-file", args.trace_file, _check_trace_file)
     watchdog = None
     if not args.no_watchdog:
         watchdog = WatchdogConfig(
@@ -128,6 +128,15 @@ def build_config(args: argparse.Namespace):
         eval_every=args.eval_every, eval_steps=args.eval_steps, eval_keep_outputs=args.eval_keep_outputs,
         watchdog=watchdog,
     )
+
+
+def _check_path(flag: str, path: Path, check) -> None:
+    """`check(path)`, with a path the system will not even look up (a name too long, say) refused
+    in one line like any other bad path, not as an OSError's traceback."""
+    try:
+        check(path)
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: {exc.strerror or exc}") from None
 
 
 def _check_checkpoint_dir(directory: Path) -> None:
