@@ -9,9 +9,16 @@ import sys
 import threading
 from pathlib import Path
 
+import hypothesis
 import pytest
 
 pytest_plugins = ("pytester",)  # tests/test_lanes.py runs small suites under this conftest
+
+# Property tests explore new examples on a developer's machine; under CI they draw the same ones
+# every run, so a red CI is a failure anyone can reproduce, not a draw that the next run misses.
+hypothesis.settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    hypothesis.settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
 
