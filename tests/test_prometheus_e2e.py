@@ -56,7 +56,7 @@ def test_dashboard_and_alerts_against_a_real_prometheus_and_a_leaking_run(stack)
     leak = prometheus.query('ALERTS{alertname="HbmLeakDetected", alertstate="firing"}')
     assert leak and leak[0]["metric"]["job"] == "hbm-watchdog" and leak[0]["metric"]["severity"] == "warning"
     local_stack.wait_until(
-        lambda: _scalar(prometheus, 'sum(hbmwatch_checkpoint_seconds_count{job="hbm-watchdog"})') >= 1, 60,
+        lambda: _scalar(prometheus, 'sum(hbmwatch_checkpoint_seconds_count{job="hbm-watchdog"})') >= 1, 120,
         "the watchdog's checkpoint action", diagnostics, interval=1)
     time.sleep(2)  # one more scrape after the action, so rate() windows hold two points past it
 

@@ -183,9 +183,12 @@ class WatchedRun:
 
 # The demo run: the instrumented trainer on torch_xla (PJRT CPU, where device buffers live in
 # host memory and the watchdog reads RSS) with device tensors leaked every step. The budget sits
-# a few hundred MiB above the trainer's ~1 GiB footprint, so the leak is caught within a minute.
+# about 450 MiB above the trainer's ~1 GiB footprint: the detector needs ~270 steps (~135 MiB of
+# leak) to call the trend, and the footprint moves between runs (1.05 GiB after a reinit here,
+# 1.20 GiB in one CI run), so with less room the limit rule acts while the detector still warms
+# up, cycle after cycle, and no leak alert ever fires (CI, against a 1300 MiB budget).
 DEMO_LEAK = "tensors:512KiB/step"
-DEMO_MEMORY_LIMIT = "1300MiB"
+DEMO_MEMORY_LIMIT = "1500MiB"
 DEMO_ENV = {"PJRT_DEVICE": "CPU"}
 
 
