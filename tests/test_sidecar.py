@@ -207,3 +207,41 @@ def test_a_leak_report_is_logged_with_its_rate_when_it_goes_up_and_once_when_the
     assert up["slope_bytes_per_step"] == pytest.approx(64 << 10, rel=0.1) and not up["oom_projected"]
     assert "leak detected, no action" in up["explanation"]
     assert up["step"] < 1500 < down["step"] <= 1500 + 320  # the detector's recovery bound
+
+
+def test_the_stall_watch_writes_nothing_routine_into_a_users_log():
+    """A user's `logging.basicConfig(level=logging.INFO)` sees none of the scheduler's lines for
+    each stall check, while apscheduler stays untouched for the user's own schedulers."""
+    from watchdog.runtime.sidecar import SCHEDULER_LOGGER
+
+    class Everything(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.records = []
+
+        def emit(self, record):
+            self.records.append(record)
+
+    root, seen = logging.getLogger(), Everything()
+    old_level = root.level
+    root.addHandler(seen)
+    root.setLevel(logging.INFO)
+    try:
+        config = WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40,
+                                stall_after_seconds=60.0, stall_check_seconds=0.02)
+        with Watchdog(config) as wd:
+            for step in range(1, 4):
+                wd.step(step)
+                deadline = time.monotonic() + 10
+                while wd.telemetry.training_step != step and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert wd.telemetry.training_step == step, "the stall check ran after each step"
+        logging.getLogger("apscheduler.scheduler").info("a user's own scheduler line")
+        logging.getLogger(SCHEDULER_LOGGER).warning("a missed run")
+    finally:
+        root.removeHandler(seen)
+        root.setLevel(old_level)
+    scheduler_lines = [(r.name, r.levelname, r.getMessage()) for r in seen.records
+                       if r.name.startswith(("apscheduler", SCHEDULER_LOGGER))]
+    assert scheduler_lines == [("apscheduler.scheduler", "INFO", "a user's own scheduler line"),
+                               (SCHEDULER_LOGGER, "WARNING", "a missed run")]

@@ -140,6 +140,20 @@ def start_supervisor(script, *options):
                             stderr=subprocess.PIPE, text=True)
 
 
+def sigterm_once_ready(script, *options) -> tuple[subprocess.Popen, str, str]:
+    """Supervise `script` (which prints 'ready'), SIGTERM the supervisor once the child is ready,
+    and return the supervisor with what it printed."""
+    sup = start_supervisor(script, *options)
+    try:
+        assert sup.stdout.readline().strip() == "run 0"
+        assert sup.stdout.readline().strip() == "ready"
+        sup.send_signal(signal.SIGTERM)
+        stdout, stderr = sup.communicate(timeout=30)
+    finally:
+        sup.kill()
+    return sup, stdout, stderr
+
+
 SAVES_ON_SIGTERM = ("def on_term(signum, frame):\n"
                     "    print('child got SIGTERM, saving', flush=True)\n"
                     "    sys.exit(42)\n"
@@ -150,14 +164,7 @@ SAVES_ON_SIGTERM = ("def on_term(signum, frame):\n"
 
 @pytest.mark.slow
 def test_sigterm_is_forwarded_to_the_child_and_supervision_stops():
-    sup = start_supervisor(SAVES_ON_SIGTERM)
-    try:
-        assert sup.stdout.readline().strip() == "run 0"
-        assert sup.stdout.readline().strip() == "ready"
-        sup.send_signal(signal.SIGTERM)
-        stdout, _ = sup.communicate(timeout=30)
-    finally:
-        sup.kill()
+    sup, stdout, _ = sigterm_once_ready(SAVES_ON_SIGTERM)
     assert "child got SIGTERM, saving" in stdout
     assert "run 1" not in stdout  # a 42 caused by our own SIGTERM is not restarted...
     assert sup.returncode == 42  # ...but passed on, so a cluster reschedules the job
@@ -165,14 +172,7 @@ def test_sigterm_is_forwarded_to_the_child_and_supervision_stops():
 
 @pytest.mark.slow
 def test_a_child_without_a_handler_dies_of_the_forwarded_sigterm():
-    sup = start_supervisor("print('ready', flush=True); time.sleep(60)")
-    try:
-        assert sup.stdout.readline().strip() == "run 0"
-        assert sup.stdout.readline().strip() == "ready"
-        sup.send_signal(signal.SIGTERM)
-        sup.communicate(timeout=30)
-    finally:
-        sup.kill()
+    sup, _, _ = sigterm_once_ready("print('ready', flush=True); time.sleep(60)")
     assert sup.returncode == 128 + signal.SIGTERM
 
 
@@ -226,14 +226,7 @@ def kill_all(pids):
 @pytest.mark.slow
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_and_supervise_exits():
     ignores_sigterm = "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
-    sup = start_supervisor(ignores_sigterm, "--kill-grace", "1")
-    try:
-        assert sup.stdout.readline().strip() == "run 0"
-        assert sup.stdout.readline().strip() == "ready"
-        sup.send_signal(signal.SIGTERM)
-        _, stderr = sup.communicate(timeout=30)
-    finally:
-        sup.kill()
+    sup, _, stderr = sigterm_once_ready(ignores_sigterm, "--kill-grace", "1")
     assert sup.returncode == 128 + signal.SIGKILL
     (killed,) = [e for e in log_events(subprocess.CompletedProcess([], 0, "", stderr))
                  if e["event"] == "child_killed_after_grace"]

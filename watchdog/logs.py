@@ -74,7 +74,6 @@ def configure_logging(fmt: str = "auto", level: int | str = logging.INFO) -> Non
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # it logs every run of every job at INFO
 
 
 def _without_routine_events(record: logging.LogRecord) -> bool:

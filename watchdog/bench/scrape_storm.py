@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import json
 import subprocess
 import sys
@@ -55,12 +56,14 @@ async def _scrape(host: str, port: int, counts: collections.Counter) -> None:
             await asyncio.sleep(REFUSED_PAUSE_SECONDS)
 
 
-async def _hold_half_open(host: str, port: int, counts: collections.Counter) -> None:
+async def _reconnecting(host: str, port: int, counts: collections.Counter, hold) -> None:
+    """Connect, let `hold(reader, writer)` keep the connection as long as the server allows, and
+    connect again: an attacker that comes back every time it is dropped or refused."""
     while True:
         try:
             reader, writer = await asyncio.open_connection(host, port)
             counts["connections"] += 1
-            await reader.read()  # returns when the server drops us
+            await hold(reader, writer)
             counts["dropped by the server"] += 1
             writer.close()
         except OSError:
@@ -68,26 +71,23 @@ async def _hold_half_open(host: str, port: int, counts: collections.Counter) -> 
             await asyncio.sleep(REFUSED_PAUSE_SECONDS)
 
 
-async def _slow_loris(host: str, port: int, counts: collections.Counter) -> None:
-    while True:
-        try:
-            reader, writer = await asyncio.open_connection(host, port)
-            counts["connections"] += 1
-            writer.write(f"GET /metrics HTTP/1.1\r\nHost: {host}\r\n".encode())
-            line = 0
-            while not reader.at_eof():
-                await writer.drain()
-                try:  # the server's hang-up ends the wait early
-                    await asyncio.wait_for(reader.read(1), SLOW_LINE_SECONDS)
-                except asyncio.TimeoutError:
-                    pass
-                writer.write(f"X-Slow-{line}: 1\r\n".encode())
-                line += 1
-            counts["dropped by the server"] += 1
-            writer.close()
-        except OSError:
-            counts["refused"] += 1
-            await asyncio.sleep(REFUSED_PAUSE_SECONDS)
+async def _half_open(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.read()  # says nothing; returns when the server drops us
+
+
+async def _slow_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A request head that never ends: one header line every SLOW_LINE_SECONDS."""
+    host = writer.get_extra_info("peername")[0]
+    writer.write(f"GET /metrics HTTP/1.1\r\nHost: {host}\r\n".encode())
+    line = 0
+    while not reader.at_eof():
+        await writer.drain()
+        try:  # the server's hang-up ends the wait early
+            await asyncio.wait_for(reader.read(1), SLOW_LINE_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+        writer.write(f"X-Slow-{line}: 1\r\n".encode())
+        line += 1
 
 
 async def _probe(host: str, port: int, counts: collections.Counter) -> None:
@@ -111,7 +111,9 @@ async def _probe(host: str, port: int, counts: collections.Counter) -> None:
         await asyncio.sleep(max(0.0, PROBE_EVERY_SECONDS - (time.monotonic() - started)))
 
 
-CLIENTS = {"scrape": _scrape, "half-open": _hold_half_open, "slow-loris": _slow_loris}
+CLIENTS = {"scrape": _scrape,
+           "half-open": functools.partial(_reconnecting, hold=_half_open),
+           "slow-loris": functools.partial(_reconnecting, hold=_slow_headers)}
 
 
 async def _clients(host: str, port: int, mode: str, clients: int) -> None:

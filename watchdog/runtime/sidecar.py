@@ -35,6 +35,7 @@ import time
 from collections import deque
 from typing import Any
 
+from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from watchdog.core.config import WatchdogConfig
@@ -339,9 +340,9 @@ class Watchdog:
     def _start_stall_watch(self) -> None:
         interval = min(self.config.stall_check_seconds, self.config.stall_after_seconds / 4)
         self._stall_seen_step, self._stall_seen_at = self._last_step, time.monotonic()
-        self._scheduler = BackgroundScheduler(daemon=True)
+        self._scheduler = _quiet_scheduler()
         self._scheduler.add_job(self._check_stall, "interval", seconds=interval, max_instances=1,
-                                coalesce=True, misfire_grace_time=None, id="stall-watch")
+                                coalesce=True, misfire_grace_time=None, id="stall-watch", executor=EXECUTOR)
         self._scheduler.start()
 
     def _check_stall(self) -> None:
@@ -381,3 +382,28 @@ class PhaseScope:
     def end(self) -> None:
         """Put back the phase this one replaced (for hooks that start and end a phase apart)."""
         self._watchdog._phase = self._previous
+
+
+# ---- the stall watch's scheduler: a quiet guest in the host's log --------------------------------
+
+SCHEDULER_LOGGER = "watchdog.runtime.scheduler"
+EXECUTOR = "hbm-watchdog"  # apscheduler logs a job's runs to "apscheduler.executors.<alias>"
+
+
+class _WarningsOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+def _quiet_scheduler() -> BackgroundScheduler:
+    """A scheduler whose routine lines (a job added, run, executed: every stall check, at INFO)
+    never reach the host's log, while its warnings and errors (a missed run, a check that raised)
+    do. It logs through loggers of its own, filtered there, so a user who runs apscheduler for
+    their own jobs keeps all of its lines and nobody's levels are changed."""
+    quiet = _WarningsOnly()
+    for name in (SCHEDULER_LOGGER, f"apscheduler.executors.{EXECUTOR}"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _WarningsOnly) for f in logger.filters):
+            logger.addFilter(quiet)
+    return BackgroundScheduler(daemon=True, logger=logging.getLogger(SCHEDULER_LOGGER),
+                               executors={EXECUTOR: ThreadPoolExecutor(1)})
