@@ -1,9 +1,12 @@
 """The Lightning callback with real Lightning on CPU, a real leak and the real RSS source."""
 
+import logging
 import os
 
 import lightning as L
+import pytest
 import torch
+from lightning.pytorch.tuner import Tuner
 from torch.utils.data import DataLoader, TensorDataset
 
 from watchdog import WatchdogConfig
@@ -31,25 +34,78 @@ class LeakyModule(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def fit(tmp_path, leak: bool, max_steps: int, budget_over_now: int, ckpt_path=None):
+class Events(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def emit(self, record):
+        if isinstance(record.msg, dict):
+            self.events.append(record.msg)
+
+    def named(self, name: str) -> list[dict]:
+        return [e for e in self.events if e.get("event") == name]
+
+
+@pytest.fixture
+def events():
+    handler, logger = Events(), logging.getLogger("watchdog")
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+class TunableModule(LeakyModule):
+    """What Lightning's tuner needs: an `lr` to find and a `batch_size` to scale."""
+
+    def __init__(self, leak: bool):
+        super().__init__(leak)
+        self.lr, self.batch_size = 0.01, 8
+        self.data = TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def fit(tmp_path, leak: bool, max_steps: int, budget_over_now: int, ckpt_path=None, tune: bool = False):
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
     limit = RssSource().read().bytes_used + budget_over_now
-    config = WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit)
+    config = WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit, trace_file=tmp_path / "trace.csv")
     callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
-    module = LeakyModule(leak)
-    trainer.fit(module, DataLoader(data, batch_size=8), ckpt_path=ckpt_path)
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                        default_root_dir=tmp_path)
+    if tune:  # trial steps before fit, with the leak running in them too
+        module = TunableModule(leak)
+        tuner = Tuner(trainer)
+        tuner.lr_find(module, num_training=20)
+        tuner.scale_batch_size(module, mode="power", steps_per_trial=3, max_trials=2)
+        module.kept.clear()  # what the trials leaked is not this fit's
+        trainer.fit(module, ckpt_path=ckpt_path)
+    else:
+        module = LeakyModule(leak)
+        trainer.fit(module, DataLoader(data, batch_size=8), ckpt_path=ckpt_path)
     return trainer, callback, module
 
 
-def test_a_leak_is_checkpointed_and_stopped_before_the_budget(tmp_path):
+def test_a_leak_is_checkpointed_and_stopped_before_the_budget(tmp_path, events):
     budget = 1200 << 20  # 300 steps of leak at 4 MiB/step
     trainer, callback, module = fit(tmp_path, leak=True, max_steps=2000, budget_over_now=budget)
     assert callback.exit_code == 42
     assert callback.action_step is not None and callback.action_step < 300
     assert len(module.kept) * LEAK_BYTES < budget, "stopped before the budget was spent"
+    suspects = events.named("leak_suspects")
+    assert suspects and "attribute 'kept' of LeakyModule" in suspects[-1]["suspects"][0], suspects
+    (acted,) = events.named("watchdog_acted")
+    assert acted["checkpoint"] == str(callback.checkpoint_path) and "exit 42" in acted["outcome"]
+    assert "LeakyModule" in acted["block"]
     assert trainer.global_step < 2000
     checkpoint = torch.load(callback.resume_path(), weights_only=True)
     assert checkpoint["global_step"] == trainer.global_step
@@ -61,11 +117,26 @@ def test_a_leak_is_checkpointed_and_stopped_before_the_budget(tmp_path):
     assert callback2.exit_code == 0
 
 
-def test_no_leak_runs_to_the_end_without_action(tmp_path):
+def test_no_leak_runs_to_the_end_without_action(tmp_path, events):
     trainer, callback, _ = fit(tmp_path, leak=False, max_steps=150, budget_over_now=1 << 30)
     assert trainer.global_step == 150
     assert callback.exit_code == 0 and callback.resume_path() is None
     assert callback.watchdog.telemetry.samples_total > 10
+    for name in ("watchdog_action", "leak_detected", "leak_suspects", "watchdog_acted"):
+        assert not events.named(name), name
+
+
+def test_the_tuners_trial_steps_before_fit_never_reach_the_watchdog(tmp_path, events):
+    """lr_find and scale_batch_size run trial steps (leaking too) before fit: the watchdog starts
+    with the real training, its trace holds only that, and the leak is still caught in time."""
+    budget = 1200 << 20
+    trainer, callback, module = fit(tmp_path, leak=True, max_steps=2000, budget_over_now=budget, tune=True)
+    assert callback.exit_code == 42 and callback.action_step < 300
+    assert len(module.kept) * LEAK_BYTES < budget
+    steps = [s.step for s in load_trace(tmp_path / "trace.csv")]
+    assert steps == sorted(set(steps)) and steps[0] <= 2, "one run in the trace, from the fit's first steps"
+    assert len(events.named("watchdog_started")) == 1, "no watchdog was started for the trials"
+    assert all(p.device.type == "cpu" for p in module.parameters())
 
 
 class EvaluatingModule(LeakyModule):

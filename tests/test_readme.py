@@ -26,3 +26,41 @@ def test_quick_start_is_exactly_two_commands():
 
 def test_ci_lists_the_twenty_slowest_tests():
     assert "--durations=20" in (ROOT / ".ci" / "run").read_text()
+
+
+def _python_blocks(heading: str) -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_the_own_loop_snippet_runs_as_written_and_carries_out_an_action(tmp_path, monkeypatch):
+    """The first snippet of "A loop of your own", run on the CPU with a real model, a save and a
+    rebuild of its own; the budget is made small enough that the watchdog acts."""
+    import torch
+
+    from watchdog.runtime.sources import RssSource
+
+    monkeypatch.chdir(tmp_path)
+    snippet = _python_blocks("### A loop of your own")[0]
+    budget = RssSource().read().bytes_used + (400 << 20)
+    snippet = snippet.replace("memory_limit_bytes=15 << 30", f"memory_limit_bytes={budget}")
+    assert f"memory_limit_bytes={budget}" in snippet, "the snippet's budget is where the test expects it"
+    kept, saved, rebuilt = [], [], []
+
+    def train_step():
+        kept.append(torch.ones(1 << 18))  # 1 MiB a step that nobody frees: the leak
+
+    def save():
+        saved.append(len(kept))
+        return tmp_path / f"ckpt-{len(saved)}.pt"
+
+    def rebuild():
+        kept.clear()
+        rebuilt.append(True)
+
+    namespace = {"train_step": train_step, "save": save, "rebuild": rebuild, "start": 0, "steps": 600}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    assert saved and rebuilt, "the watchdog acted and carry_out saved and rebuilt"
+    assert max(saved) * (1 << 20) < 400 << 20, "before the budget"
+    assert (tmp_path / "trace.csv").exists()

@@ -37,7 +37,7 @@ ROUTINE_EVENTS = frozenset({
     "memory_source_unavailable", "memory_source_selected", "watchdog_started",
     "watchdog_stopped", "metrics_serving", "checkpoint_loaded", "checkpoint_saved",
     "checkpoint_stale_temporary_removed", "child_started", "train_progress", "spmd_mesh",
-    "leak_suspects", "reinitialised", "reinit_measured",
+    "leak_suspects", "reinitialised", "reinit_measured", "leak_baseline_taken",
 })
 
 

@@ -43,6 +43,10 @@ class WatchdogConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     recompilation: RecompilationConfig = field(default_factory=RecompilationConfig)
     """XLA graphs that keep compiling after warm-up: a finding with its cause, never an action."""
+    forensics: bool = True
+    """Name what is leaking on the training thread: a census at the first step and after each
+    rebuild, a creation-site capture once a leak is suspected, a census when an action is handed
+    over (each logged with its cost). Off: `step()` never does more than its O(1) work."""
 
     def __post_init__(self) -> None:
         _positive_int("sample_every", self.sample_every)

@@ -10,7 +10,15 @@ actions save an atomic checkpoint, stop `fit` at the step boundary, and set `exi
 for the supervisor (or JobSet) to restart the job, which resumes from `resume_path()`.
 
 The watchdog only ever sees step counts: unlike `self.log(tensor)`, it reads no tensor, so on TPU
-it adds no compilation and no device-to-host transfer.
+it adds no compilation and no device-to-host transfer. What the trainer's own loop gets, this gets
+through the same `Watchdog`: what is leaking (`leak_suspects`, with holder and creation site),
+the action's block on the terminal, the recompilation finding on XLA.
+
+Lightning's tuner (`Tuner.lr_find`, `Tuner.scale_batch_size`) runs its trial steps before `fit`
+with the trainer's callbacks swapped out for its own, then ends that `fit` early: this callback
+sees none of those steps, and starts its watchdog only with the real training (a second `fit`
+with the same callback stops the watchdog of the first). It keeps no tensor, so nothing of it can
+be left on the wrong device by the tuner's teardown.
 
 Validation runs under the watchdog's "eval" phase, said to last as many batches as Lightning
 plans for it: what validation holds on the device until it ends (predictions collected for an
@@ -35,7 +43,7 @@ from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED
 from watchdog.fileio import replacing_path
 from watchdog.logs import get_logger
 from watchdog.runtime import xla_stats
-from watchdog.runtime.sidecar import Watchdog
+from watchdog.runtime.sidecar import RESTART_REQUESTED, Watchdog
 from watchdog.runtime.sources import MemorySource
 
 log = get_logger(__name__)
@@ -88,7 +96,9 @@ class HbmWatchdogCallback(Callback):
         config = self.config
         if config.device is None:
             config = dataclasses.replace(config, device=str(trainer.strategy.root_device))
-        self.watchdog = Watchdog(config, source=self.source).start()
+        self._stop()  # a watchdog left from an earlier fit with this callback
+        self._validation_batches, self._phase, self._pending = 0, None, None
+        self.watchdog = Watchdog(config, source=self.source, reports_actions=True).start()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.watchdog is None:
@@ -129,6 +139,7 @@ class HbmWatchdogCallback(Callback):
         trainer.should_stop = True
         log.error("lightning_checkpoint_and_stop", action=action.value, step=trainer.global_step,
                   checkpoint=str(self.checkpoint_path), exit_code=self.exit_code)
+        self.watchdog.report_action(f"fit stopped, {RESTART_REQUESTED}", checkpoint=str(self.checkpoint_path))
 
     def _save_atomically(self, trainer) -> None:
         """Lightning writes the checkpoint (on global rank zero) to a temporary that becomes the real
@@ -149,7 +160,7 @@ class HbmWatchdogCallback(Callback):
 
     def _stop(self) -> None:
         if self.watchdog is not None:
-            self.watchdog.stop()
+            self.watchdog.stop()  # idempotent; the stopped watchdog stays readable (telemetry, suspects)
 
 
 def _on_xla(trainer) -> bool:

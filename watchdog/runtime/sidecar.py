@@ -14,6 +14,13 @@ hold, reads no tensor and does no I/O, so it adds no XLA compilation and no devi
 transfer.
 Actions are carried out by the training thread between steps; the sidecar only asks.
 
+What is leaking is named on the training thread too (`LeakFollower`), at the few moments it is
+due: a baseline census at the first `step()` and after each rebuild, a capture of creation sites
+armed once a leak is suspected, and a census when an action is handed over. `step()` checks one
+flag for that; the census itself (milliseconds to seconds, logged with its cost) runs only then.
+The action's block for the terminal (`watchdog_acted`) is logged when the host says what it did
+(`report_action`, or `carry_out`, which does both), or at the next `step()` if it never says.
+
 The trace file is best-effort telemetry: an I/O error writing it (disk full, read-only file
 system) is logged once per kind and counted (`hbmwatch_trace_errors_total`), the file is reopened
 a while later (its torn last row cut off), and nothing of it ever reaches training or its exit status.
@@ -33,7 +40,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -47,13 +54,18 @@ from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger
 from watchdog.runtime import leak_report, xla_stats
 from watchdog.runtime.compile_watch import CompileWatch
-from watchdog.runtime.sources import MemoryReading, MemorySource, current_device, device_kind, select_source
+from watchdog.runtime.leak_follower import LeakFollower, Suspects
+from watchdog.runtime.reports import ActionReport
+from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
+                                      select_source)
 from watchdog.runtime.telemetry import Telemetry
 
 log = get_logger(__name__)
 
 _SAMPLE, _REINIT, _BARRIER, _STOP = "sample", "reinit", "barrier", "stop"
 _SAMPLE_REQUEST = (_SAMPLE, None)  # the step to sample is read from `_requested_step` when handled
+HANDED_OVER = "handed to the training loop"  # the outcome of an action whose host never said what it did
+REINITIALISED, RESTART_REQUESTED = "reinitialised in process", "exit 42: restart requested"
 
 
 class Watchdog:
@@ -62,7 +74,9 @@ class Watchdog:
     trace_retry_seconds = 30.0  # after a trace I/O error, wait this long before reopening the file
 
     def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None,
-                 telemetry: Telemetry | None = None):
+                 telemetry: Telemetry | None = None, reports_actions: bool = False):
+        """`reports_actions`: the host says what it did with every action (`report_action`), perhaps
+        some steps later (after an evaluation): the block is never logged for it at the next step."""
         self.config = config or WatchdogConfig()
         self.telemetry = telemetry or Telemetry(rank=self.config.rank)
         self.telemetry.restarts_total = self.config.restarts_so_far
@@ -81,7 +95,12 @@ class Watchdog:
         self._sample_posted = False
         self._phase = ""  # the loop's phase label; read by the sidecar with each sample
         self._labels: dict[tuple[str, int | None], str] = {}  # phase labels, validated once each
-        self._actions: deque[Action] = deque()
+        self._actions: deque[tuple[Action, Verdict]] = deque()
+        self.last_action: ActionReport | None = None  # the action step() handed over last, and why
+        self._unreported: ActionReport | None = None  # handed over, its block not logged yet
+        self._reports_actions = reports_actions
+        self._follower = LeakFollower() if self.config.forensics else None
+        self._follow_due = self._follower is not None  # work for the training thread between steps
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._trace: TraceWriter | None = None
@@ -130,6 +149,10 @@ class Watchdog:
         self._thread = None
         if self._compile_watch is not None:
             self._compile_watch.close()
+        if self._unreported is not None:
+            self.report_action(HANDED_OVER)
+        if self._follower is not None:
+            self._follower.close()
         self._close_trace()
         log.info("watchdog_stopped", samples=self.telemetry.samples_total,
                  sample_errors=self.telemetry.sample_errors_total, trace_errors=self.telemetry.trace_errors_total,
@@ -155,8 +178,10 @@ class Watchdog:
             if not self._sample_posted:  # one request in flight at most: the sidecar reads the newest step
                 self._sample_posted = True
                 self._post(_SAMPLE_REQUEST)
+        if self._follow_due:  # rare: a baseline, a capture's steps, a block to log
+            self._between_steps(step)
         if self._actions:
-            return self._actions.popleft()
+            return self._hand_over(step, *self._actions.popleft())
         return None
 
     def phase(self, name: str, steps: int | None = None) -> "PhaseScope":
@@ -186,6 +211,11 @@ class Watchdog:
     def reinit_finished(self) -> None:
         """After checkpoint-and-reinit: one reading now (between steps, so no activations are live)
         tells the policy whether the rebuild brought memory back down or the leak survived it."""
+        self.last_recovery = None
+        release_host_memory()  # so a resident-memory reading sees what the rebuild freed
+        if self._follower is not None:  # the old state is gone: a new baseline, a new capture
+            self._follower.rebuilt(capture=bool(self.telemetry.actions_total))
+            self._follow_due = True
         try:
             reading = self._source.read() if self._source is not None else None
         except Exception as exc:  # noqa: BLE001 - never raise into training
@@ -196,6 +226,56 @@ class Watchdog:
     def observe_checkpoint(self, seconds: float) -> None:
         self.telemetry.observe_checkpoint(seconds)
 
+    @property
+    def suspects(self) -> Suspects | None:
+        """The newest census's answer to "what is leaking" (also logged as `leak_suspects`)."""
+        return self._follower.last if self._follower is not None else None
+
+    def carry_out(self, action: Action | None, *, save: Callable[[], object],
+                  rebuild: Callable[[], None] | None = None) -> bool:
+        """Carry out a checkpoint action with the loop's own `save()` (which may return the
+        checkpoint's path) and `rebuild()` (drop the training state and load it back)::
+
+            action = wd.step(step)
+            if action is not None and not wd.carry_out(action, save=save, rebuild=rebuild):
+                sys.exit(42)                     # a restart: the supervisor or JobSet starts it again
+
+        Times the save, measures what a rebuild gave back and logs the action's block. Returns
+        True when training goes on in this process (no action, a WARN, a reinit), False when the
+        process should exit 42 (a restart, or a reinit with no `rebuild`)."""
+        if action is None or not action.needs_checkpoint:
+            return True
+        started = time.perf_counter()
+        saved = save()
+        self.observe_checkpoint(time.perf_counter() - started)
+        checkpoint = str(saved) if saved is not None else None
+        if action is Action.CHECKPOINT_REINIT and rebuild is not None:
+            rebuild()
+            self.reinit_finished()
+            self.report_action(REINITIALISED, checkpoint=checkpoint)
+            return True
+        self.report_action(RESTART_REQUESTED, checkpoint=checkpoint)
+        return False
+
+    def report_action(self, outcome: str, *, checkpoint: str | None = None,
+                      report: ActionReport | None = None) -> None:
+        """Log the block of an action (`watchdog_acted`): what was seen, what is leaking, what the
+        host did (`outcome`, `checkpoint`) and, after a reinit, what it gave back. `report`: an
+        action the host decided with others (agreement across ranks, a forced action); by default
+        the one `step()` handed over last. Call on the training thread."""
+        if report is None:
+            report = self._unreported
+        self._unreported = None  # reported, or superseded by what the host decided
+        if report is None:
+            return
+        report.outcome, report.checkpoint = outcome, checkpoint
+        if report.action is Action.CHECKPOINT_REINIT and outcome == REINITIALISED:
+            self.drain(timeout=10)  # the sidecar measures what the rebuild gave back
+            recovery = self.last_recovery
+            if recovery is not None:
+                report.recovered_bytes, report.memory_after_bytes = recovery.recovered_bytes, recovery.bytes_after
+        log_acted(report)
+
     def drain(self, timeout: float = 5.0) -> bool:
         """Block until the sidecar has handled everything posted so far; False on timeout."""
         if self._thread is None:
@@ -203,6 +283,27 @@ class Watchdog:
         done = threading.Event()
         self._post((_BARRIER, done))
         return done.wait(timeout)
+
+    def _between_steps(self, step: int) -> None:
+        # Cleared before looking: a capture the sidecar arms meanwhile sets it again, never lost.
+        self._follow_due = False
+        if self._unreported is not None and not self._reports_actions:  # its host never said
+            self.report_action(HANDED_OVER)
+        follower = self._follower
+        if follower is not None:
+            follower.between_steps(step)
+            if follower.pending:
+                self._follow_due = True
+
+    def _hand_over(self, step: int, action: Action, verdict: Verdict) -> Action:
+        """An action leaves for the training loop: name the leak now (its suspects go into the
+        block), and keep what the host needs to report it."""
+        if self._unreported is not None:  # an earlier one its host never reported
+            self.report_action(HANDED_OVER)
+        suspects = self._follower.name(step) if self._follower is not None and action.needs_checkpoint else []
+        self.last_action = self._unreported = ActionReport(step, action, verdict, suspects=suspects)
+        self._follow_due = not self._reports_actions or self._follow_due
+        return action
 
     # ---- the sidecar thread --------------------------------------------------------------------
 
@@ -251,6 +352,10 @@ class Watchdog:
         leak_report.log_change(log, telemetry.verdict, verdict)
         self.latest_verdict = telemetry.verdict = verdict
         self._act_on(action, verdict)
+        if self._follower is not None and (action is not Action.NONE
+                                           or (verdict.leak_detected and not verdict.oom_projected)):
+            if self._follower.arm():  # a leak is suspected: capture where its tensors are made
+                self._follow_due = True
         if self._compile_watch is not None:  # after the memory pipeline: nothing here may delay an action
             self._compile_watch.observe(sample.step)
 
@@ -263,7 +368,7 @@ class Watchdog:
                 status=verdict.status.value, explanation=verdict.explanation,
                 projected_oom_step=verdict.projected_oom_step, projected_oom_steps=verdict.projected_oom_steps)
         if action.needs_checkpoint and not self._actions:
-            self._actions.append(action)
+            self._actions.append((action, verdict))
 
     def _after_reinit(self, reading: MemoryReading | None) -> None:
         if reading is None:
@@ -363,6 +468,11 @@ class Watchdog:
                       stall_after_seconds=self.config.stall_after_seconds)
 
 
+
+
+def log_acted(report: ActionReport) -> None:
+    """One readable block for a person (and its fields for a log pipeline)."""
+    log.warning("watchdog_acted", block=report.block(), **report.fields())
 
 
 class PhaseScope:

@@ -20,6 +20,7 @@ the sidecar thread only, never from the training step.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import sys
@@ -183,6 +184,15 @@ class CudaSource:
             bytes_limit=int(total),
             peak_bytes_used=int(cuda.max_memory_allocated(self.device)),
         )
+
+
+def release_host_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc), so an RSS reading after a rebuild sees what
+    it freed (glibc keeps freed pages of large allocations for reuse otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class RssSource:

@@ -26,7 +26,6 @@ never initialised twice.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import gc
 import math
@@ -55,9 +54,10 @@ from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUEST
 from watchdog.core.numbers import parse_count
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
-from watchdog.runtime import forensics
-from watchdog.runtime.creation_sites import CreationSites
+from watchdog.runtime.leak_follower import LeakFollower
 from watchdog.runtime.reports import ActionReport, RunSummary
+from watchdog.runtime.sidecar import REINITIALISED, RESTART_REQUESTED, Watchdog, log_acted
+from watchdog.runtime.sources import release_host_memory
 from watchdog.runtime.telemetry import Telemetry
 from watchdog.trainer import leaks
 from watchdog.trainer.data import Batch, TokenSource
@@ -308,14 +308,6 @@ def watch_step(config: TrainConfig, step: int) -> int:
     return step + (step // config.eval_every) * config.eval_steps
 
 
-def release_host_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc), so an RSS reading sees what a reinit freed."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 # ---- where the state lives ----------------------------------------------------------------------
 
 class Strategy(Protocol):
@@ -433,8 +425,9 @@ class Trainer:
         self.reinits = 0
         self.restarts_so_far = 0
         self._stop_signal: int | None = None
-        self._census: forensics.Census | None = None  # live tensors once the state is built
-        self._sites = CreationSites()  # where leaked tensors are created, captured once a leak is suspected
+        # What is leaking: driven here rather than inside the watchdog, since an action may come from
+        # the ranks' agreement or be forced, not only from this rank's watchdog.
+        self._follower = LeakFollower()
 
     # -- the story --
 
@@ -451,8 +444,8 @@ class Trainer:
             while self.state.step < self.config.steps:
                 step = self.state.step
                 loss = self._one_step(step)
-                if self._census is None:  # after one step, so the optimizer state is in the baseline
-                    self._census = forensics.census()
+                if self._follower.baseline_due:  # after one step, so the optimizer state is in the baseline
+                    self._follower.take_baseline(step)
                 proposal = self._ask(step)
                 if proposal is None and self._evaluation_due(step):
                     proposal = self._evaluate(step)
@@ -471,12 +464,12 @@ class Trainer:
                                     signal=signal.Signals(self._stop_signal).name, step=step)
                     saved = self._save(restart=self._stop_signal is None)  # a preemption is not the watchdog's restart
                     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_RESTART_REQUESTED
-                    self._tell(report, saved, "exit 42: restart requested")
+                    self._tell(report, saved, RESTART_REQUESTED)
                 elif action is Action.CHECKPOINT_REINIT:
                     reinitialised = self._reinit()
                     if not reinitialised:  # no checkpoint to rebuild from: only a new process frees memory
                         exit_code = EXIT_RESTART_REQUESTED
-                    self._tell(report, reinitialised, "reinitialised in process" if reinitialised
+                    self._tell(report, reinitialised, REINITIALISED if reinitialised
                                else "the checkpoint failed: exit 42 to restart")
                 elif self.config.checkpoint_every and self.state.step % self.config.checkpoint_every == 0:
                     self._save()  # a failure is logged; the next one may fit
@@ -490,7 +483,7 @@ class Trainer:
         finally:
             elapsed = time.perf_counter() - started
             progress.close()
-            self._sites.close()
+            self._follower.close()
             self._restore_signals(previous_handlers)
             if self.watchdog is not None:
                 self.watchdog.drain()
@@ -532,11 +525,9 @@ class Trainer:
     def _start_watchdog(self):
         if self.config.watchdog is None:
             return None
-        from watchdog.runtime.sidecar import Watchdog
-
         config = dataclasses.replace(self.config.watchdog, restarts_so_far=self.restarts_so_far,
-                                     rank=self.replica.rank)
-        watchdog = Watchdog(config, telemetry=self.telemetry).start()
+                                     rank=self.replica.rank, forensics=False)  # the loop follows the leak itself
+        watchdog = Watchdog(config, telemetry=self.telemetry, reports_actions=True).start()
         if self.on_watchdog_started is not None:
             self.on_watchdog_started(watchdog)
         return watchdog
@@ -617,12 +608,12 @@ class Trainer:
         first WARN or action, or a leak reported far from any OOM, also arms a capture of creation
         sites for a few steps; when it ends, the census names what holds the leak and where it was
         made."""
-        if self._sites.between_steps():
-            self._name_the_leak(step)
+        follower = self._follower
+        follower.between_steps(step)
         if action is not None or self._leak_suspected():
-            self._sites.arm()  # once until the next reinit
+            follower.arm()  # once until the next reinit
         if action is not None and action.needs_checkpoint:
-            return self._name_the_leak(step)
+            return follower.name(step)
         return None
 
     def _leak_suspected(self) -> bool:
@@ -636,35 +627,17 @@ class Trainer:
         reported = verdict is not None and verdict.leak_detected and not verdict.oom_projected
         return reported or bool(watchdog.telemetry.actions_total)
 
-    def _name_the_leak(self, step: int) -> list[str]:
-        """Log what grew since the baseline, what holds it and, after a capture, where it was
-        created: the Python to fix."""
-        started = time.perf_counter()
-        sites = self._sites if self._sites.done else None
-        try:
-            suspects = forensics.explain_leak(self._census, sites=sites) if self._census is not None else []
-        except Exception:  # a diagnosis never stops training, nor the checkpoint the action needs
-            log.error("leak_census_failed", step=step, exc_info=True)
-            return []
-        log.warning("leak_suspects", step=step, suspects=suspects or ["no growing group of live tensors"],
-                    creation_sites=sites is not None, census_seconds=round(time.perf_counter() - started, 3))
-        return suspects
-
     def _tell(self, report: ActionReport | None, saved: bool, outcome: str) -> None:
-        """One readable block for a person (and its fields for a log pipeline): what the watchdog
-        saw, what is leaking, what was done, and, after a reinit, what it gave back."""
+        """The action's block: what the watchdog saw, what is leaking, what was done and, after a
+        reinit, what it gave back (the watchdog measures that)."""
         if report is None:
             return
-        report.outcome = outcome
-        if saved and self.checkpoints.latest_step() is not None:
-            report.checkpoint = str(self.checkpoints.list()[-1])
-        watchdog = self.watchdog
-        if report.action is Action.CHECKPOINT_REINIT and saved and watchdog is not None:
-            watchdog.drain(timeout=10)  # the sidecar measures what the rebuild gave back
-            recovery = watchdog.last_recovery
-            if recovery is not None:
-                report.recovered_bytes, report.memory_after_bytes = recovery.recovered_bytes, recovery.bytes_after
-        log.warning("watchdog_acted", block=report.block(), **report.fields())
+        checkpoint = str(self.checkpoints.list()[-1]) if saved and self.checkpoints.latest_step() is not None else None
+        if self.watchdog is not None:
+            self.watchdog.report_action(outcome, checkpoint=checkpoint, report=report)
+        else:
+            report.outcome, report.checkpoint = outcome, checkpoint
+            log_acted(report)
 
     def run_summary(self, result: "TrainResult") -> RunSummary:
         """How the run ended, for the last lines of the terminal."""
@@ -732,8 +705,8 @@ class Trainer:
         if not self._save():
             self.reinits -= 1
             return False
-        self.state = self._loader = self._census = None
-        self._sites.reset()
+        self.state = self._loader = None
+        self._follower.rebuilt()
         gc.collect()
         self._sync()
         release_host_memory()

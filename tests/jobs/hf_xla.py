@@ -1,0 +1,50 @@
+"""A Hugging Face `Trainer` on torch_xla (PJRT CPU), with or without the watchdog's callback.
+
+    python hf_xla.py on|off OUTPUT_DIR   ->  one JSON line: device, loss, XLA compile and transfer counters
+
+transformers puts the model on the XLA device by itself when torch_xla is installed; the one
+setting a TPU user needs is an optimizer torch_xla can run (the default is a fused AdamW it cannot).
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import torch  # noqa: E402
+import torch_xla.debug.metrics as met  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+
+from watchdog import WatchdogConfig  # noqa: E402
+from watchdog.integrations.huggingface import HbmWatchdogCallback  # noqa: E402
+
+
+class Tokens(Dataset):
+    def __init__(self, n: int, seq: int = 16, vocab: int = 256):
+        self.tokens = torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def __getitem__(self, index):
+        return {"input_ids": self.tokens[index], "labels": self.tokens[index]}
+
+
+mode, output_dir = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=256, n_positions=16))
+args = TrainingArguments(output_dir=output_dir, max_steps=12, per_device_train_batch_size=8, save_strategy="no",
+                         logging_strategy="no", report_to=[], disable_tqdm=True, seed=0, dataloader_num_workers=0,
+                         optim="adamw_torch_xla")
+callbacks = [HbmWatchdogCallback(WatchdogConfig(sample_every=1, memory_limit_bytes=8 << 30))] if mode == "on" else []
+trainer = Trainer(model=model, args=args, train_dataset=Tokens(64), callbacks=callbacks)
+loss = trainer.train().training_loss
+counters = {name: met.counter_value(name) for name in met.counter_names()
+            if "Compile" in name or "Transfer" in name or "ToCpu" in name or "_to_cpu" in name}
+watchdog = callbacks[0].watchdog if callbacks else None
+print(json.dumps({"device": str(next(model.parameters()).device), "loss": loss, "counters": counters,
+                  "steps": trainer.state.global_step,
+                  "samples": watchdog.telemetry.samples_total if watchdog else 0,
+                  "watched": watchdog.telemetry.device if watchdog else None}), flush=True)

@@ -1,0 +1,162 @@
+"""A user's own loop with nothing but `Watchdog(config)` and `wd.step(n)` gets what the trainer gets:
+a baseline census, the leak named with its holder (and, after a capture, the line that made it),
+and the action's block; `carry_out` does the checkpoint, the rebuild and the recovery measure.
+
+Real torch on the CPU and the real resident-memory source, as in tests/test_lightning.py."""
+
+import logging
+
+import pytest
+import torch
+
+from watchdog import Action, Watchdog, WatchdogConfig
+from watchdog.runtime.sidecar import HANDED_OVER, REINITIALISED, RESTART_REQUESTED
+from watchdog.runtime.sources import RssSource
+
+LEAK_BYTES = 4 << 20
+BUDGET = 800 << 20  # 200 steps of leak above the resident memory at the start
+LEAK_LINE = "test_bare_loop.py"
+
+
+class Events(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def emit(self, record):
+        if isinstance(record.msg, dict):
+            self.events.append(record.msg)
+
+    def named(self, name: str) -> list[dict]:
+        return [e for e in self.events if e.get("event") == name]
+
+
+@pytest.fixture
+def events():
+    handler, logger = Events(), logging.getLogger("watchdog")
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+class Metrics:
+    """A metrics helper that keeps every step's tensor (the leak)."""
+
+    def __init__(self):
+        self.kept = []
+
+    def update(self, value: torch.Tensor) -> None:
+        self.kept.append(value)
+
+
+class Job:
+    def __init__(self, leak: bool):
+        torch.manual_seed(0)
+        self.leak = leak
+        self.model = torch.nn.Linear(16, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.data = torch.randn(8, 16), torch.randn(8, 1)
+        self.metrics = Metrics()
+        self.saved_at: list[int] = []
+
+    def train_step(self, step: int) -> None:
+        x, y = self.data
+        self.optimizer.zero_grad()
+        torch.nn.functional.mse_loss(self.model(x), y).backward()
+        self.optimizer.step()
+        if self.leak:
+            self.metrics.update(torch.ones(LEAK_BYTES // 4))  # written, so resident
+
+    def save(self, step: int) -> str:
+        self.saved_at.append(step)
+        return f"ckpt-{step}.pt"
+
+    def rebuild(self) -> None:
+        self.metrics = Metrics()  # the leaked tensors go with the old state
+
+
+def config(**overrides) -> WatchdogConfig:
+    limit = RssSource().read().bytes_used + BUDGET
+    return WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit, **overrides)
+
+
+def test_the_plain_form_gets_the_leak_named_with_its_holder_and_the_actions_block(events):
+    job = Job(leak=True)
+    with Watchdog(config()) as wd:
+        for step in range(1000):
+            job.train_step(step)
+            action = wd.step(step)
+            if action is Action.CHECKPOINT_REINIT or action is Action.CHECKPOINT_RESTART:
+                job.save(step)
+                break  # the user's own handling: here, exit for a restart
+    assert job.saved_at and len(job.metrics.kept) * LEAK_BYTES < BUDGET, "acted on before the budget"
+    (baseline,) = events.named("leak_baseline_taken")
+    assert baseline["step"] == 0 and baseline["census_seconds"] >= 0
+    suspects = events.named("leak_suspects")
+    assert suspects and "attribute 'kept' of Metrics" in suspects[-1]["suspects"][0], suspects
+    assert wd.suspects.lines == suspects[-1]["suspects"]
+    assert wd.last_action.action is action and wd.last_action.verdict.oom_projected
+    (acted,) = events.named("watchdog_acted")
+    assert acted["outcome"] == HANDED_OVER and acted["step"] == job.saved_at[0]
+    assert "attribute 'kept' of Metrics" in acted["block"] and HANDED_OVER in acted["block"]
+
+
+def test_carry_out_rebuilds_measures_what_came_back_and_names_the_creation_line(events):
+    job = Job(leak=True)
+    with Watchdog(config()) as wd:
+        for step in range(600):
+            job.train_step(step)
+            action = wd.step(step)
+            if action is not None:
+                assert wd.carry_out(action, save=lambda: job.save(step), rebuild=job.rebuild)
+            if events.named("watchdog_acted") and any(e["creation_sites"] for e in events.named("leak_suspects")):
+                break
+    (acted, *_) = events.named("watchdog_acted")
+    assert acted["outcome"] == REINITIALISED and acted["checkpoint"] == f"ckpt-{job.saved_at[0]}.pt"
+    assert acted["recovered_bytes"] > 100 << 20, "the rebuild gave the leaked tensors back"
+    assert "recovered" in acted["block"]
+    located = [e for e in events.named("leak_suspects") if e["creation_sites"]]
+    assert located, "after the rebuild, a capture ran and a census named where the tensors are made"
+    line = located[0]["suspects"][0]
+    assert "created at" in line and LEAK_LINE in line and "attribute 'kept' of Metrics" in line, line
+    assert len(events.named("leak_baseline_taken")) == 2, "a new baseline after the rebuild"
+
+
+def test_carry_out_without_a_rebuild_asks_for_a_restart_and_a_warn_needs_nothing(events):
+    job = Job(leak=False)
+    wd = Watchdog(config())
+    assert wd.carry_out(None, save=lambda: job.save(0)) and wd.carry_out(Action.WARN, save=lambda: job.save(0))
+    assert not job.saved_at, "nothing to carry out: no save"
+    assert not wd.carry_out(Action.CHECKPOINT_REINIT, save=lambda: job.save(3))
+    assert not wd.carry_out(Action.CHECKPOINT_RESTART, save=lambda: job.save(4))
+    assert job.saved_at == [3, 4]
+    assert wd.telemetry.checkpoint_snapshot()[3] == 2, "both saves were timed"
+    assert not events.named("watchdog_acted"), "no action was handed over, so there is no block to log"
+    wd.report_action(RESTART_REQUESTED)  # nothing handed over: nothing to report
+
+
+def test_a_clean_loop_gets_one_baseline_census_and_nothing_else(events):
+    job = Job(leak=False)
+    with Watchdog(config()) as wd:
+        for step in range(300):
+            job.train_step(step)
+            assert wd.step(step) is None
+    assert len(events.named("leak_baseline_taken")) == 1
+    for name in ("leak_suspects", "watchdog_acted", "leak_detected", "watchdog_action", "creation_capture_started"):
+        assert not events.named(name), name
+    assert not wd._follow_due, "after the baseline, step() does only its O(1) work"
+
+
+def test_forensics_off_takes_no_census_even_when_acting(events):
+    job = Job(leak=True)
+    with Watchdog(config(forensics=False)) as wd:
+        for step in range(1000):
+            job.train_step(step)
+            if wd.step(step) is not None:
+                break
+    assert wd.last_action is not None and wd.last_action.suspects == []
+    assert not events.named("leak_baseline_taken") and not events.named("leak_suspects")
+    assert events.named("watchdog_acted"), "the action's block is still logged"

@@ -1,0 +1,144 @@
+"""The Hugging Face callback under a real `transformers.Trainer`: a tiny GPT-2 built from a config
+(nothing is downloaded), real leaks of a Trainer user's own kind, the real resident-memory source.
+
+`USE_TORCH_XLA=0` keeps transformers off torch_xla in this process (it is installed here, and
+transformers would otherwise put the model on the XLA device by itself); the XLA run is its own
+process in tests/test_huggingface_xla.py.
+"""
+
+import logging
+import os
+
+os.environ["USE_TORCH_XLA"] = "0"  # read once, when transformers is imported  # noqa: E402
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from watchdog import WatchdogConfig
+from watchdog.integrations.huggingface import EVAL_ACCUMULATION_FINDING, HbmWatchdogCallback
+from watchdog.runtime.sources import RssSource
+
+VOCAB, SEQ, BATCH = 4096, 32, 8
+LOGITS_BYTES = VOCAB * SEQ * BATCH * 4  # one batch's logits: 4 MiB
+
+
+class Tokens(Dataset):
+    def __init__(self, n: int):
+        generator = torch.Generator().manual_seed(0)
+        self.tokens = torch.randint(0, VOCAB, (n, SEQ), generator=generator)
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def __getitem__(self, index):
+        return {"input_ids": self.tokens[index], "labels": self.tokens[index]}
+
+
+class LogitsForAMetric:
+    """A forward hook left in from debugging: keeps every batch's logits for a metric "later"."""
+
+    def __init__(self, model):
+        self.kept = []
+        model.lm_head.register_forward_hook(self.keep)
+
+    def keep(self, module, inputs, output):
+        if module.training:
+            self.kept.append(output.detach())
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=SEQ))
+
+
+def arguments(output_dir, max_steps: int, **extra) -> TrainingArguments:
+    return TrainingArguments(output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=BATCH,
+                             per_device_eval_batch_size=BATCH, save_strategy="no", logging_strategy="no",
+                             report_to=[], disable_tqdm=True, use_cpu=True, seed=0, dataloader_num_workers=0,
+                             **extra)
+
+
+def callback(budget_over_now: int) -> HbmWatchdogCallback:
+    limit = RssSource().read().bytes_used + budget_over_now
+    return HbmWatchdogCallback(WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit))
+
+
+class Events(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def emit(self, record):
+        if isinstance(record.msg, dict):
+            self.events.append(record.msg)
+
+    def named(self, name: str) -> list[dict]:
+        return [e for e in self.events if e.get("event") == name]
+
+
+@pytest.fixture
+def events():
+    handler, logger = Events(), logging.getLogger("watchdog")
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+def test_a_leaking_hook_is_checkpointed_by_the_trainer_before_the_budget_and_the_job_resumes(tmp_path, events):
+    budget = 600 << 20  # 150 steps of the leak
+    model, watch = tiny_gpt2(), callback(budget)
+    hook = LogitsForAMetric(model)
+    trainer = Trainer(model=model, args=arguments(tmp_path, max_steps=1000), train_dataset=Tokens(64),
+                      callbacks=[watch])
+    trainer.train()
+    assert watch.exit_code == 42 and watch.action_step is not None
+    assert trainer.state.global_step == watch.action_step < 150, "stopped at the action's step boundary"
+    assert len(hook.kept) * LOGITS_BYTES < budget, "acted on before the budget was spent"
+    assert (tmp_path / f"checkpoint-{watch.action_step}").is_dir(), "the Trainer saved its own checkpoint"
+    suspects = events.named("leak_suspects")
+    assert suspects and "attribute 'kept' of LogitsForAMetric" in suspects[-1]["suspects"][0], suspects
+    (acted,) = events.named("watchdog_acted")
+    assert acted["checkpoint"] == str(tmp_path / f"checkpoint-{watch.action_step}")
+    assert "exit 42" in acted["outcome"] and "LogitsForAMetric" in acted["block"]
+    kept_at_stop = len(hook.kept)
+
+    resumed_watch = callback(budget)
+    resumed = Trainer(model=tiny_gpt2(), args=arguments(tmp_path, max_steps=watch.action_step + 10),
+                      train_dataset=Tokens(64), callbacks=[resumed_watch])
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == watch.action_step + 10
+    assert resumed_watch.exit_code == 0 and resumed_watch.action_step is None
+    assert len(hook.kept) == kept_at_stop, "the resumed job runs without the old model's hook"
+
+
+def test_a_clean_run_gets_no_action_and_no_leak_report(tmp_path, events):
+    watch = callback(1 << 30)
+    trainer = Trainer(model=tiny_gpt2(), args=arguments(tmp_path, max_steps=160), train_dataset=Tokens(64),
+                      callbacks=[watch])
+    trainer.train()
+    assert trainer.state.global_step == 160 and watch.exit_code == 0
+    assert watch.watchdog.telemetry.samples_total >= 60
+    for name in ("watchdog_action", "leak_detected", "leak_suspects", "watchdog_acted"):
+        assert not events.named(name), name
+
+
+def test_predictions_kept_through_an_evaluation_are_named_with_eval_accumulation_steps(tmp_path, events):
+    """The prediction loop keeps every batch's logits until the evaluation ends (no
+    eval_accumulation_steps): 4 MiB a batch, 80 batches, against 200 MiB of room."""
+    watch = callback(200 << 20)
+    args = arguments(tmp_path, max_steps=40, eval_strategy="steps", eval_steps=20)
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=Tokens(64), eval_dataset=Tokens(80 * BATCH),
+                      compute_metrics=lambda predictions: {}, callbacks=[watch])  # a metric: logits are kept
+    trainer.train()
+    assert watch.exit_code == 42 and watch.action_step == 20, "acted on when the first evaluation ended"
+    assert trainer.state.global_step == 20 and (tmp_path / "checkpoint-20").is_dir()
+    assert watch.findings == [EVAL_ACCUMULATION_FINDING]
+    (acted,) = events.named("watchdog_acted")
+    assert "eval_accumulation_steps" in acted["block"]
+    phases = {s.phase for s in watch.watchdog.history}
+    assert phases == {"", "eval/80"}, "evaluation batches were sampled under the eval phase"

@@ -1,0 +1,146 @@
+"""hbm-watchdog as a Hugging Face Transformers callback.
+
+    from watchdog.integrations.huggingface import HbmWatchdogCallback
+
+    callback = HbmWatchdogCallback(WatchdogConfig(sample_every=10))
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    trainer.train(resume_from_checkpoint=resume)   # True once a checkpoint exists in output_dir
+    sys.exit(callback.exit_code)                   # 42 when the watchdog asked for a restart
+
+The `Trainer` owns the loop, so a rebuild in process is not ours to do: on either checkpoint
+action the callback asks the `Trainer` to save its own checkpoint at this step
+(`control.should_save`) and to stop (`control.should_training_stop`), skips an evaluation due at
+that step (it would only add memory), and sets `exit_code` to 42 for `hbm-watchdog supervise` or
+JobSet to restart the job; `trainer.train(resume_from_checkpoint=True)` then resumes from it.
+
+The callback reads step counts from `state.global_step`, never a tensor, so on TPU it adds no
+compilation and no device-to-host transfer. Evaluation and prediction run under the watchdog's
+"eval" phase, said to last as many batches as the evaluation's dataloader holds; the counter is
+`global_step` plus the evaluation batches run so far, so it keeps rising through them.
+
+Hugging Face's prediction loop keeps every batch's predictions on the device until the
+evaluation ends, unless `eval_accumulation_steps` is set (transformers#8508 on TPU, #7232): when
+an action comes while an evaluation runs, the finding says so and names that setting.
+
+On TPU: with torch_xla installed, `Trainer` puts the model on the XLA device by itself (`USE_TORCH_XLA=0`
+in the environment keeps it off XLA, e.g. for a CPU run on a TPU VM). Its default optimizer there
+is a fused AdamW that torch_xla cannot run: pass `optim="adamw_torch"` in `TrainingArguments`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from transformers import TrainerCallback
+
+from watchdog.core.config import WatchdogConfig
+from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED
+from watchdog.logs import get_logger
+from watchdog.runtime.sidecar import RESTART_REQUESTED, Watchdog
+from watchdog.runtime.sources import MemorySource
+
+log = get_logger(__name__)
+
+EVAL_ACCUMULATION_FINDING = (
+    "memory grew while an evaluation ran: Hugging Face's prediction loop keeps every batch's "
+    "predictions on the device until the evaluation ends unless eval_accumulation_steps is set; "
+    "TrainingArguments(eval_accumulation_steps=N) moves them to the CPU every N batches")
+
+
+class HbmWatchdogCallback(TrainerCallback):
+    def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None):
+        self.config = config or WatchdogConfig()
+        self.source = source
+        self.watchdog: Watchdog | None = None
+        self.exit_code = EXIT_OK
+        self.action_step: int | None = None
+        self.findings: list[str] = []
+        self._eval_batches = 0  # run so far in this process: the watchdog's counter adds them
+        self._phase = None  # the eval phase scope while an evaluation runs
+        self._pending = None  # an action asked for during an evaluation, carried out when it ends
+
+    # ---- training ------------------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # On the training thread, once the Trainer has placed the model: its device is the one to
+        # watch (a guess from what is imported would start torch_xla's runtime for a CPU run).
+        config = self.config
+        if config.device is None and model is not None:
+            parameter = next(model.parameters(), None)
+            if parameter is not None:
+                config = dataclasses.replace(config, device=str(parameter.device))  # metadata, no transfer
+        self._stop()  # a watchdog left from an earlier train() with this callback
+        self._eval_batches, self._phase, self._pending = 0, None, None
+        self.watchdog = Watchdog(config, source=self.source, reports_actions=True).start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.watchdog is None:
+            return
+        action = self.watchdog.step(state.global_step + self._eval_batches)
+        if action is not None and action.needs_checkpoint:
+            self._checkpoint_and_stop(args, state, control, action)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._end_evaluation()
+        self._stop()
+
+    # ---- evaluation and prediction -------------------------------------------------------------
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        if self.watchdog is None:  # an evaluate() or predict() outside train(): nothing watches it
+            return
+        if self._phase is None:
+            self._phase = self.watchdog.phase("eval", steps=_planned_batches(eval_dataloader))
+        self._eval_batches += 1
+        action = self.watchdog.step(state.global_step + self._eval_batches)
+        if action is not None and action.needs_checkpoint and self._pending is None:
+            self._pending = action  # the evaluation cannot be stopped from here: act when it ends
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._after_evaluation(args, state, control)
+
+    def on_predict(self, args, state, control, metrics=None, **kwargs):
+        self._after_evaluation(args, state, control)
+
+    def _after_evaluation(self, args, state, control) -> None:
+        self._end_evaluation()
+        action, self._pending = self._pending, None
+        if action is not None and self.exit_code == EXIT_OK:
+            if args.eval_accumulation_steps is None:
+                self.findings.append(EVAL_ACCUMULATION_FINDING)
+                log.warning("evaluation_growth", step=state.global_step, finding=EVAL_ACCUMULATION_FINDING)
+            self._checkpoint_and_stop(args, state, control, action)
+
+    def _end_evaluation(self) -> None:
+        if self._phase is not None:
+            self._phase.end()  # back to training
+            self._phase = None
+
+    # ---- the action ----------------------------------------------------------------------------
+
+    def _checkpoint_and_stop(self, args, state, control, action) -> None:
+        control.should_save = True  # the Trainer saves its own checkpoint at this step...
+        control.should_training_stop = True  # ...and stops at the step boundary
+        control.should_evaluate = False  # an evaluation now would only add memory
+        self.action_step = state.global_step
+        self.exit_code = EXIT_RESTART_REQUESTED
+        checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        log.error("huggingface_checkpoint_and_stop", action=action.value, step=state.global_step,
+                  checkpoint=checkpoint, exit_code=self.exit_code)
+        report = self.watchdog.last_action
+        if report is not None and self.findings:
+            report.suspects = [*self.findings[-1:], *report.suspects]
+        self.watchdog.report_action(f"the Trainer saves and stops, {RESTART_REQUESTED}", checkpoint=checkpoint)
+
+    def _stop(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()  # idempotent; the stopped watchdog stays readable (telemetry, suspects)
+
+
+def _planned_batches(dataloader) -> int | None:
+    try:
+        planned = len(dataloader)
+    except TypeError:  # an iterable dataset: no length known, the phase lasts as long as last time
+        return None
+    return planned if planned > 0 else None

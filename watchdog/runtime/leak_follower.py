@@ -1,0 +1,123 @@
+"""The training thread's half of "what is leaking", shared by every host that trains in process.
+
+A census (`forensics.census`) and a creation-site capture (`CreationSites`) must run on the
+training thread, between steps: the census walks the garbage collector's objects while no step
+is building tensors, and the capture is a TorchFunctionMode, which is per thread. The sidecar
+only decides *when*; this object does the work when the training thread comes by:
+
+- a baseline census after the first step (so the optimizer state is in it), again after each
+  rebuild (the old state is gone);
+- a capture of creation sites, armed once a leak is suspected (a WARN, an action, or a leak
+  reported with no OOM projected), run for a few steps, after which the census names the holder
+  *and* the line that made the tensors;
+- a census when an action is due, whose suspects go into the action's block.
+
+Every census is logged (`leak_suspects`) with what it cost (`census_seconds`): it is the one
+cost of the watchdog on the training thread that is not O(1), and it comes only at those moments.
+Nothing here imports torch until a process that has imported torch asks for a census.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import NamedTuple
+
+from watchdog.logs import get_logger
+
+log = get_logger(__name__)
+
+NO_SUSPECTS = "no growing group of live tensors"
+
+
+class Suspects(NamedTuple):
+    """One census's answer: what grew since the baseline, and whether creation sites were known."""
+
+    step: int
+    lines: list[str]
+    creation_sites: bool
+
+
+class LeakFollower:
+    """Baseline, capture and naming of a leak; call its methods on the training thread (but `arm`)."""
+
+    def __init__(self, capture_steps: int = 8):
+        self._capture_steps = capture_steps
+        self._baseline = None  # forensics.Census once taken
+        self._sites = None  # CreationSites, made with the first baseline (it needs torch)
+        self.last: Suspects | None = None  # the newest census's answer
+
+    # ---- what is due ---------------------------------------------------------------------------
+
+    @property
+    def baseline_due(self) -> bool:
+        return self._baseline is None
+
+    @property
+    def pending(self) -> bool:
+        """Whether `between_steps` has work: a baseline to take, or a capture armed or running."""
+        return self._baseline is None or (self._sites is not None and self._sites._pending)
+
+    # ---- the training thread -------------------------------------------------------------------
+
+    def take_baseline(self, step: int | None = None) -> None:
+        """Count what is alive now, as the reference later growth is measured against."""
+        if "torch" not in sys.modules:  # nothing to count in a process without tensors
+            return
+        from watchdog.runtime import forensics
+        from watchdog.runtime.creation_sites import CreationSites
+
+        started = time.perf_counter()
+        self._baseline = forensics.census()
+        if self._sites is None:
+            self._sites = CreationSites(steps=self._capture_steps)
+        log.info("leak_baseline_taken", step=step, census_seconds=round(time.perf_counter() - started, 3))
+
+    def between_steps(self, step: int) -> None:
+        """The baseline if it is due; a capture's start, its steps and, when it ends, the census
+        that names the leak with its creation sites."""
+        if self._baseline is None:
+            self.take_baseline(step)
+            return
+        if self._sites is not None and self._sites.between_steps():
+            self.name(step)
+
+    def name(self, step: int) -> list[str]:
+        """Log what grew since the baseline, what holds it and, after a capture, where it was
+        created; return those lines (for an action's block). Never raises."""
+        if self._baseline is None:
+            return []
+        from watchdog.runtime import forensics
+
+        started = time.perf_counter()
+        sites = self._sites if self._sites is not None and self._sites.done else None
+        try:
+            suspects = forensics.explain_leak(self._baseline, sites=sites)
+        except Exception:  # a diagnosis never stops training, nor the checkpoint an action needs
+            log.error("leak_census_failed", step=step, exc_info=True)
+            return []
+        log.warning("leak_suspects", step=step, suspects=suspects or [NO_SUSPECTS],
+                    creation_sites=sites is not None, census_seconds=round(time.perf_counter() - started, 3))
+        self.last = Suspects(step, suspects, sites is not None)
+        return suspects
+
+    def rebuilt(self, *, capture: bool = False) -> None:
+        """The training state was dropped and rebuilt: a new baseline is due, and the capture
+        may run again, on the rebuilt state (`capture`: ask for it now, to start after the
+        baseline: a leak that outlives the rebuild is then named with the line that makes it)."""
+        self._baseline = None
+        if self._sites is not None:
+            self._sites.reset()
+            if capture:
+                self._sites.arm()
+
+    def close(self) -> None:
+        if self._sites is not None:
+            self._sites.close()
+
+    # ---- any thread ----------------------------------------------------------------------------
+
+    def arm(self) -> bool:
+        """Ask for a capture from the next step on; once until the next rebuild. False when one was
+        already asked for, or before the first baseline (no torch yet)."""
+        return self._sites is not None and self._sites.arm()
