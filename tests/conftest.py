@@ -28,6 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 # 15 at 1, for 3 steps), while a step runs no slower at 1 and computes the same losses bit for
 # bit; PJRT CPU cannot reuse compiled programs across processes (no executable deserialisation),
 # so a persistent cache is no help. A user's XLA_FLAGS choice of level is left alone.
+# transformers and accelerate put a model on the XLA device by themselves whenever torch_xla is
+# installed, deciding once, at import. In-process tests run Hugging Face on the CPU (a fast test must
+# not start torch_xla's runtime); the XLA run is its own process, which sets USE_TORCH_XLA=1.
+os.environ.setdefault("USE_TORCH_XLA", "0")
+
 XLA_TEST_FLAGS = "--xla_backend_optimization_level=1"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAGS}".strip()

@@ -10,7 +10,7 @@ the first WARN or action) has run, or until the step limit, and reports:
 
 - `action_step`, `rss_at_action`, `peak_rss_before_action`, `budget`, `first_over_budget_step`:
   was it caught before the budget?
-- `suspects`: `forensics.explain_leak` at the end of the capture: what holds it, where created;
+- `suspects`: the Watchdog's census at the end of the capture (`wd.suspects`): what holds it, where created;
 - `actions`: every action the watchdog took (a non-leak must have none).
 
 The public reports each scenario reproduces are cited in tests/test_leak_mechanisms.py.
@@ -29,12 +29,9 @@ import torch_xla
 
 from watchdog import Watchdog, WatchdogConfig
 from watchdog.core.policy import PolicyConfig
-from watchdog.runtime import forensics
-from watchdog.runtime.creation_sites import CreationSites
 
 MiB = 1 << 20
 WIDTH, BATCH = 512, 256  # one activation: 512 KiB; a step of this MLP saves about 1.5 MiB for backward
-CAPTURE_STEPS = 6
 
 
 def mlp(device, width: int = WIDTH) -> torch.nn.Sequential:
@@ -329,8 +326,6 @@ def run(name: str) -> dict:
     policy = PolicyConfig(checkpoint_margin_steps=50, cooldown_steps=150)  # the trainer's defaults
     watchdog = Watchdog(WatchdogConfig(sample_every=1, source="rss", memory_limit_bytes=budget, policy=policy))
     watchdog.start()
-    sites = CreationSites(steps=CAPTURE_STEPS)
-    baseline = None
     result = {"name": name, "budget": budget, "action_step": None, "first_suspect_step": None,
               "first_over_budget_step": None, "suspects": [], "rss_at_action": None}
     peak_before_action = 0
@@ -338,20 +333,17 @@ def run(name: str) -> dict:
         loop.step(step)
         if loop.syncs:
             torch_xla.sync()
-        if baseline is None:  # after one step, as the trainer takes it: optimizer state included
-            baseline = forensics.census()
-        action = watchdog.step(step)
+        action = watchdog.step(step)  # the bare loop: the Watchdog takes its censuses and capture itself
         now = rss()
         if result["action_step"] is None:
             peak_before_action = max(peak_before_action, now)
         if now > budget and result["first_over_budget_step"] is None:
             result["first_over_budget_step"] = step
-        if sites.between_steps():
-            result["suspects"] = forensics.explain_leak(baseline, sites=sites)
-            result["suspects_step"] = step
+        named = watchdog.suspects
+        if named is not None and named.creation_sites and not result["suspects"]:
+            result["suspects"], result["suspects_step"] = named.lines, named.step
         if watchdog.telemetry.actions_total and result["first_suspect_step"] is None:
             result["first_suspect_step"] = step
-            sites.arm()
         if action is not None and action.needs_checkpoint and result["action_step"] is None:
             result["action_step"], result["rss_at_action"] = step, now
         if result["action_step"] is not None and result["suspects"]:

@@ -38,11 +38,12 @@ def test_json_one_object_per_trace_with_the_design_fields(tmp_path):
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["trace"] for r in rows] == [str(leak), str(clean)]
     for row in rows:
-        assert {"leak", "first_alarm_step", "first_action_step", "slope_bytes_per_step",
+        assert {"ended", "leak_reported", "first_leak_report_step", "first_action_step", "slope_bytes_per_step",
                 "projected_oom_step", "trace"} <= row.keys()
-    assert rows[0]["leak"] is True and rows[0]["first_action_step"] is not None
+    assert rows[0]["leak_reported"] is True and rows[0]["first_action_step"] is not None
     assert abs(rows[0]["slope_bytes_per_step"] - MiB) < 0.1 * MiB
-    assert rows[1]["leak"] is False and rows[1]["first_alarm_step"] is None
+    assert rows[1]["leak_reported"] is False and rows[1]["first_leak_report_step"] is None
+    assert rows[1]["ended"] == "healthy" and rows[1]["leak_report_spans"] == []
 
 
 @pytest.mark.slow
@@ -50,8 +51,8 @@ def test_human_output_and_memory_limit_budget(tmp_path):
     trace = _write(tmp_path / "nolimit.csv", 5000, 512 * 1024, limit=None)
     proc = _cli("analyze", str(trace), "--memory-limit", "14GiB")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"{trace}: LEAK")
-    assert "14.0 GiB limit" in proc.stdout and "leak first reported at step" in proc.stdout
+    assert proc.stdout.startswith(f"{trace}: ended with an OOM projected")
+    assert "14.0 GiB limit" in proc.stdout and "on the way: leak reported from step" in proc.stdout
 
 
 @pytest.mark.slow
@@ -82,7 +83,7 @@ def test_memory_over_the_budget_from_the_first_sample_is_acted_on_at_step_0(tmp_
     write_trace(trace, (Sample(s, 1e9 + s, 2 * GiB + s * 8 * MiB) for s in range(120)))
     assert main(["analyze", str(trace), "--memory-limit", "1GiB"]) == 0
     out = capsys.readouterr().out
-    assert "OOM PROJECTED" in out and "checkpoint_reinit asked for at step 0" in out
+    assert "ended with an OOM projected" in out and "checkpoint_reinit asked for at step 0" in out
     assert "at or over the 1.0 GiB limit" in out
     assert main(["analyze", str(trace), "--memory-limit", "1GiB", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
@@ -100,3 +101,21 @@ def test_a_step_out_of_range_is_one_line_naming_file_and_line(tmp_path, capsys, 
     assert len(err) == 1 and f"{trace}:3: step" in err[0] and "Traceback" not in err[0]
     trace.write_text(",".join(TRACE_HEADER) + f"\n0,1.0,{GiB},,\n{2**52 - 1},2.0,{GiB},,\n")
     assert main(["analyze", str(trace)]) == 0  # the largest step there is
+
+
+def test_the_headline_says_how_the_run_ended_and_apart_what_happened_on_the_way(tmp_path, capsys):
+    """A leak that stops: the report comes up and clears, and the run ends healthy. The headline
+    must not read "LEAK" for it."""
+    trace = tmp_path / "stopped.csv"
+    rows = (Sample(s, 1e9 + s, 8 * GiB + min(s, 4000) * 256 * 1024 + (s % 8) * 64 * MiB, 16 * GiB)
+            for s in range(12000))
+    write_trace(trace, rows)
+    assert main(["analyze", str(trace), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["ended"] == "healthy" and row["leak_reported"], row
+    (up, cleared), *_ = row["leak_report_spans"]
+    assert up < 4000 < cleared
+    assert main(["analyze", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{trace}: ended healthy") and "LEAK" not in out
+    assert f"on the way: leak reported at steps {up:,}-{cleared:,}, cleared" in out

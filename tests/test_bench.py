@@ -16,7 +16,7 @@ def outcome(leak=True, action=None, alarm=None, onset=100, oom=1000, margin=50, 
     """`alarm` is the action path's (OOM projected); `report` the leak report's."""
     floor_leak = leak if floor_leak is None and not growing else floor_leak
     return TraceOutcome(trace="t", leak=leak, growing=growing, onset_step=onset if leak or floor_leak else None,
-                        oom_step=oom if leak else None, checkpoint_margin_steps=margin, first_alarm_step=report,
+                        oom_step=oom if leak else None, checkpoint_margin_steps=margin, first_report_step=report,
                         first_action_step=action, projected_oom_step_at_action=projected, samples=samples,
                         first_oom_alarm_step=alarm, floor_leak=floor_leak, end_step=end)
 

@@ -97,6 +97,17 @@ def test_a_value_read_names_the_users_line_and_code():
         "torch_xla.sync()")
     assert "5 -> 6 -> 7" in cause.message
     assert cause.graphs == 3
+    assert "in Lightning, that is a value read from a device tensor inside a step hook and handed to " \
+           "self.log(): pass the tensor itself, detached" in cause.message
+
+
+def test_a_value_read_outside_a_lightning_step_hook_gets_the_general_advice():
+    frames = ["running_mean (/home/me/model.py:88)"]
+    text = "".join(report("most likely user code trying to access tensor value before torch_xla.sync", frames,
+                          graph_hash=f"g{i}") for i in range(3))
+    cause = explain(FOUND, parse_compile_analysis(text), compiles_in_window=3, window_steps=3, source=SOURCE)
+    assert cause.kind == "value_read" and "Lightning" not in cause.message
+    assert "read it after the sync, or log the detached tensor" in cause.message
 
 
 def test_a_read_inside_a_library_names_the_users_frame_and_the_library_line():

@@ -227,7 +227,7 @@ def test_config_errors_name_the_field(field, value):
 def test_any_flat_noisy_trace_never_yields_an_action(seed, jitter, transient, every):
     samples = job(6000, transient=transient * GiB, jitter=jitter * MiB, every=every, seed=seed)
     result = replay(samples)
-    assert result.first_alarm_step is None and result.first_action_step is None
+    assert result.first_leak_report_step is None and result.first_action_step is None
 
 
 @pytest.mark.slow  # pure, but a million updates (~15 s): the whole suite's, not the inner loop's

@@ -1,15 +1,13 @@
 """The Hugging Face callback under a real `transformers.Trainer`: a tiny GPT-2 built from a config
 (nothing is downloaded), real leaks of a Trainer user's own kind, the real resident-memory source.
 
-`USE_TORCH_XLA=0` keeps transformers off torch_xla in this process (it is installed here, and
-transformers would otherwise put the model on the XLA device by itself); the XLA run is its own
-process in tests/test_huggingface_xla.py.
+tests/conftest.py sets `USE_TORCH_XLA=0`, which keeps transformers off torch_xla in the test
+processes (it is installed here, and transformers would otherwise put the model on the XLA device
+by itself); the XLA run is its own process in tests/test_callbacks_xla.py.
 """
 
 import logging
 import os
-
-os.environ["USE_TORCH_XLA"] = "0"  # read once, when transformers is imported  # noqa: E402
 
 import pytest
 import torch
@@ -19,6 +17,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from watchdog import WatchdogConfig
 from watchdog.integrations.huggingface import EVAL_ACCUMULATION_FINDING, HbmWatchdogCallback
 from watchdog.runtime.sources import RssSource
+
+# Each test trains a real Trainer for hundreds of steps (tens of seconds on 2 cores): the whole
+# suite's lane, not the fast one.
+pytestmark = pytest.mark.slow
 
 VOCAB, SEQ, BATCH = 4096, 32, 8
 LOGITS_BYTES = VOCAB * SEQ * BATCH * 4  # one batch's logits: 4 MiB
@@ -60,6 +62,11 @@ def arguments(output_dir, max_steps: int, **extra) -> TrainingArguments:
                              **extra)
 
 
+def peak_before(watch: HbmWatchdogCallback, step: int) -> int:
+    """The most memory the watchdog read up to `step` (the action's): under the budget means in time."""
+    return max(s.bytes_used for s in watch.watchdog.history if s.step <= step)
+
+
 def callback(budget_over_now: int) -> HbmWatchdogCallback:
     limit = RssSource().read().bytes_used + budget_over_now
     return HbmWatchdogCallback(WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit))
@@ -96,9 +103,11 @@ def test_a_leaking_hook_is_checkpointed_by_the_trainer_before_the_budget_and_the
     trainer = Trainer(model=model, args=arguments(tmp_path, max_steps=1000), train_dataset=Tokens(64),
                       callbacks=[watch])
     trainer.train()
+    assert os.environ["USE_TORCH_XLA"] == "0" and next(model.parameters()).device.type == "cpu"
     assert watch.exit_code == 42 and watch.action_step is not None
-    assert trainer.state.global_step == watch.action_step < 150, "stopped at the action's step boundary"
-    assert len(hook.kept) * LOGITS_BYTES < budget, "acted on before the budget was spent"
+    assert trainer.state.global_step == watch.action_step, "stopped at the action's step boundary"
+    assert peak_before(watch, watch.action_step) < watch.config.memory_limit_bytes, "acted on before the budget"
+    assert len(hook.kept) == watch.action_step, "the leak ran until the action, and not a step further"
     assert (tmp_path / f"checkpoint-{watch.action_step}").is_dir(), "the Trainer saved its own checkpoint"
     suspects = events.named("leak_suspects")
     assert suspects and "attribute 'kept' of LogitsForAMetric" in suspects[-1]["suspects"][0], suspects

@@ -131,9 +131,11 @@ def test_the_tuners_trial_steps_before_fit_never_reach_the_watchdog(tmp_path, ev
     with the real training, its trace holds only that, and the leak is still caught in time."""
     budget = 1200 << 20
     trainer, callback, module = fit(tmp_path, leak=True, max_steps=2000, budget_over_now=budget, tune=True)
-    assert callback.exit_code == 42 and callback.action_step < 300
-    assert len(module.kept) * LEAK_BYTES < budget
-    steps = [s.step for s in load_trace(tmp_path / "trace.csv")]
+    assert callback.exit_code == 42
+    samples = load_trace(tmp_path / "trace.csv")
+    limit = callback.config.memory_limit_bytes
+    assert max(s.bytes_used for s in samples if s.step <= callback.action_step) < limit, "acted on before the budget"
+    steps = [s.step for s in samples]
     assert steps == sorted(set(steps)) and steps[0] <= 2, "one run in the trace, from the fit's first steps"
     assert len(events.named("watchdog_started")) == 1, "no watchdog was started for the trials"
     assert all(p.device.type == "cpu" for p in module.parameters())

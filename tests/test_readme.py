@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -34,6 +36,7 @@ def _python_blocks(heading: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
+@pytest.mark.slow  # the snippet's device is the default one: torch_xla's, wherever it is imported
 def test_the_own_loop_snippet_runs_as_written_and_carries_out_an_action(tmp_path, monkeypatch):
     """The first snippet of "A loop of your own", run on the CPU with a real model, a save and a
     rebuild of its own; the budget is made small enough that the watchdog acts."""
@@ -64,3 +67,37 @@ def test_the_own_loop_snippet_runs_as_written_and_carries_out_an_action(tmp_path
     assert saved and rebuilt, "the watchdog acted and carry_out saved and rebuilt"
     assert max(saved) * (1 << 20) < 400 << 20, "before the budget"
     assert (tmp_path / "trace.csv").exists()
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {_slug(m) for m in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    assert len(pages) > 5, "the docs pages exist"
+    broken, checked = [], 0
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://", target) or target.startswith("mailto:"):
+                continue
+            path_part, _, anchor = target.partition("#")
+            resolved = (page.parent / path_part).resolve() if path_part else page
+            checked += 1
+            if not resolved.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert checked > 10 and not broken, broken
+
+
+def test_the_front_page_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300

@@ -24,9 +24,9 @@ def test_leaking_trace_alarms_then_acts_before_the_oom():
     rate = 1 * MiB
     true_oom = (LIMIT - 10 * GiB) // rate  # floor + 2 GiB transient reaches the limit
     result = replay(trace(int(true_oom * 0.95), rate), policy_config=PolicyConfig(checkpoint_margin_steps=50))
-    assert result.leak and result.final_verdict.status is Status.LEAKING
-    assert result.first_alarm_step is not None and result.first_action_step is not None
-    assert result.first_alarm_step <= result.first_action_step <= true_oom - 50
+    assert result.leak_reported and result.final_verdict.status is Status.LEAKING
+    assert result.first_leak_report_step is not None and result.first_action_step is not None
+    assert result.first_leak_report_step <= result.first_action_step <= true_oom - 50
     assert result.first_action is Action.CHECKPOINT_REINIT
     assert abs(result.slope_bytes_per_step - rate) < 0.1 * rate
     assert result.projected_oom_step_at_first_action is not None
@@ -35,8 +35,8 @@ def test_leaking_trace_alarms_then_acts_before_the_oom():
 
 def test_clean_trace_has_no_alarm_and_no_projection():
     result = replay(trace(5000))
-    assert not result.leak
-    assert result.first_alarm_step is None and result.first_action_step is None and result.first_action is None
+    assert not result.leak_reported
+    assert result.first_leak_report_step is None and result.first_action_step is None and result.first_action is None
     assert result.projected_oom_step is None
 
 
@@ -56,16 +56,16 @@ def test_memory_limit_argument_is_a_budget_below_the_device():
     device = replay(samples)
     budget = replay(samples, memory_limit_bytes=12 * GiB)
     assert budget.final_verdict.limit_bytes == 12 * GiB
-    assert budget.first_alarm_step is not None
+    assert budget.first_leak_report_step is not None
     assert device.projected_oom_step is None or budget.projected_oom_step < device.projected_oom_step
 
 
 def test_to_json_carries_the_design_fields():
     row = replay(trace(2000)).to_json()
-    for key in ("leak", "first_alarm_step", "oom_projected", "first_oom_projected_step", "first_action_step",
-                "slope_bytes_per_step", "projected_oom_step"):
+    for key in ("ended", "leak_reported", "first_leak_report_step", "leak_report_spans", "oom_projected",
+                "first_oom_projected_step", "first_action_step", "slope_bytes_per_step", "projected_oom_step"):
         assert key in row
-    assert isinstance(row["leak"], bool) and isinstance(row["slope_bytes_per_step"], float)
+    assert isinstance(row["leak_reported"], bool) and isinstance(row["slope_bytes_per_step"], float)
 
 
 def test_empty_trace_gives_an_empty_result():
@@ -111,8 +111,8 @@ def test_judging_quietly_gives_every_verdict_and_action_judge_gives_on_the_bench
         reports = [v.step for (v, _), _ in pairs if v.leak_detected]
         actions = [(v.step, a) for (v, a), _ in pairs if a.needs_checkpoint]
         assert result.first_oom_projected_step == (alarms[0] if alarms else None)
-        assert result.first_alarm_step == (reports[0] if reports else None)  # the leak report's
-        assert result.leak == bool(reports) and result.oom_projected == bool(alarms)
+        assert result.first_leak_report_step == (reports[0] if reports else None)  # the leak report's
+        assert result.leak_reported == bool(reports) and result.oom_projected == bool(alarms)
         assert (result.first_action_step, result.first_action) == (actions[0] if actions else (None, None))
     assert 0.5 * total < quiet < total  # most samples are quiet, and some are not
 

@@ -68,6 +68,19 @@ def test_a_memory_budget_is_a_positive_size(text, expected):
     assert positive_size(text) == expected
 
 
+@pytest.mark.parametrize("configure", ["watchdog.trainer.cli", "watchdog.commands.analyze"])
+def test_no_memory_budget_given_is_none_and_one_given_is_parsed(configure):
+    """Absence of `--memory-limit` is no budget (the device's own limit rules), not an error."""
+    import argparse
+    import importlib
+
+    parser = argparse.ArgumentParser()
+    importlib.import_module(configure).configure(parser)
+    extra = ["trace.csv"] if configure.endswith("analyze") else []
+    assert parser.parse_args(extra).memory_limit is None
+    assert parser.parse_args([*extra, "--memory-limit", "2.75GiB"]).memory_limit == 2816 << 20
+
+
 @pytest.mark.parametrize("text, message", [("0", "must be a positive"), ("3 parsecs", "unknown size unit"),
                                            ("-1GiB", "not a size")])
 def test_a_bad_memory_budget_says_why(text, message):

@@ -171,6 +171,7 @@ def test_lightning_self_log_of_a_value_read_before_the_sync_is_named_with_its_li
     assert finding["code"] == 'self.log("running_loss", torch.stack(self.losses).mean().item(), prog_bar=True)'
     assert finding["explanation"].startswith(f"graph recompiled every step: `{finding['code']}` at ")
     assert f"scenario.py:{finding['line']} reads a tensor before torch_xla.sync()" in finding["explanation"]
+    assert "handed to self.log(): pass the tensor itself, detached" in finding["explanation"]
     assert finding["every"] == "every step" and finding["steps_per_compile"] <= 1.5
     assert result["detected"] is True
 

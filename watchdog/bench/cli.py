@@ -202,7 +202,7 @@ def render_misses(traces: list, outcomes: list) -> str:
             problem = (f"acted at {outcome.first_action_step}, OOM at {trace.oom_step}, margin "
                        f"{trace.checkpoint_margin_steps}" if outcome.detected else "leak never acted on")
         elif outcome.false_report:
-            problem = f"leak reported (no action) at step {outcome.first_alarm_step}"
+            problem = f"leak reported (no action) at step {outcome.first_report_step}"
         elif trace.floor_leak and not outcome.reported:
             problem = "leak never reported"
         else:

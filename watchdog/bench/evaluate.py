@@ -27,7 +27,7 @@ def _outcome(trace: LabelledTrace, alarm: int | None, action: int | None, projec
     return TraceOutcome(
         trace=trace.name, leak=trace.leak, growing=trace.growing, onset_step=trace.onset_step,
         oom_step=trace.oom_step, checkpoint_margin_steps=trace.checkpoint_margin_steps,
-        first_alarm_step=alarm, first_action_step=action, projected_oom_step_at_action=projected,
+        first_report_step=alarm, first_action_step=action, projected_oom_step_at_action=projected,
         samples=len(trace.samples), first_oom_alarm_step=oom_alarm, floor_leak=trace.floor_leak,
         end_step=trace.samples[-1].step if trace.samples else 0)
 
@@ -40,7 +40,7 @@ def run_ours(trace: LabelledTrace, detector_config=None, policy_config=None) -> 
                                  checkpoint_margin_steps=trace.checkpoint_margin_steps)
     result = replay(trace.samples, memory_limit_bytes=trace.limit_bytes, detector_config=detector_config,
                     policy_config=policy)
-    return _outcome(trace, result.first_alarm_step, result.first_action_step,
+    return _outcome(trace, result.first_leak_report_step, result.first_action_step,
                     result.projected_oom_step_at_first_action, result.first_oom_projected_step)
 
 

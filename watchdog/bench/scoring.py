@@ -37,7 +37,7 @@ class TraceOutcome:
     onset_step: int | None
     oom_step: int | None
     checkpoint_margin_steps: int
-    first_alarm_step: int | None
+    first_report_step: int | None
     first_action_step: int | None
     projected_oom_step_at_action: int | None
     samples: int
@@ -48,19 +48,19 @@ class TraceOutcome:
     @property
     def reported(self) -> bool:
         """A leak report owed and given, at or after onset."""
-        return bool(self.floor_leak) and self.first_alarm_step is not None \
-            and self.first_alarm_step >= (self.onset_step or 0)
+        return bool(self.floor_leak) and self.first_report_step is not None \
+            and self.first_report_step >= (self.onset_step or 0)
 
     @property
     def false_report(self) -> bool:
-        return self.first_alarm_step is not None and (
+        return self.first_report_step is not None and (
             self.floor_leak is False or (bool(self.floor_leak) and not self.reported))
 
     @property
     def report_delay_steps(self) -> int | None:
         if not self.reported:
             return None
-        return self.first_alarm_step - (self.onset_step or 0)  # type: ignore[operator]
+        return self.first_report_step - (self.onset_step or 0)  # type: ignore[operator]
 
     @property
     def report_delay_share(self) -> float | None:
@@ -171,7 +171,7 @@ def score(detector: str, outcomes: list[TraceOutcome], seconds: float) -> Score:
         true_positives=tp, false_positives=fp, false_negatives=fn,
         precision=precision, recall=recall, f1=f1,
         false_alarms=sum(o.first_action_step is not None for o in negatives),
-        alarms_on_clean=sum((o.first_alarm_step is not None or o.first_action_step is not None)
+        alarms_on_clean=sum((o.first_report_step is not None or o.first_action_step is not None)
                             for o in negatives if not o.growing),
         median_delay_steps=_median([o.delay_steps for o in leaks if o.delay_steps is not None]),
         ooms_prevented=sum(o.prevented for o in leaks),

@@ -7,7 +7,7 @@ memory limit) it renders `seeds` TPU-like jobs of 20,000 steps (the corpus' sawt
 evaluations, checkpoints, normal jitter and drift: `corpus._job`), the leak starting at 10% of the
 run and growing linearly to its end, and replays each through the default detector, exactly as
 `hbm-watchdog analyze` would. The headroom (30-40% of the limit) is larger than the largest leak,
-so no job runs out of memory: what is measured is the leak report (`ReplayResult.leak`, a
+so no job runs out of memory: what is measured is the leak report (`ReplayResult.leak_reported`, a
 warning whatever the OOM's distance), not the action path. The same seeds without a leak are the
 control: any report on them is false.
 
@@ -107,7 +107,7 @@ class Sensitivity:
 
     def to_json(self) -> dict:
         return {"steps": self.steps, "onset_step": self.onset_step, "seeds": self.seeds, "noise": self.noise,
-                "detector": "default DetectorConfig", "signal": "leak report (ReplayResult.first_alarm_step)",
+                "detector": "default DetectorConfig", "signal": "leak report (ReplayResult.first_leak_report_step)",
                 "min_leak_share": DetectorConfig().min_leak_share, "seconds": round(self.seconds, 2),
                 "rows": [r.to_json() for r in self.rows],
                 "control": {"seeds": self.control.seeds, "false_reports": self.control.early}}
@@ -126,7 +126,7 @@ def first_report(seed: int, growth_share: float, steps: int = STEPS, onset_step:
     model = _job(rng, steps, limit, headroom, noise=NOISE, growth=growth)  # growth draws nothing: same job per seed
     trace = render(model, rng)
     assert trace.oom_step is None or trace.oom_step >= steps, "the sensitivity jobs must not run out of memory"
-    return replay(trace.samples, memory_limit_bytes=limit, detector_config=config).first_alarm_step
+    return replay(trace.samples, memory_limit_bytes=limit, detector_config=config).first_leak_report_step
 
 
 def measure(sizes: Sequence[float] = SIZES, seeds: int = DEFAULT_SEEDS, steps: int = STEPS,

@@ -34,22 +34,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+ENDED = {"healthy": "ended healthy", "leak_reported": "ended with a leak reported (no OOM projected)",
+         "oom_projected": "ended with an OOM projected", "warming_up": "ended still warming up"}
+
+
 def summary(path: str, result: ReplayResult) -> str:
-    """A few lines a person reads: the verdict, the slope, when the alarm and the action came."""
+    """A few lines a person reads: what the run ended as and, apart, what happened on the way."""
     final = result.final_verdict
     assert final is not None
-    signals = ("LEAK" if result.leak else "no leak") + (", OOM PROJECTED" if result.oom_projected else "")
-    lines = [f"{path}: {signals} ({result.samples:,} samples, last step {final.step:,}, final status {final.status.value})"]
+    lines = [f"{path}: {ENDED[result.ended]} ({result.samples:,} samples, last step {final.step:,})"]
+    on_the_way = _on_the_way(result)
+    if on_the_way:
+        lines.append(f"  on the way: {on_the_way}")
     if final.floor_bytes is not None:
         limit = format_bytes(final.limit_bytes) if final.limit_bytes else "unknown"
         lines.append(f"  floor {format_bytes(final.floor_bytes)}, transient {format_bytes(final.excursion_bytes)}, "
                      f"limit {limit}")
     lines.append(f"  slope {format_bytes(final.slope_bytes_per_step)}/step "
                  f"({format_bytes(final.slope_low_bytes_per_step)} to {format_bytes(final.slope_high_bytes_per_step)})")
-    if result.first_alarm_step is not None:
-        lines.append(f"  leak first reported at step {result.first_alarm_step:,} (a warning)")
-    if result.first_oom_projected_step is not None:
-        lines.append(f"  OOM first projected near enough to act on at step {result.first_oom_projected_step:,}")
     if result.first_action_step is not None:
         assert result.first_action is not None
         lines.append(f"  {result.first_action.value} asked for at step {result.first_action_step:,}"
@@ -60,3 +62,17 @@ def summary(path: str, result: ReplayResult) -> str:
     if final.explanation:
         lines.append(f"  {final.explanation}")
     return "\n".join(lines)
+
+
+def _on_the_way(result: ReplayResult) -> str:
+    """The two signals as they went: "leak reported at steps 7,136-8,608, cleared; OOM projected
+    from step 9,000"."""
+    parts = []
+    for up, cleared in result.leak_report_spans[:3]:
+        parts.append(f"leak reported at steps {up:,}-{cleared:,}, cleared" if cleared is not None
+                     else f"leak reported from step {up:,}")
+    if len(result.leak_report_spans) > 3:
+        parts.append(f"{len(result.leak_report_spans) - 3} more leak reports")
+    if result.first_oom_projected_step is not None:
+        parts.append(f"OOM first projected near enough to act on at step {result.first_oom_projected_step:,}")
+    return "; ".join(parts)

@@ -206,8 +206,8 @@ def explain(found: Recompilation, records: Iterable[CompileRecord], *, compiles_
 
     if kind == VALUE_READ:
         message = (f"graph recompiled {found.every}: {where}{through} reads a tensor before torch_xla.sync(), "
-                   f"and the graph it reads {graph_change or 'is new each time'}; read it after the sync, "
-                   f"or log the detached tensor and let the logger read it later{tail}")
+                   f"and the graph it reads {graph_change or 'is new each time'}; "
+                   f"{_LIGHTNING_LOG_ADVICE if _is_lightning_log(code, frame) else _READ_ADVICE}{tail}")
         return Cause("value_read", message, **fields)
     if kind == STEP_BOUNDARY:
         inputs = chosen[0].inputs
@@ -223,6 +223,21 @@ def explain(found: Recompilation, records: Iterable[CompileRecord], *, compiles_
         return Cause("dynamo", f"dynamo compiles a new graph {found.every} at {where}{through}{tail}", **fields)
     return Cause("unknown", f"{head}; torch_xla gives the cause as {chosen[0].cause!r} at {where}{through}{tail}",
                  **fields)
+
+
+_READ_ADVICE = "read it after the sync, or log the detached tensor and let the logger read it later"
+# Lightning's best-known pitfall on TPU: a number computed from a device tensor inside a step hook
+# and handed to self.log(), so the host waits for a graph cut short, every step.
+_LIGHTNING_LOG_ADVICE = ("in Lightning, that is a value read from a device tensor inside a step hook and handed "
+                         "to self.log(): pass the tensor itself, detached (self.log(name, loss.detach())), and "
+                         "Lightning reads it after the step's sync; or log it on_epoch=True, on_step=False")
+_STEP_HOOKS = ("training_step", "validation_step", "test_step", "predict_step")
+
+
+def _is_lightning_log(code: str | None, frame: Frame | None) -> bool:
+    """A `self.log(...)` / `self.log_dict(...)` line inside a LightningModule's step hook."""
+    return bool(code and frame and frame.function in _STEP_HOOKS
+                and re.search(r"\bself\.log(_dict)?\(", code))
 
 
 def _user_frame(record: CompileRecord, source: SourceView) -> Frame | None:

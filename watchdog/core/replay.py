@@ -20,8 +20,12 @@ from watchdog.core.verdict import Action, Status, Verdict
 
 @dataclass(frozen=True)
 class ReplayResult:
-    leak: bool  # a leak was reported at some point (confident steady floor growth)
-    first_alarm_step: int | None  # first step at which the leak report was up
+    """How a trace went, in the two signals' own words: the leak report (confident steady floor
+    growth, a warning) and the OOM projection (near enough to act on), and what was asked."""
+
+    leak_reported: bool  # the leak report was up at some point
+    first_leak_report_step: int | None  # first step at which it was up
+    leak_report_spans: tuple[tuple[int, int | None], ...]  # (up, cleared) steps; None: still up at the end
     oom_projected: bool  # an OOM near enough to act on was projected at some point (the action path)
     first_oom_projected_step: int | None
     first_action_step: int | None  # first checkpoint action (reinit or restart)
@@ -32,11 +36,23 @@ class ReplayResult:
     samples: int
     final_verdict: Verdict | None
 
+    @property
+    def ended(self) -> str:
+        """What the run ended as: `oom_projected`, `leak_reported`, `healthy` or `warming_up`."""
+        final = self.final_verdict
+        if final is None or final.status is Status.WARMING_UP:
+            return "warming_up"
+        if final.oom_projected:
+            return "oom_projected"
+        return "leak_reported" if final.leak_detected else "healthy"
+
     def to_json(self) -> dict:
         final = self.final_verdict
         return {
-            "leak": self.leak,
-            "first_alarm_step": self.first_alarm_step,
+            "ended": self.ended,
+            "leak_reported": self.leak_reported,
+            "first_leak_report_step": self.first_leak_report_step,
+            "leak_report_spans": [list(span) for span in self.leak_report_spans],
             "oom_projected": self.oom_projected,
             "first_oom_projected_step": self.first_oom_projected_step,
             "first_action_step": self.first_action_step,
@@ -62,32 +78,40 @@ def replay_steps(samples: Iterable[Sample], *, memory_limit_bytes: int | None = 
 def replay(samples: Iterable[Sample], *, memory_limit_bytes: int | None = None,
            detector_config: DetectorConfig | None = None,
            policy_config: PolicyConfig | None = None) -> ReplayResult:
-    """Run the whole trace and sum it up: when each signal first went up, when the first action came."""
-    first_leak = first_alarm = first_action_step = projected_at_action = None
+    """Run the whole trace and sum it up: when each signal went up (and the report down), when
+    the first action came."""
+    spans: list[list] = []  # [up, cleared] steps of the leak report
+    first_oom_projected = first_action_step = projected_at_action = None
     first_action: Action | None = None
     count = 0
-    leaking, nothing = Status.LEAKING, Action.NONE
+    reported = False
+    oom_projected, nothing = Status.LEAKING, Action.NONE
     the_judge = Judge(detector_config, policy_config, memory_limit_bytes=memory_limit_bytes)
     detector = the_judge.detector
     judge = the_judge.judge_quietly  # no verdict is built for a quiet sample: nothing below reads one
     for sample in samples:  # the benchmark's hot loop
         count += 1
         judged = judge(sample)
-        if first_leak is None and detector.leak_detected:  # the report's value on every verdict until the next analysis
-            first_leak = sample.step
+        if detector.leak_detected != reported:  # the report's value on every verdict until the next analysis
+            reported = not reported
+            if reported:
+                spans.append([sample.step, None])
+            else:
+                spans[-1][1] = sample.step
         if judged is None:
             continue
         verdict, action = judged
-        if first_alarm is None and verdict.status is leaking:
-            first_alarm = verdict.step
+        if first_oom_projected is None and verdict.status is oom_projected:
+            first_oom_projected = verdict.step
         if first_action is None and action is not nothing and action.needs_checkpoint:
             first_action, first_action_step = action, verdict.step
             projected_at_action = verdict.projected_oom_step
     verdict = the_judge.latest
     return ReplayResult(
-        leak=first_leak is not None, first_alarm_step=first_leak, oom_projected=first_alarm is not None,
-        first_oom_projected_step=first_alarm, first_action_step=first_action_step,
-        first_action=first_action,
+        leak_reported=bool(spans), first_leak_report_step=spans[0][0] if spans else None,
+        leak_report_spans=tuple((up, cleared) for up, cleared in spans),
+        oom_projected=first_oom_projected is not None, first_oom_projected_step=first_oom_projected,
+        first_action_step=first_action_step, first_action=first_action,
         slope_bytes_per_step=verdict.slope_bytes_per_step if verdict else 0.0,
         projected_oom_step=verdict.projected_oom_step if verdict else None,
         projected_oom_step_at_first_action=projected_at_action, samples=count, final_verdict=verdict,

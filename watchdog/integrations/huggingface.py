@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 from transformers import TrainerCallback
 
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED
 from watchdog.logs import get_logger
+from watchdog.runtime import xla_stats
 from watchdog.runtime.sidecar import RESTART_REQUESTED, Watchdog
 from watchdog.runtime.sources import MemorySource
 
@@ -52,6 +54,9 @@ class HbmWatchdogCallback(TrainerCallback):
     def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None):
         self.config = config or WatchdogConfig()
         self.source = source
+        if self.config.recompilation.explain and "torch_xla" in sys.modules:
+            # Made before the Trainer, so before its first graph: torch_xla reads this setting only then.
+            xla_stats.prepare_compile_analysis()
         self.watchdog: Watchdog | None = None
         self.exit_code = EXIT_OK
         self.action_step: int | None = None
