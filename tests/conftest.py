@@ -38,6 +38,19 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAGS}".strip()
 
 
+def settled_rss() -> int:
+    """This process's resident memory once garbage is collected and freed pages are handed back:
+    the base of an in-process test's budget, so an earlier test's garbage freed mid-test does not
+    widen the room the test meant to give."""
+    import gc
+
+    from watchdog.runtime.sources import RssSource, release_host_memory
+
+    gc.collect()
+    release_host_memory()
+    return RssSource().read().bytes_used
+
+
 def hbm_watchdog_env(**extra: str) -> dict[str, str]:
     """The environment for a child `hbm-watchdog`: torch_xla on PJRT CPU, JSON logs, repo importable."""
     env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(REPO)}

@@ -11,7 +11,7 @@ import torch
 
 from watchdog import Action, Watchdog, WatchdogConfig
 from watchdog.runtime.sidecar import HANDED_OVER, REINITIALISED, RESTART_REQUESTED
-from watchdog.runtime.sources import RssSource
+from conftest import settled_rss
 
 LEAK_BYTES = 4 << 20
 BUDGET = 800 << 20  # 200 steps of leak above the resident memory at the start
@@ -79,7 +79,7 @@ class Job:
 
 
 def config(**overrides) -> WatchdogConfig:
-    limit = RssSource().read().bytes_used + BUDGET
+    limit = settled_rss() + BUDGET
     return WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit, **overrides)
 
 

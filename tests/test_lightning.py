@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from watchdog import WatchdogConfig
 from watchdog.core.sample import load_trace
 from watchdog.integrations.lightning import HbmWatchdogCallback
-from watchdog.runtime.sources import RssSource
+from conftest import settled_rss
 
 LEAK_BYTES = 4 << 20
 
@@ -76,7 +76,7 @@ class TunableModule(LeakyModule):
 def fit(tmp_path, leak: bool, max_steps: int, budget_over_now: int, ckpt_path=None, tune: bool = False):
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
-    limit = RssSource().read().bytes_used + budget_over_now
+    limit = settled_rss() + budget_over_now
     config = WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit, trace_file=tmp_path / "trace.csv")
     callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -161,7 +161,7 @@ def test_validation_runs_under_the_eval_phase_and_the_counter_keeps_rising_throu
     data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 1)), batch_size=8)
     trace = tmp_path / "trace.csv"
     config = WatchdogConfig(sample_every=1, source="rss", trace_file=trace,
-                            memory_limit_bytes=RssSource().read().bytes_used + (1 << 30))
+                            memory_limit_bytes=settled_rss() + (1 << 30))
     callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
     trainer = L.Trainer(max_steps=24, val_check_interval=8, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])

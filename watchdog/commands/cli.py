@@ -25,6 +25,7 @@ COMMANDS = {
     "bench": ("watchdog.bench.cli", "detector quality and speed against the baselines"),
     "report": ("watchdog.commands.report", "draw a trace: usage, floor, trend, projection, limit, actions"),
     "watch": ("watchdog.commands.watch", "a daemon that signals a job before its OOM, from outside its process"),
+    "postmortem": ("watchdog.commands.postmortem", "read XLA's out-of-memory message: kind, sizes, Python lines"),
 }
 
 

@@ -1,0 +1,80 @@
+"""The layers in watchdog/ARCHITECTURE.md, kept true: every module's imports of our own code are
+read (with `ast`, nothing is imported) and checked against what its layer may use.
+
+Pure code stays pure (core imports nothing of ours outside core); the in-process runtime never
+reaches up into what drives it; the `watch` daemon, which runs outside the job, uses only the
+runtime's sinks (telemetry, the exporter, the leak report's lines, the terminal's blocks), never
+the in-process sidecar, its sources or the forensics that walk a training process's objects.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "watchdog"
+
+SHARED = {"watchdog.logs", "watchdog.fileio"}  # any layer outside core
+SINKS = {"watchdog.runtime.telemetry", "watchdog.runtime.exporter", "watchdog.runtime.leak_report",
+         "watchdog.runtime.reports"}
+MAY_IMPORT = {  # layer -> prefixes of our modules it may import (its own always)
+    "core": set(),
+    "logs": {"watchdog.core"},
+    "fileio": {"watchdog.core"},
+    "runtime": {"watchdog.core", *SHARED},
+    "actions": {"watchdog.core", *SHARED},
+    "daemon": {"watchdog.core", *SHARED, *SINKS},
+}
+TOP = {"commands", "trainer", "bench", "integrations", "__init__", "__main__"}  # may use any layer
+
+
+def layer_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+
+
+def our_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "watchdog" or node.module.startswith("watchdog."):
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("watchdog."))
+    return found
+
+
+def allowed(layer: str, module: str) -> bool:
+    if module == "watchdog.__version__":  # the package's version: metadata, no code
+        return True
+    if module.startswith(f"watchdog.{layer}.") or module == f"watchdog.{layer}":
+        return True
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in MAY_IMPORT[layer])
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_belongs_to_a_known_layer():
+    unknown = {layer_of(p) for p in MODULES} - set(MAY_IMPORT) - TOP
+    assert not unknown, f"a new layer needs its place in MAY_IMPORT and ARCHITECTURE.md: {unknown}"
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if layer_of(p) not in TOP],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_a_layer_imports_only_what_it_may(path):
+    layer = layer_of(path)
+    wrong = sorted(m for m in our_imports(path) if not allowed(layer, m))
+    assert not wrong, f"{path.relative_to(PACKAGE)} ({layer}) imports {wrong}"
+
+
+def test_the_check_catches_a_wrong_import(tmp_path):
+    """The test itself can fail: core reaching into runtime, the daemon into the sidecar."""
+    assert not allowed("core", "watchdog.runtime.sidecar.Watchdog")
+    assert not allowed("daemon", "watchdog.runtime.sidecar.Watchdog")
+    assert not allowed("daemon", "watchdog.runtime.forensics.census")
+    assert not allowed("runtime", "watchdog.trainer.loop.Trainer")
+    assert allowed("daemon", "watchdog.runtime.telemetry.Telemetry")
+    module = tmp_path / "bad.py"
+    module.write_text("from watchdog.runtime import sidecar\nimport watchdog.trainer.loop\n")
+    assert our_imports(module) == {"watchdog.runtime.sidecar", "watchdog.trainer.loop"}

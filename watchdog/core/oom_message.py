@@ -1,0 +1,242 @@
+"""XLA's out-of-memory messages, parsed: which kind, how much, and which Python lines asked. Pure.
+
+When an OOM happens anyway, XLA's message already holds the map back to the program, in one of a
+few layouts (OpenXLA's error pages `docs/errors/error_1000.md`, `error_0100.md`, `error_0101.md`,
+and what public reports show in older and newer wordings):
+
+- **compile** (a program too large for the memory space, found while compiling):
+  "Ran out of memory in memory space hbm. Used 63.80G of 30.75G hbm. Exceeded hbm capacity by
+  33.05G." then a breakdown and "Largest program allocations in hbm:", a numbered list whose
+  items carry `Size:`, `Operator: op_name="..." source_file="..." source_line=N`, `Shape:` and
+  `Allocation type:`;
+- **runtime** (a program that cannot be loaded): "Attempting to reserve 6.14G at the bottom of
+  memory. That was not possible. There are 1.92G free, ..." with an "HBM capacity 8.00G:" table
+  whose rows print the byte count in parentheses;
+- **allocation** (a buffer that cannot be allocated): "Error allocating device buffer: Attempting
+  to allocate 196.00M. That was not possible. There are 134.44M free.; (1x0x0_HBM0)"; on GPU
+  "Out of memory while trying to allocate 6291456 bytes." with "Peak buffers:" (`Buffer N:`
+  items, the same fields, or `Entry Parameter Subshape:` for an argument), or the allocator's
+  "Failed to allocate request for 176.00MiB (184549376B) on device ordinal 0".
+
+Sizes with K/M/G/T suffixes are binary; a byte count in parentheses, where printed, wins. With
+several messages in one log the last one is parsed: it is the one that ended the job. A
+`RESOURCE_EXHAUSTED` about anything else (a quota, a file system) is not an out-of-memory
+message, and `parse` returns None for it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_SIZE = r"-?[0-9]+(?:\.[0-9]+)?\s*(?:[KMGTP]i?B?|B)?"
+_EXACT = r"\(\s*(-?[0-9][0-9,]*)\s*(?:B|bytes)\)"  # "(184549376B)", "(     554,696,704 bytes)"
+
+# A log line's own prefix, dropped before anything is read: glog ("E1103 18:23:55.102 ... cc:73] "),
+# absl ("2022-04-04 00:27:49.642380: E tensorflow/.../xla_util.cc:88] ").
+_LOG_PREFIX = re.compile(r"^(?:[EWIF]\d{4} [0-9:.]+\s+\d+ \S+\] |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [EWIF] \S+\] )")
+
+_COMPILE = re.compile(r"Ran out of memory in memory space (?P<space>\w+)")
+_RESERVE = re.compile(rf"Attempting to reserve (?P<size>{_SIZE}) at the bottom of memory\. That was not possible")
+_ALLOCATE = re.compile(rf"Attempting to allocate (?P<size>{_SIZE})\. That was not possible")
+_GPU_ALLOCATE = re.compile(r"Out of memory while trying to allocate (?P<size>[0-9]+) bytes")
+_GPU_REQUEST = re.compile(rf"Failed to allocate request for (?P<size>{_SIZE})\s*(?:{_EXACT})? on device")
+_STARTS = (_COMPILE, _RESERVE, _ALLOCATE, _GPU_ALLOCATE, _GPU_REQUEST)
+
+_USED = re.compile(rf"Used (?P<used>{_SIZE}) of (?P<capacity>{_SIZE}) (?P<space>\w+)")
+_EXCEEDED = re.compile(rf"Exceeded \w+ capacity by (?P<size>{_SIZE})")
+_CAPACITY = re.compile(rf"(?P<space>[A-Za-z]+) capacity (?P<size>{_SIZE}):")
+_ALLOCATED = re.compile(rf"Currently allocated:\s*(?P<size>{_SIZE})\s*(?:{_EXACT})?")
+_FREE = re.compile(rf"There are (?P<size>{_SIZE}) free")
+_SPACE_TAG = re.compile(r"_(?P<space>HBM|VMEM|SMEM|CMEM)[0-9]*\)", re.I)  # "(1x0x0_HBM0)"
+
+_ITEM = re.compile(rf"^\s*(?:[0-9]+\.\s+)?Size:\s*(?P<size>{_SIZE})\s*(?:{_EXACT})?\s*$")
+_FIELD = re.compile(r"^\s*(?P<name>Operator|Shape|Entry Parameter Subshape|Allocation type|Unpadded size|"
+                    r"Extra memory due to padding|XLA [Ll]abel|Buffer [0-9]+|=+)\s*:?")
+_QUOTED = r'"((?:[^"\\]|\\.)*)"'
+
+
+@dataclass
+class Allocation:
+    size_bytes: int
+    op_name: str | None = None
+    source_file: str | None = None
+    source_line: int | None = None
+    shape: str | None = None
+    allocation_type: str | None = None
+
+
+@dataclass
+class PythonSite:
+    file: str
+    line: int
+    bytes: int
+    allocations: int
+
+
+@dataclass
+class OomMessage:
+    kind: str  # compile, runtime or allocation
+    memory_space: str  # hbm, vmem, ...; device for a GPU allocator's message
+    used_bytes: int | None = None
+    capacity_bytes: int | None = None
+    exceeded_bytes: int | None = None
+    requested_bytes: int | None = None
+    allocations: list[Allocation] = field(default_factory=list)
+
+    @property
+    def python_sites(self) -> list[PythonSite]:
+        """The allocations grouped by the Python line that made them, biggest first."""
+        sites: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for allocation in self.allocations:
+            if allocation.source_file and allocation.source_line is not None:
+                sites[(allocation.source_file, allocation.source_line)].append(allocation.size_bytes)
+        grouped = [PythonSite(file, line, sum(sizes), len(sizes)) for (file, line), sizes in sites.items()]
+        return sorted(grouped, key=lambda site: (-site.bytes, site.file, site.line))
+
+    def to_json(self) -> dict:
+        return {"oom": True, "kind": self.kind, "memory_space": self.memory_space,
+                "used_bytes": self.used_bytes, "capacity_bytes": self.capacity_bytes,
+                "exceeded_bytes": self.exceeded_bytes, "requested_bytes": self.requested_bytes,
+                "allocations": [vars(a).copy() for a in self.allocations],
+                "python_sites": [vars(s).copy() for s in self.python_sites]}
+
+
+def size_bytes(text: str) -> int:
+    """`63.80G`, `6.00MiB`, `384.0KiB`, `0B`, `4.0K`, `176.00MiB (184549376B)`: binary units; the
+    byte count in parentheses wins where one is printed."""
+    exact = re.search(_EXACT, text)
+    if exact:
+        return int(exact.group(1).replace(",", ""))
+    match = re.fullmatch(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([KMGTP]?)i?B?\s*", text)
+    if match is None:
+        raise ValueError(f"not a size: {text!r}")
+    return round(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _sized(text: str, match: re.Match, group: str = "size") -> int:
+    """The size a pattern matched, or the exact byte count printed right after it."""
+    after = text[match.end(group):match.end(group) + 40]
+    exact = re.match(rf"\s*{_EXACT}", after)
+    return int(exact.group(1).replace(",", "")) if exact else size_bytes(match.group(group))
+
+
+def _clean(text: str) -> list[str]:
+    return [_LOG_PREFIX.sub("", line.rstrip()) for line in text.splitlines()]
+
+
+def parse(text: str) -> OomMessage | None:
+    """The last out-of-memory message in `text` (a job's output, other lines and all), or None."""
+    lines = _clean(text)
+    body = "\n".join(lines)
+    starts = sorted((m.start(), pattern, m) for pattern in _STARTS for m in pattern.finditer(body))
+    if not starts:
+        return None
+    begin, pattern, match = starts[-1]  # a log often repeats a message (every device, the traceback)
+    rest = body[begin:]
+    message = _headline(pattern, match, rest)
+    message.allocations = _allocations(rest.splitlines())
+    if not message.allocations:  # a one-line repeat (the exception's text) after the full dump
+        for earlier, _, earlier_match in reversed(starts[:-1]):
+            if earlier_match.group(0) == match.group(0):
+                message.allocations = _allocations(body[earlier:begin].splitlines())
+                if message.allocations:
+                    break
+    return message
+
+
+def _headline(pattern: re.Pattern, match: re.Match, rest: str) -> OomMessage:
+    if pattern is _COMPILE:
+        space = match.group("space").lower()
+        message = OomMessage("compile", space)
+        used = _USED.search(rest)
+        if used:
+            message.used_bytes = _sized(rest, used, "used")
+            message.capacity_bytes = _sized(rest, used, "capacity")
+        exceeded = _EXCEEDED.search(rest)
+        if exceeded:
+            message.exceeded_bytes = _sized(rest, exceeded)
+        return message
+    if pattern is _RESERVE:
+        message = OomMessage("runtime", "hbm", requested_bytes=_sized(rest, match))
+        capacity = _CAPACITY.search(rest)
+        if capacity:
+            message.memory_space = capacity.group("space").lower()
+            message.capacity_bytes = _sized(rest, capacity)
+        allocated = _ALLOCATED.search(rest)
+        if allocated:
+            message.used_bytes = _sized(rest, allocated)
+        _exceeded_from_free(message, rest)
+        return message
+    if pattern is _ALLOCATE:
+        tag = _SPACE_TAG.search(rest[:400])
+        message = OomMessage("allocation", tag.group("space").lower() if tag else "hbm",
+                             requested_bytes=_sized(rest, match))
+        _exceeded_from_free(message, rest)
+        return message
+    return OomMessage("allocation", "device", requested_bytes=_sized(rest, match))
+
+
+def _exceeded_from_free(message: OomMessage, rest: str) -> None:
+    free = _FREE.search(rest[:400])
+    if free and message.requested_bytes is not None:
+        message.exceeded_bytes = max(0, message.requested_bytes - _sized(rest, free))
+
+
+def _allocations(lines: list[str]) -> list[Allocation]:
+    """The listed allocations ("Largest program allocations", "Peak buffers"): an item starts at
+    its `Size:` line; an `Operator:` may run over several lines until the next field."""
+    found: list[Allocation] = []
+    current: Allocation | None = None
+    operator: list[str] | None = None
+    for line in lines:
+        item = _ITEM.match(line)
+        fieldname = _FIELD.match(line)
+        if operator is not None and (item or fieldname):
+            _read_operator(current, " ".join(operator))
+            operator = None
+        if item:
+            current = Allocation(_sized(line, item))
+            found.append(current)
+            continue
+        if current is None:
+            continue
+        if operator is not None:
+            operator.append(line.strip())
+            continue
+        if fieldname is None:
+            continue
+        value = line[fieldname.end():].strip()
+        name = fieldname.group("name")
+        if name == "Operator":
+            operator = [value]
+        elif name == "Shape":
+            current.shape = _without_layout(value)
+        elif name == "Entry Parameter Subshape":
+            current.shape, current.allocation_type = _without_layout(value), "parameter"
+        elif name == "Allocation type":
+            current.allocation_type = value
+        elif name.startswith("="):
+            current = None  # the item's closing rule: lines after it are not its fields
+    if operator is not None and current is not None:
+        _read_operator(current, " ".join(operator))
+    return found
+
+
+def _read_operator(allocation: Allocation | None, text: str) -> None:
+    if allocation is None:
+        return
+    op_name = re.search(rf"op_name={_QUOTED}", text)
+    op_type = re.search(rf"op_type={_QUOTED}", text)
+    source_file = re.search(rf"source_file={_QUOTED}", text)
+    source_line = re.search(r"source_line=([0-9]{1,9})", text)
+    allocation.op_name = (op_name or op_type).group(1) if (op_name or op_type) else None
+    allocation.source_file = source_file.group(1) if source_file else None
+    allocation.source_line = int(source_line.group(1)) if source_line else None
+
+
+def _without_layout(shape: str) -> str:
+    """`f32[32,4096,4096]{1,2,0:T(8,128)}` -> `f32[32,4096,4096]`."""
+    return re.sub(r"\{[^}]*\}\s*$", "", shape.strip())

@@ -1,0 +1,134 @@
+"""The flight record: what the watchdog knew, on disk, whole, for when the process dies anyway.
+
+A job killed by the kernel's OOM killer (SIGKILL) or an XLA abort leaves no Python traceback and
+no log line of ours. What it leaves is this small JSON file next to the trace, rewritten
+atomically (`fileio.write_atomically`: a temporary, fsync, rename) by the sidecar thread, never
+the training thread:
+
+- the process: PID, start time, command line, rank;
+- the newest verdict and both signals, with the step each first went up;
+- the newest `leak_suspects` (and whether creation sites were known);
+- XLA's compile counter and the newest recompilation finding;
+- `ended`: null while running, "clean" once the watchdog stopped in order.
+
+A SIGKILL between two writes leaves the older record, never a torn one. It is rewritten when a
+signal, an action or the suspects change, and otherwise at most every `min_interval_seconds`:
+the cost is one small file write per few seconds, on the sidecar thread. `hbm-watchdog
+postmortem` reads it with the trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from watchdog.core.verdict import Verdict
+from watchdog.fileio import write_atomically
+
+FLIGHT_RECORD_ENV = "HBMWATCH_FLIGHT_RECORD"  # a path that overrides the one beside the trace
+SUFFIX = ".flight.json"
+VERSION = 1
+
+
+def path_for(trace_file: str | os.PathLike | None) -> Path | None:
+    """Where the flight record goes: `HBMWATCH_FLIGHT_RECORD`, else beside the trace, else nowhere."""
+    override = os.environ.get(FLIGHT_RECORD_ENV)
+    if override:
+        return Path(override)
+    return Path(f"{trace_file}{SUFFIX}") if trace_file is not None else None
+
+
+def _process_identity(rank: int) -> dict[str, Any]:
+    started = None
+    try:
+        import psutil
+
+        started = psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - the identity is best effort
+        pass
+    return {"pid": os.getpid(), "start_time": started, "command": list(sys.argv), "rank": rank}
+
+
+def _verdict_fields(verdict: Verdict | None) -> dict[str, Any] | None:
+    if verdict is None:
+        return None
+    return {"step": verdict.step, "status": verdict.status.value, "explanation": verdict.explanation,
+            "floor_bytes": verdict.floor_bytes, "excursion_bytes": verdict.excursion_bytes,
+            "limit_bytes": verdict.limit_bytes, "slope_bytes_per_step": verdict.slope_bytes_per_step,
+            "projected_oom_step": verdict.projected_oom_step, "leak_reported": verdict.leak_detected,
+            "oom_projected": verdict.oom_projected}
+
+
+class FlightRecorder:
+    """Keeps the record's state and writes it when it changed enough to matter (sidecar thread)."""
+
+    def __init__(self, path: Path, *, rank: int = 0, trace_file: str | os.PathLike | None = None,
+                 min_interval_seconds: float = 5.0):
+        self.path = path
+        self.min_interval_seconds = min_interval_seconds
+        self.errors = 0
+        self._state: dict[str, Any] = {
+            "version": VERSION, "process": _process_identity(rank),
+            "trace_file": str(trace_file) if trace_file is not None else None,
+            "written_at": None, "ended": None, "last_step": None, "verdict": None,
+            "leak_reported_at": None, "oom_projected_at": None, "actions": {},
+            "suspects": [], "suspects_step": None, "creation_sites": False,
+            "compilations": None, "recompilation": None,
+        }
+        self._written_at = 0.0
+        self._key: tuple = ()
+
+    def observe(self, step: int, verdict: Verdict, *, actions: dict[str, int], suspects=None,
+                compilations: int | None = None, recompilation: dict | None = None) -> None:
+        """Fold in what the sidecar knows after a sample; write if it changed what matters or the
+        interval has passed."""
+        state = self._state
+        state["last_step"], state["verdict"] = step, _verdict_fields(verdict)
+        if verdict.leak_detected and state["leak_reported_at"] is None:
+            state["leak_reported_at"] = step
+        if verdict.oom_projected and state["oom_projected_at"] is None:
+            state["oom_projected_at"] = step
+        state["actions"] = actions
+        if suspects is not None:
+            state["suspects"], state["suspects_step"] = list(suspects.lines), suspects.step
+            state["creation_sites"] = suspects.creation_sites
+        state["compilations"], state["recompilation"] = compilations, recompilation
+        key = (verdict.status, verdict.leak_detected, tuple(sorted(actions.items())), state["suspects_step"],
+               recompilation is not None)
+        now = time.monotonic()
+        if key != self._key or now - self._written_at >= self.min_interval_seconds:
+            self._key = key
+            self._write(now)
+
+    def ended(self) -> None:
+        """The watchdog stopped in order: the run ended cleanly as far as it knows."""
+        self._state["ended"] = "clean"
+        self._write(time.monotonic())
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self._state
+
+    def _write(self, now: float) -> None:
+        self._written_at = now
+        self._state["written_at"] = time.time()
+        try:
+            write_atomically(self.path, json.dumps(self._state, default=str) + "\n")
+        except OSError:  # telemetry: a full disk never reaches training
+            self.errors += 1
+
+
+def read(path: str | os.PathLike) -> dict[str, Any] | None:
+    """A flight record, or None if there is none (or it is not one of ours)."""
+    from watchdog.core.inputs import open_regular
+
+    try:
+        with open_regular(path, "r", encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("version") == VERSION else None
