@@ -147,7 +147,7 @@ def test_a_clean_loop_gets_one_baseline_census_and_nothing_else(events):
     assert len(events.named("leak_baseline_taken")) == 1
     for name in ("leak_suspects", "watchdog_acted", "leak_detected", "watchdog_action", "creation_capture_started"):
         assert not events.named(name), name
-    assert not wd._follow_due, "after the baseline, step() does only its O(1) work"
+    assert not wd._chores, "after the baseline, step() does only its O(1) work"
 
 
 def test_forensics_off_takes_no_census_even_when_acting(events):

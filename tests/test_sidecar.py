@@ -246,3 +246,14 @@ def test_the_stall_watch_writes_nothing_routine_into_a_users_log():
     assert (SCHEDULER_LOGGER, "WARNING", "a missed run") in [(r.name, r.levelname, r.getMessage()) for r in ours]
     users = [(r.name, r.levelname, r.getMessage()) for r in seen.records if r.name == "apscheduler.scheduler"]
     assert users == [("apscheduler.scheduler", "INFO", "a user's own scheduler line")], "the user's scheduler keeps its lines"
+
+
+def test_the_watchdog_keeps_within_cpythons_shared_key_dict():
+    """An instance with more than 30 attributes gets a dict of its own, and every attribute read in
+    step() gets slower (measured: 2.2x an empty call -> 2.5-2.8x at 31 attributes). New state goes
+    into a small object of its own (as `_HandedOver`), not onto the Watchdog."""
+    with Watchdog(WatchdogConfig(sample_every=1, source="rss", memory_limit_bytes=1 << 40)) as wd:
+        wd.step(0)
+        assert wd.drain()
+        started = len(vars(wd))
+    assert max(started, len(vars(wd))) <= 30, sorted(vars(wd))

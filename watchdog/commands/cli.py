@@ -43,7 +43,8 @@ def _one_line(message: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from watchdog import __version__
 
-    parser = _OneLineParser(prog="hbm-watchdog", description=__doc__.splitlines()[0])
+    # No abbreviations of the global options: `postmortem --log FILE` is the subcommand's, not `--log-level`.
+    parser = _OneLineParser(prog="hbm-watchdog", description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"hbm-watchdog {__version__}")
     parser.add_argument("--log-format", choices=("auto", "json", "console"), default="auto",
                         help="log rendering (default: console on a TTY, JSON lines otherwise)")

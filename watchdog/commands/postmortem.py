@@ -1,4 +1,10 @@
-"""`hbm-watchdog postmortem --oom-log FILE [--json]`: what XLA's out-of-memory message says.
+"""`hbm-watchdog postmortem PATH [--log FILE] [--json]`: how a run ended, and why.
+`hbm-watchdog postmortem --oom-log FILE [--json]`: what XLA's out-of-memory message says.
+
+PATH is a trace CSV or the folder holding it; beside the trace, the flight record
+(`TRACE.flight.json`, `runtime/flight_record.py`) says what the live watchdog knew and whether
+it stopped in order. `--log` is the job's output, read for XLA's message. The diagnosis is
+`watchdog.core.postmortem`'s.
 
 A job's output (or any file holding it) is read for XLA's out-of-memory message, in any of its
 layouts (`watchdog.core.oom_message`): its kind (compile, runtime, allocation), the memory space,
@@ -11,11 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from watchdog.core.errors import InputError
 from watchdog.core.inputs import open_regular
+from watchdog.core.numbers import option
 from watchdog.core.oom_message import OomMessage, parse
-from watchdog.core.units import format_bytes
+from watchdog.core.postmortem import PostMortem, diagnose
+from watchdog.core.sample import load_trace
+from watchdog.core.units import format_bytes, positive_size
+from watchdog.runtime import flight_record
 
 MAX_LOG_BYTES = 256 << 20  # the tail of a longer log is read: the message that ended the job is at its end
 HOW_TO_GET_LINES = ("no Python lines in the message: run PyTorch/XLA with XLA_IR_DEBUG=1 XLA_HLO_DEBUG=1 "
@@ -23,22 +34,75 @@ HOW_TO_GET_LINES = ("no Python lines in the message: run PyTorch/XLA with XLA_IR
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--oom-log", metavar="FILE", required=True,
-                        help="a job's output holding XLA's out-of-memory message")
-    parser.add_argument("--json", action="store_true", help="one JSON object (oom, kind, memory_space, ...)")
+    parser.add_argument("path", nargs="?", metavar="PATH", help="a trace CSV, or the folder holding it")
+    parser.add_argument("--log", metavar="FILE", help="the job's output, read for XLA's out-of-memory message")
+    parser.add_argument("--oom-log", metavar="FILE", help="only parse XLA's out-of-memory message in FILE")
+    parser.add_argument("--memory-limit", metavar="BYTES", default=None, type=option(positive_size),
+                        help="the budget, when neither the trace nor the flight record has one")
+    parser.add_argument("--json", action="store_true", help="one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
-    message = parse(_read_tail(args.oom_log))
-    if message is None:
-        raise InputError(f"{args.oom_log}: no out-of-memory message from XLA in it")
-    print(json.dumps(message.to_json()) if args.json else summary(message))
+    if args.oom_log is not None:
+        message = parse(_read_tail(args.oom_log, "--oom-log"))
+        if message is None:
+            raise InputError(f"{args.oom_log}: no out-of-memory message from XLA in it")
+        print(json.dumps(message.to_json()) if args.json else summary(message))
+        return 0
+    if args.path is None:
+        raise InputError("postmortem needs a trace (or its folder), or --oom-log FILE")
+    trace = find_trace(Path(args.path))
+    samples = load_trace(trace)
+    if not samples:
+        raise InputError(f"{trace}:2: the trace has a header but no samples")
+    record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
+    oom = parse(_read_tail(args.log, "--log")) if args.log else None
+    post = diagnose(samples, record=record, oom=oom, memory_limit_bytes=args.memory_limit)
+    print(json.dumps(post.to_json()) if args.json else report(trace, post, record))
     return 0
 
 
-def _read_tail(path: str) -> str:
+def find_trace(path: Path) -> Path:
+    """The trace a path names: the file itself, or in a folder the one trace with a flight record
+    beside it, else `trace.csv`, else the only CSV there."""
+    if not path.is_dir():
+        return path
+    traces = sorted(path.glob("*.csv"))
+    recorded = [t for t in traces if Path(f"{t}{flight_record.SUFFIX}").exists()]
+    for candidates in (recorded, [t for t in traces if t.name == "trace.csv"], traces):
+        if len(candidates) == 1:
+            return candidates[0]
+    raise InputError(f"{path}: no trace CSV in it" if not traces else
+                     f"{path}: {len(traces)} trace CSVs in it; name one")
+
+
+def report(trace: Path, post: PostMortem, record: dict | None) -> str:
+    """What a person reads after the job died."""
+    ended = ("ended cleanly" if post.ended == "clean" else
+             "stopped sampling with no shutdown recorded" + ("" if record else " (no flight record beside the trace)"))
+    lines = [f"{trace}: {ended}, last step {post.last_step:,}" + (f", exit {post.exit}" if post.exit else "")]
+    if post.limit_bytes:
+        lines.append(f"  memory  peak {_size(post.peak_bytes)} of {_size(post.limit_bytes)}, floor "
+                     f"{'+' if (post.floor_slope_bytes_per_step or 0) >= 0 else ''}"
+                     f"{_size(post.floor_slope_bytes_per_step)}/step at the end")
+    signals = []
+    if post.leak_reported_at is not None:
+        signals.append(f"leak reported at step {post.leak_reported_at:,}")
+    if post.oom_projected_at is not None:
+        signals.append(f"OOM projected at step {post.oom_projected_at:,}")
+    lines.append(f"  signals {', '.join(signals) if signals else 'none'}")
+    for index, suspect in enumerate(post.suspects[:3]):
+        lines.append(f"  {'leaking' if index == 0 else '':7} {suspect}")
+    lines.append(f"  cause   {post.diagnosis}: {post.explanation}")
+    if post.oom_message is not None:
+        lines.append("")
+        lines.append(summary(post.oom_message))
+    return "\n".join(lines)
+
+
+def _read_tail(path: str, option_name: str) -> str:
     try:
-        with open_regular(path, "rb", what="--oom-log ") as handle:
+        with open_regular(path, "rb", what=f"{option_name} ") as handle:
             handle.seek(0, 2)
             size = handle.tell()
             handle.seek(max(0, size - MAX_LOG_BYTES))
@@ -46,7 +110,7 @@ def _read_tail(path: str) -> str:
     except InputError:
         raise
     except OSError as exc:
-        raise InputError(f"--oom-log {path}: {exc.strerror or exc}") from None
+        raise InputError(f"{option_name} {path}: {exc.strerror or exc}") from None
 
 
 def _size(value: int | None) -> str:

@@ -28,6 +28,7 @@ from watchdog.logs import get_logger
 log = get_logger(__name__)
 
 NO_SUSPECTS = "no growing group of live tensors"
+NO_TENSORS = object()  # the baseline of a process that never imported torch
 
 
 class Suspects(NamedTuple):
@@ -62,7 +63,8 @@ class LeakFollower:
 
     def take_baseline(self, step: int | None = None) -> None:
         """Count what is alive now, as the reference later growth is measured against."""
-        if "torch" not in sys.modules:  # nothing to count in a process without tensors
+        if "torch" not in sys.modules:  # no tensors in this process: nothing to count, now or later
+            self._baseline = NO_TENSORS
             return
         from watchdog.runtime import forensics
         from watchdog.runtime.creation_sites import CreationSites
@@ -85,7 +87,7 @@ class LeakFollower:
     def name(self, step: int) -> list[str]:
         """Log what grew since the baseline, what holds it and, after a capture, where it was
         created; return those lines (for an action's block). Never raises."""
-        if self._baseline is None:
+        if self._baseline is None or self._baseline is NO_TENSORS:
             return []
         from watchdog.runtime import forensics
 

@@ -54,6 +54,7 @@ from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger
 from watchdog.runtime import leak_report, xla_stats
 from watchdog.runtime.compile_watch import CompileWatch
+from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.leak_follower import LeakFollower, Suspects
 from watchdog.runtime.reports import ActionReport
 from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
@@ -64,6 +65,7 @@ log = get_logger(__name__)
 
 _SAMPLE, _REINIT, _BARRIER, _STOP = "sample", "reinit", "barrier", "stop"
 _SAMPLE_REQUEST = (_SAMPLE, None)  # the step to sample is read from `_requested_step` when handled
+_FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
 HANDED_OVER = "handed to the training loop"  # the outcome of an action whose host never said what it did
 REINITIALISED, RESTART_REQUESTED = "reinitialised in process", "exit 42: restart requested"
 
@@ -74,9 +76,12 @@ class Watchdog:
     trace_retry_seconds = 30.0  # after a trace I/O error, wait this long before reopening the file
 
     def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None,
-                 telemetry: Telemetry | None = None, reports_actions: bool = False):
+                 telemetry: Telemetry | None = None, reports_actions: bool = False,
+                 follower: LeakFollower | None = None):
         """`reports_actions`: the host says what it did with every action (`report_action`), perhaps
-        some steps later (after an evaluation): the block is never logged for it at the next step."""
+        some steps later (after an evaluation): the block is never logged for it at the next step.
+        `follower`: a host that drives its own `LeakFollower` (the trainer) shares it, so that the
+        watchdog's `suspects` and flight record see its censuses; the watchdog then drives none."""
         self.config = config or WatchdogConfig()
         self.telemetry = telemetry or Telemetry(rank=self.config.rank)
         self.telemetry.restarts_total = self.config.restarts_so_far
@@ -95,12 +100,15 @@ class Watchdog:
         self._sample_posted = False
         self._phase = ""  # the loop's phase label; read by the sidecar with each sample
         self._labels: dict[tuple[str, int | None], str] = {}  # phase labels, validated once each
-        self._actions: deque[tuple[Action, Verdict]] = deque()
-        self.last_action: ActionReport | None = None  # the action step() handed over last, and why
-        self._unreported: ActionReport | None = None  # handed over, its block not logged yet
-        self._reports_actions = reports_actions
-        self._follower = LeakFollower() if self.config.forensics else None
-        self._follow_due = self._follower is not None  # work for the training thread between steps
+        # Kept together: an instance over 30 attributes loses CPython's shared-key dict, and step()
+        # pays for every attribute it reads (tests/test_sidecar.py counts them).
+        self._handed = _HandedOver(reports_actions)
+        self._drives_follower = follower is None and self.config.forensics
+        self._follower = follower if follower is not None else (LeakFollower() if self._drives_follower else None)
+        # Work for the training thread between steps, in one deque so that step() checks one thing:
+        # an action to hand over (a tuple), or _FOLLOW (the follower has work, or a block is due).
+        self._chores: deque = deque([_FOLLOW] if self._drives_follower else [])
+        self._flight: FlightRecorder | None = None
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._trace: TraceWriter | None = None
@@ -129,6 +137,9 @@ class Watchdog:
             self._compile_watch = CompileWatch(self.config.recompilation, self.telemetry)
         if self.config.trace_file is not None:
             self._open_trace(at_start=True)
+        flight_path = path_for(self.config.trace_file)
+        if flight_path is not None:
+            self._flight = FlightRecorder(flight_path, rank=self.config.rank, trace_file=self.config.trace_file)
         self._thread = threading.Thread(target=self._run, name="hbm-watchdog", daemon=True)
         self._thread.start()
         self._start_stall_watch()
@@ -149,10 +160,12 @@ class Watchdog:
         self._thread = None
         if self._compile_watch is not None:
             self._compile_watch.close()
-        if self._unreported is not None:
+        if self._handed.unreported is not None:
             self.report_action(HANDED_OVER)
-        if self._follower is not None:
+        if self._drives_follower:
             self._follower.close()
+        if self._flight is not None:
+            self._flight.ended()
         self._close_trace()
         log.info("watchdog_stopped", samples=self.telemetry.samples_total,
                  sample_errors=self.telemetry.sample_errors_total, trace_errors=self.telemetry.trace_errors_total,
@@ -178,10 +191,8 @@ class Watchdog:
             if not self._sample_posted:  # one request in flight at most: the sidecar reads the newest step
                 self._sample_posted = True
                 self._post(_SAMPLE_REQUEST)
-        if self._follow_due:  # rare: a baseline, a capture's steps, a block to log
-            self._between_steps(step)
-        if self._actions:
-            return self._hand_over(step, *self._actions.popleft())
+        if self._chores:  # rare: an action, a baseline, a capture's steps, a block to log
+            return self._do_chores(step)
         return None
 
     def phase(self, name: str, steps: int | None = None) -> "PhaseScope":
@@ -213,9 +224,9 @@ class Watchdog:
         tells the policy whether the rebuild brought memory back down or the leak survived it."""
         self.last_recovery = None
         release_host_memory()  # so a resident-memory reading sees what the rebuild freed
-        if self._follower is not None:  # the old state is gone: a new baseline, a new capture
+        if self._drives_follower:  # the old state is gone: a new baseline, a new capture
             self._follower.rebuilt(capture=bool(self.telemetry.actions_total))
-            self._follow_due = True
+            self._chores.append(_FOLLOW)
         try:
             reading = self._source.read() if self._source is not None else None
         except Exception as exc:  # noqa: BLE001 - never raise into training
@@ -225,6 +236,11 @@ class Watchdog:
 
     def observe_checkpoint(self, seconds: float) -> None:
         self.telemetry.observe_checkpoint(seconds)
+
+    @property
+    def last_action(self) -> ActionReport | None:
+        """The action step() handed over last, with the verdict behind it and the suspects."""
+        return self._handed.last
 
     @property
     def suspects(self) -> Suspects | None:
@@ -263,9 +279,10 @@ class Watchdog:
         host did (`outcome`, `checkpoint`) and, after a reinit, what it gave back. `report`: an
         action the host decided with others (agreement across ranks, a forced action); by default
         the one `step()` handed over last. Call on the training thread."""
+        handed = self._handed
         if report is None:
-            report = self._unreported
-        self._unreported = None  # reported, or superseded by what the host decided
+            report = handed.unreported
+        handed.unreported = None  # reported, or superseded by what the host decided
         if report is None:
             return
         report.outcome, report.checkpoint = outcome, checkpoint
@@ -284,25 +301,40 @@ class Watchdog:
         self._post((_BARRIER, done))
         return done.wait(timeout)
 
+    def _do_chores(self, step: int) -> Action | None:
+        """Between steps, on the training thread: the follower's work, then an action to hand over
+        (one per step; what is queued behind it waits for the next)."""
+        chores, follow, action = self._chores, False, None
+        while chores:
+            chore = chores.popleft()
+            if chore is _FOLLOW:
+                follow = True
+            else:
+                action = chore
+                break
+        if follow:
+            self._between_steps(step)
+        return self._hand_over(step, *action) if action is not None else None
+
     def _between_steps(self, step: int) -> None:
-        # Cleared before looking: a capture the sidecar arms meanwhile sets it again, never lost.
-        self._follow_due = False
-        if self._unreported is not None and not self._reports_actions:  # its host never said
+        # Its marker was taken off before looking: a capture the sidecar arms meanwhile queues another.
+        if self._handed.unreported is not None and not self._handed.reports:  # its host never said
             self.report_action(HANDED_OVER)
-        follower = self._follower
-        if follower is not None:
-            follower.between_steps(step)
-            if follower.pending:
-                self._follow_due = True
+        if self._drives_follower:
+            self._follower.between_steps(step)
+            if self._follower.pending:
+                self._chores.append(_FOLLOW)
 
     def _hand_over(self, step: int, action: Action, verdict: Verdict) -> Action:
         """An action leaves for the training loop: name the leak now (its suspects go into the
         block), and keep what the host needs to report it."""
-        if self._unreported is not None:  # an earlier one its host never reported
+        handed = self._handed
+        if handed.unreported is not None:  # an earlier one its host never reported
             self.report_action(HANDED_OVER)
-        suspects = self._follower.name(step) if self._follower is not None and action.needs_checkpoint else []
-        self.last_action = self._unreported = ActionReport(step, action, verdict, suspects=suspects)
-        self._follow_due = not self._reports_actions or self._follow_due
+        suspects = self._follower.name(step) if self._drives_follower and action.needs_checkpoint else []
+        handed.last = handed.unreported = ActionReport(step, action, verdict, suspects=suspects)
+        if not handed.reports:  # its block is logged at the next step, if nobody reports it
+            self._chores.append(_FOLLOW)
         return action
 
     # ---- the sidecar thread --------------------------------------------------------------------
@@ -352,10 +384,14 @@ class Watchdog:
         leak_report.log_change(log, telemetry.verdict, verdict)
         self.latest_verdict = telemetry.verdict = verdict
         self._act_on(action, verdict)
-        if self._follower is not None and (action is not Action.NONE
-                                           or (verdict.leak_detected and not verdict.oom_projected)):
+        if self._drives_follower and (action is not Action.NONE
+                                      or (verdict.leak_detected and not verdict.oom_projected)):
             if self._follower.arm():  # a leak is suspected: capture where its tensors are made
-                self._follow_due = True
+                self._chores.append(_FOLLOW)
+        if self._flight is not None:
+            self._flight.observe(step, verdict, actions={a.value: n for a, n in telemetry.actions_snapshot().items() if n},
+                                 suspects=self.suspects, compilations=telemetry.xla_compilations_total,
+                                 recompilation=telemetry.recompilation)
         if self._compile_watch is not None:  # after the memory pipeline: nothing here may delay an action
             self._compile_watch.observe(sample.step)
 
@@ -367,8 +403,8 @@ class Watchdog:
         log.log(level, "watchdog_action", action=action.value, step=verdict.step,
                 status=verdict.status.value, explanation=verdict.explanation,
                 projected_oom_step=verdict.projected_oom_step, projected_oom_steps=verdict.projected_oom_steps)
-        if action.needs_checkpoint and not self._actions:
-            self._actions.append((action, verdict))
+        if action.needs_checkpoint and all(chore is _FOLLOW for chore in self._chores):  # one waits at most
+            self._chores.append((action, verdict))
 
     def _after_reinit(self, reading: MemoryReading | None) -> None:
         if reading is None:
@@ -468,6 +504,18 @@ class Watchdog:
                       stall_after_seconds=self.config.stall_after_seconds)
 
 
+
+
+class _HandedOver:
+    """The actions step() handed over: the newest, the one whose block is not logged yet, and
+    whether the host always reports its own."""
+
+    __slots__ = ("last", "unreported", "reports")
+
+    def __init__(self, reports: bool):
+        self.last: ActionReport | None = None
+        self.unreported: ActionReport | None = None
+        self.reports = reports
 
 
 def log_acted(report: ActionReport) -> None:

@@ -526,8 +526,9 @@ class Trainer:
         if self.config.watchdog is None:
             return None
         config = dataclasses.replace(self.config.watchdog, restarts_so_far=self.restarts_so_far,
-                                     rank=self.replica.rank, forensics=False)  # the loop follows the leak itself
-        watchdog = Watchdog(config, telemetry=self.telemetry, reports_actions=True).start()
+                                     rank=self.replica.rank)
+        # The loop follows the leak itself and reports every action; the watchdog shares its censuses.
+        watchdog = Watchdog(config, telemetry=self.telemetry, reports_actions=True, follower=self._follower).start()
         if self.on_watchdog_started is not None:
             self.on_watchdog_started(watchdog)
         return watchdog

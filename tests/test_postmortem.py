@@ -1,0 +1,145 @@
+"""The flight record and the post-mortem: what the live watchdog knew, on disk, whole; and how a
+run ended, read back from it, the trace and the job's output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, hbm_watchdog_env
+from test_oom_message import COMPILE_HBM
+
+from watchdog import Watchdog, WatchdogConfig
+from watchdog.commands.cli import main
+from watchdog.core.postmortem import diagnose
+from watchdog.core.sample import Sample
+from watchdog.runtime import flight_record
+from watchdog.runtime.sources import MemoryReading
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+class Leaking:
+    """A device whose memory grows 1 MiB a step over a sawtooth, against a 2 GiB limit."""
+
+    name = "scripted"
+
+    def __init__(self):
+        self.step = 0
+
+    def read(self) -> MemoryReading:
+        return MemoryReading((1 << 30) + self.step * MiB + (self.step % 8) * 4 * MiB, 2 << 30, None)
+
+
+def run_leak(trace, steps: int, *, stop: bool = True) -> Watchdog:
+    source = Leaking()
+    wd = Watchdog(WatchdogConfig(sample_every=1, trace_file=trace), source=source).start()
+    for step in range(steps):
+        source.step = step
+        wd.step(step)
+        wd.drain()
+        record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
+        assert record is not None and record["ended"] is None, "whole at every read, while the run goes on"
+    if stop:
+        wd.stop()
+    return wd
+
+
+def test_the_flight_record_holds_the_signals_the_actions_and_a_clean_end(tmp_path):
+    trace = tmp_path / "trace.csv"
+    run_leak(trace, 900)
+    record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
+    assert record["ended"] == "clean" and record["last_step"] == 899
+    assert record["process"]["pid"] == os.getpid() and record["process"]["rank"] == 0
+    assert record["leak_reported_at"] is not None and record["oom_projected_at"] is not None
+    assert record["verdict"]["oom_projected"] and record["actions"].get("checkpoint_reinit", 0) >= 1
+    assert record["trace_file"] == str(trace)
+    assert not list(tmp_path.glob(".*.tmp")), "no temporary left behind"
+
+
+def test_a_run_that_stops_without_a_shutdown_is_unclean_and_its_leak_named(tmp_path, capsys):
+    trace = tmp_path / "trace.csv"
+    wd = run_leak(trace, 900, stop=False)  # as if killed: the watchdog never stopped in order
+    try:
+        assert main(["postmortem", str(tmp_path), "--json"]) == 0
+        row = json.loads(capsys.readouterr().out)
+    finally:
+        wd.stop()
+    assert list(row) == ["ended", "last_step", "exit", "floor_slope_bytes_per_step", "peak_bytes", "limit_bytes",
+                         "leak_reported_at", "oom_projected_at", "suspects", "diagnosis", "explanation",
+                         "oom_message"]
+    assert row["ended"] == "unclean" and 890 <= row["last_step"] <= 899 and row["exit"] is None
+    assert row["diagnosis"] == "leak" and row["limit_bytes"] == 2 * GiB
+    assert row["floor_slope_bytes_per_step"] == pytest.approx(MiB, rel=0.1)
+    assert row["oom_projected_at"] < 899 and row["oom_message"] is None
+
+
+def test_a_sudden_step_and_a_program_too_large_from_the_start_are_told_apart():
+    flat = [Sample(s, 1e9 + s, GiB + (s % 4) * MiB, 2 * GiB) for s in range(200)]
+    jump = diagnose(flat + [Sample(200, 1e9 + 200, GiB + 700 * MiB, 2 * GiB)])
+    assert jump.diagnosis == "sudden_step" and "step 200" in jump.explanation
+    from watchdog.core.oom_message import parse
+
+    first = diagnose(flat[:2], oom=parse(COMPILE_HBM))
+    assert first.diagnosis == "too_large_from_start" and "compile" in first.explanation
+    clean = diagnose(flat, record={"ended": "clean"})
+    assert clean.ended == "clean" and clean.diagnosis == "unknown" and "ended cleanly" in clean.explanation
+    assert diagnose(flat).diagnosis == "unknown"
+
+
+def test_postmortem_reads_the_message_in_the_jobs_output_beside_the_trace(tmp_path, capsys):
+    trace = tmp_path / "trace.csv"
+    run_leak(trace, 50)
+    log = tmp_path / "job.log"
+    log.write_text("training...\n" + COMPILE_HBM)
+    assert main(["postmortem", str(trace), "--log", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{trace}: ended cleanly, last step 49")
+    assert "out of memory: the program does not fit in hbm" in out and "/home/me/model/attention.py:212" in out
+
+
+def test_postmortem_refuses_what_it_cannot_read_in_one_line(tmp_path, capsys):
+    assert main(["postmortem"]) == 2
+    assert "needs a trace" in capsys.readouterr().err
+    assert main(["postmortem", str(tmp_path)]) == 2
+    assert "no trace CSV" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_trainer_killed_by_sigkill_gets_a_post_mortem_with_its_trend_and_suspects(tmp_path):
+    """SIGKILL mid-run, as the kernel's OOM killer sends it: no shutdown, no traceback. The flight
+    record on disk is whole, and the post-mortem names the stop, the trend and the suspects."""
+    trace = tmp_path / "run" / "trace.csv"
+    command = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--steps", "5000",
+               "--inject-leak", "tensors:1MiB/step", "--memory-limit", "16GiB", "--sample-every", "5",
+               "--trace-file", str(trace), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    job = subprocess.Popen(command, cwd=REPO, env=hbm_watchdog_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    record_path = f"{trace}{flight_record.SUFFIX}"
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:  # until a leak report's census named the suspects
+            record = flight_record.read(record_path)
+            if record is not None and record["suspects"] and record["leak_reported_at"] is not None:
+                break
+            assert job.poll() is None, job.stderr.read()[-3000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail("the leak was not reported with its suspects in time")
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=60)
+    finally:
+        job.kill()
+    out = subprocess.run([sys.executable, "-m", "watchdog", "postmortem", str(trace.parent), "--json"],
+                         cwd=REPO, env=hbm_watchdog_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)
+    assert row["ended"] == "unclean" and row["last_step"] > 0
+    assert row["floor_slope_bytes_per_step"] == pytest.approx(MiB, rel=0.25)
+    assert row["leak_reported_at"] is not None
+    assert any("attribute 'tensors' of LeakSinks" in s for s in row["suspects"]), row["suspects"]

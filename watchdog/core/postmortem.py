@@ -1,0 +1,122 @@
+"""How a run ended, from what it left: the trace, the flight record, the job's output. Pure.
+
+`diagnose` reads the trend at the end of the trace (through the same `replay` as `analyze`), what
+the live watchdog recorded (its signals and suspects, `runtime/flight_record.py`), how the process
+ended (a clean stop recorded, or not) and XLA's out-of-memory message, and says in one word what
+most likely ended the run:
+
+- `leak`: the watchdog had projected the OOM, or reported a leak whose floor ended near the limit;
+- `sudden_step`: the last reading is far above the trend and what came before it (a long batch, a
+  new sequence length, an evaluation's first run);
+- `too_large_from_start`: XLA could not compile or load the program in the first steps;
+- `host_memory`: the host's series reached its budget (where the host is watched);
+- `unknown`: none of those (or the run ended cleanly: nothing to diagnose).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from watchdog.core.oom_message import OomMessage
+from watchdog.core.replay import replay
+from watchdog.core.sample import Sample
+from watchdog.core.units import format_bytes
+
+NEAR_THE_LIMIT = 0.9  # a floor plus transient this close to the limit ran out by growth
+FIRST_STEPS = 3  # samples a run "from the start" has at most when XLA refuses its program
+SUDDEN_FACTOR = 6.0  # the last reading this many noise widths above the ones before it
+
+
+@dataclass
+class PostMortem:
+    ended: str  # clean / unclean
+    last_step: int | None
+    exit: str | None  # the exit status or signal name, where supervise recorded it
+    floor_slope_bytes_per_step: float | None
+    peak_bytes: float | None
+    limit_bytes: float | None
+    leak_reported_at: int | None
+    oom_projected_at: int | None
+    suspects: list[str] = field(default_factory=list)
+    diagnosis: str = "unknown"
+    explanation: str = ""
+    oom_message: OomMessage | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ended": self.ended, "last_step": self.last_step, "exit": self.exit,
+                "floor_slope_bytes_per_step": self.floor_slope_bytes_per_step, "peak_bytes": self.peak_bytes,
+                "limit_bytes": self.limit_bytes, "leak_reported_at": self.leak_reported_at,
+                "oom_projected_at": self.oom_projected_at, "suspects": self.suspects,
+                "diagnosis": self.diagnosis, "explanation": self.explanation,
+                "oom_message": self.oom_message.to_json() if self.oom_message is not None else None}
+
+
+def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomMessage | None = None,
+             exit_description: str | None = None, memory_limit_bytes: int | None = None) -> PostMortem:
+    """Everything known about how the run ended; `record` is the flight record (or None)."""
+    record = record or {}
+    result = replay(samples, memory_limit_bytes=memory_limit_bytes)
+    final = result.final_verdict
+    live = record.get("verdict") or {}
+    limit = live.get("limit_bytes") or (final.limit_bytes if final else None) or memory_limit_bytes
+    peak = max((max(s.bytes_used, s.peak_bytes_used or 0) for s in samples), default=None)
+    post = PostMortem(
+        ended="clean" if record.get("ended") == "clean" else "unclean",
+        # the trace is written in batches: the flight record may have seen later steps
+        last_step=max(s for s in (samples[-1].step if samples else None, record.get("last_step")) if s is not None)
+        if samples or record.get("last_step") is not None else None,
+        exit=exit_description,
+        floor_slope_bytes_per_step=final.slope_bytes_per_step if final else live.get("slope_bytes_per_step"),
+        peak_bytes=float(peak) if peak is not None else None, limit_bytes=float(limit) if limit else None,
+        leak_reported_at=_first(record.get("leak_reported_at"), result.first_leak_report_step),
+        oom_projected_at=_first(record.get("oom_projected_at"), result.first_oom_projected_step),
+        suspects=list(record.get("suspects") or []), oom_message=oom)
+    post.diagnosis, post.explanation = _cause(post, samples, final)
+    return post
+
+
+def _first(*steps: int | None) -> int | None:
+    known = [s for s in steps if s is not None]
+    return min(known) if known else None
+
+
+def _cause(post: PostMortem, samples: Sequence[Sample], final) -> tuple[str, str]:
+    if post.ended == "clean" and post.oom_message is None:
+        return "unknown", "the run ended cleanly: the watchdog stopped in order"
+    oom = post.oom_message
+    if oom is not None and oom.kind in ("compile", "runtime") and len(samples) <= FIRST_STEPS:
+        what = "compile" if oom.kind == "compile" else "load"
+        return ("too_large_from_start",
+                f"XLA could not {what} the program in the first steps ({len(samples)} sample(s) taken): it needs "
+                f"more {oom.memory_space} than there is, whatever the trend")
+    sudden = _sudden_step(samples)
+    if sudden is not None:
+        return "sudden_step", sudden
+    limit = post.limit_bytes
+    if post.oom_projected_at is not None:
+        return "leak", (f"a leak that ran out: the watchdog projected the OOM at step {post.oom_projected_at:,}"
+                        f" (floor rising {format_bytes(post.floor_slope_bytes_per_step or 0)}/step)")
+    if post.leak_reported_at is not None and final is not None and limit and final.floor_bytes is not None \
+            and final.floor_bytes + final.excursion_bytes >= NEAR_THE_LIMIT * limit:
+        return "leak", (f"a leak that ran out: reported at step {post.leak_reported_at:,}, floor then "
+                        f"{format_bytes(final.floor_bytes)} plus {format_bytes(final.excursion_bytes)} of transients "
+                        f"against {format_bytes(limit)}")
+    return "unknown", "no trend, jump or message explains the end" + (
+        "" if oom is not None else " (no out-of-memory message given: --log names the job's output)")
+
+
+def _sudden_step(samples: Sequence[Sample]) -> str | None:
+    """The last reading far above the ones before it: a step that allocated far more."""
+    if len(samples) < 10:
+        return None
+    before = [s.bytes_used for s in samples[-11:-1]]
+    middle = statistics.median(before)
+    noise = statistics.median(abs(b - middle) for b in before) or max(1.0, 0.01 * middle)
+    jump = samples[-1].bytes_used - max(before)
+    if jump > SUDDEN_FACTOR * noise and jump > 0.05 * middle:
+        return (f"a sudden step: the last reading (step {samples[-1].step:,}) is {format_bytes(jump)} above "
+                f"anything in the ten before it, far beyond their spread ({format_bytes(noise)}): a step "
+                "that asked for far more memory (a long batch, a new shape, an evaluation's first run)")
+    return None
