@@ -143,3 +143,63 @@ def test_a_trainer_killed_by_sigkill_gets_a_post_mortem_with_its_trend_and_suspe
     assert row["floor_slope_bytes_per_step"] == pytest.approx(MiB, rel=0.25)
     assert row["leak_reported_at"] is not None
     assert any("attribute 'tensors' of LeakSinks" in s for s in row["suspects"]), row["suspects"]
+
+
+CRASHES_WITH_XLA_OOM = (
+    "import sys\n"
+    "from test_oom_message import COMPILE_HBM\n"
+    "print('step 1', flush=True)\n"
+    "sys.stderr.write(COMPILE_HBM)\n"
+    "sys.exit(1)\n")
+
+LEAKS_THEN_IS_KILLED = (
+    "import os, signal\n"
+    "from pathlib import Path\n"
+    "from test_postmortem import Leaking\n"
+    "from watchdog import Watchdog, WatchdogConfig\n"
+    "source = Leaking()\n"
+    "wd = Watchdog(WatchdogConfig(sample_every=1, trace_file=Path(os.environ['TRACE'])), source=source).start()\n"
+    "for step in range(900):\n"
+    "    source.step = step\n"
+    "    wd.step(step)\n"
+    "    wd.drain()\n"
+    "os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would\n")
+
+
+def supervise(tmp_path, script: str, *options: str) -> subprocess.CompletedProcess:
+    child = [sys.executable, "-c", script]
+    env = hbm_watchdog_env(PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", TRACE=str(tmp_path / "trace.csv"))
+    return subprocess.run([sys.executable, "-m", "watchdog", "--log-format", "json", "supervise", "--max-restarts", "0",
+                           *options, "--", *child], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_supervise_prints_the_post_mortem_of_a_crash_with_xlas_message(tmp_path):
+    out = supervise(tmp_path, CRASHES_WITH_XLA_OOM)
+    assert out.returncode == 1
+    (event,) = [json.loads(line) for line in out.stderr.splitlines()
+                if line.startswith("{") and '"postmortem"' in line]
+    assert event["child_status"] == "exit 1"
+    assert "out of memory: the program does not fit in hbm" in event["block"]
+    assert "/home/me/model/attention.py:212" in event["block"]
+
+
+@pytest.mark.slow
+def test_supervise_records_each_exit_and_postmortem_reads_the_folder(tmp_path):
+    folder = tmp_path / "postmortem"
+    out = supervise(tmp_path, LEAKS_THEN_IS_KILLED, "--postmortem-dir", str(folder))
+    assert out.returncode == 1, out.stderr[-2000:]  # killed by a signal: a restart was due, and the budget is 0
+    (event,) = [json.loads(line) for line in out.stderr.splitlines()
+                if line.startswith("{") and '"postmortem"' in line]
+    assert "stopped sampling with no shutdown recorded" in event["block"] and "exit SIGKILL" in event["block"]
+    assert "cause   leak:" in event["block"]
+    (exit_line,) = (folder / "exits.jsonl").read_text().splitlines()
+    recorded = json.loads(exit_line)
+    assert recorded["exit"] == "SIGKILL" and recorded["returncode"] == -signal.SIGKILL
+    assert recorded["last_step"] is not None, "the flight record's newest step, as it stood at the kill"
+    row = subprocess.run([sys.executable, "-m", "watchdog", "postmortem", str(folder), "--json"], cwd=REPO,
+                         env=hbm_watchdog_env(), capture_output=True, text=True, timeout=120)
+    assert row.returncode == 0, row.stderr
+    found = json.loads(row.stdout)
+    assert (found["ended"], found["exit"], found["diagnosis"]) == ("unclean", "SIGKILL", "leak")
+    assert found["limit_bytes"] == 2 * GiB and found["last_step"] >= 800

@@ -54,6 +54,7 @@ EXIT_BUDGET_EXHAUSTED = 1
 OOM_MARKERS = (b"RESOURCE_EXHAUSTED", b"CUDA out of memory", b"OutOfMemoryError")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+OUTPUT_TAIL_BYTES = 1 << 20  # of each stream, kept for the post-mortem of a crash
 DEFAULT_KILL_GRACE = 30.0  # seconds between a forwarded stop and SIGKILL: time for a checkpoint
 _WAIT_POLL_SECONDS = 0.5  # how often a wait looks at the grace (a handler cannot wake os.waitpid)
 _DRAIN_SECONDS = 5.0  # output still open once the group is gone: held by a process that left it
@@ -65,6 +66,7 @@ _DRAIN_SECONDS = 5.0  # output still open once the group is gone: held by a proc
 class ChildOutcome:
     returncode: int  # subprocess convention: -N means killed by signal N
     saw_oom: bool = False  # an out-of-memory marker appeared in its output
+    output_tail: bytes = b""  # the last of what it printed (stderr's, then stdout's), for a post-mortem
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,20 +116,29 @@ def describe(returncode: int) -> str:
 
 
 class OomScanner:
-    """Finds the OOM markers in a byte stream fed in arbitrary chunks (a marker may straddle two)."""
+    """Finds the OOM markers in a byte stream fed in arbitrary chunks (a marker may straddle two),
+    and keeps the stream's last `keep_bytes` (where XLA's out-of-memory message is, at the end)."""
 
-    def __init__(self, markers: Sequence[bytes] = OOM_MARKERS):
+    def __init__(self, markers: Sequence[bytes] = OOM_MARKERS, keep_bytes: int = OUTPUT_TAIL_BYTES):
         self.markers = tuple(markers)
         self._keep = max(len(m) for m in self.markers) - 1
         self._tail = b""
         self.found: bytes | None = None
+        self.kept = bytearray()
+        self._keep_bytes = keep_bytes
 
     def feed(self, chunk: bytes) -> bool:
         if self.found is None:
             window = self._tail + chunk
             self.found = next((m for m in self.markers if m in window), None)
             self._tail = window[-self._keep:] if self._keep else b""
+        self.kept += chunk
+        if len(self.kept) > 2 * self._keep_bytes:  # trimmed now and then, not at every chunk
+            del self.kept[:-self._keep_bytes]
         return self.found is not None
+
+    def tail(self) -> bytes:
+        return bytes(self.kept[-self._keep_bytes:])
 
 
 # --- processes and signals ------------------------------------------------------------------------
@@ -248,7 +259,8 @@ def _run_child(command: list[str], restarts: int, stop: _StopRequest, stdout: Bi
     marker = next((s.found for s in scanners if s.found), None)
     if marker:
         log.warning("child_out_of_memory_seen", pid=child.pid, marker=marker.decode())
-    return ChildOutcome(returncode, saw_oom=marker is not None)
+    out, err = scanners
+    return ChildOutcome(returncode, saw_oom=marker is not None, output_tail=err.tail() + out.tail())
 
 
 def _wait(child: subprocess.Popen, stop: _StopRequest, kill_grace: float) -> int:
@@ -279,10 +291,13 @@ def check_options(max_restarts: int, backoff: float, max_backoff: float, kill_gr
 
 def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float = 1.0,
               max_backoff: float = 60.0, kill_grace: float = DEFAULT_KILL_GRACE,
-              stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> int:
+              stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
+              on_exit: Callable[[ChildOutcome, int], None] | None = None) -> int:
     """Run `command` until it finishes, restarting it as `decide` says; returns the supervisor's exit status.
 
-    Must run on the main thread (it installs SIGINT/SIGTERM handlers for the duration).
+    `on_exit(outcome, run)` is told of every exit of the child (run 0 is the first): the command
+    line records it and prints a post-mortem of a crash. Must run on the main thread (it installs
+    SIGINT/SIGTERM handlers for the duration).
     """
     command = list(command)
     if not command:
@@ -292,7 +307,8 @@ def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float =
     stderr = stderr or sys.stderr.buffer
     guard = _start_guard(kill_grace)
     try:
-        return _supervise(command, max_restarts, backoff, max_backoff, kill_grace, stdout, stderr, guard)
+        return _supervise(command, max_restarts, backoff, max_backoff, kill_grace, stdout, stderr, guard,
+                          on_exit)
     finally:
         if guard is not None:
             guard.close()
@@ -308,11 +324,17 @@ def _start_guard(kill_grace: float) -> Guard | None:
 
 
 def _supervise(command: list[str], max_restarts: int, backoff: float, max_backoff: float, kill_grace: float,
-               stdout: BinaryIO, stderr: BinaryIO, guard: Guard | None) -> int:
+               stdout: BinaryIO, stderr: BinaryIO, guard: Guard | None,
+               on_exit: Callable[[ChildOutcome, int], None] | None = None) -> int:
     restarts = 0
     with _StopRequest() as stop:
         while True:
             outcome = _run_child(command, restarts, stop, stdout, stderr, kill_grace, guard)
+            if on_exit is not None:
+                try:
+                    on_exit(outcome, restarts)
+                except Exception:  # noqa: BLE001 - a post-mortem never changes what supervision does
+                    log.error("child_exit_record_failed", exc_info=True)
             decision = decide(outcome, restarts, max_restarts, stopping=stop.signal is not None)
             if not decision.restart:
                 _log_end(decision, outcome, restarts, max_restarts)

@@ -28,6 +28,7 @@ from watchdog.core.sample import load_trace
 from watchdog.core.units import format_bytes, positive_size
 from watchdog.runtime import flight_record
 
+FLIGHT_RECORD_NAME, EXITS_NAME, OUTPUT_NAME = "flight.json", "exits.jsonl", "output.log"  # supervise's folder
 MAX_LOG_BYTES = 256 << 20  # the tail of a longer log is read: the message that ended the job is at its end
 HOW_TO_GET_LINES = ("no Python lines in the message: run PyTorch/XLA with XLA_IR_DEBUG=1 XLA_HLO_DEBUG=1 "
                     "so that each op carries its source_file and source_line into the program")
@@ -51,15 +52,57 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.path is None:
         raise InputError("postmortem needs a trace (or its folder), or --oom-log FILE")
-    trace = find_trace(Path(args.path))
-    samples = load_trace(trace)
-    if not samples:
+    path = Path(args.path)
+    trace, record, exit_description, log_file = _what_was_left(path)
+    log_file = args.log or log_file
+    samples = load_trace(trace) if trace is not None else []
+    if trace is not None and not samples and record is None:
         raise InputError(f"{trace}:2: the trace has a header but no samples")
-    record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
-    oom = parse(_read_tail(args.log, "--log")) if args.log else None
-    post = diagnose(samples, record=record, oom=oom, memory_limit_bytes=args.memory_limit)
-    print(json.dumps(post.to_json()) if args.json else report(trace, post, record))
+    oom = parse(_read_tail(log_file, "--log")) if log_file else None
+    post = diagnose(samples, record=record, oom=oom, exit_description=exit_description,
+                    memory_limit_bytes=args.memory_limit)
+    print(json.dumps(post.to_json()) if args.json else report(trace or path, post, record))
     return 0
+
+
+def _what_was_left(path: Path) -> tuple[Path | None, dict | None, str | None, str | None]:
+    """The trace, the flight record, the last recorded exit and the job's output a path leads to:
+    a trace file; a folder holding traces; or `supervise --postmortem-dir`'s folder."""
+    supervised = path / FLIGHT_RECORD_NAME if path.is_dir() else None
+    if supervised is not None and (supervised.exists() or (path / EXITS_NAME).exists()):
+        record = flight_record.read(supervised)
+        named = record.get("trace_file") if record else None
+        trace = Path(named) if named and Path(named).exists() else None
+        output = path / OUTPUT_NAME
+        return trace, record, _last_exit(path / EXITS_NAME), str(output) if output.exists() else None
+    trace = find_trace(path)
+    return trace, flight_record.read(f"{trace}{flight_record.SUFFIX}"), None, None
+
+
+def _last_exit(path: Path) -> str | None:
+    try:
+        with open_regular(path, "r", encoding="utf-8") as handle:
+            lines = [line for line in handle.read().splitlines() if line.strip()]
+        return json.loads(lines[-1]).get("exit") if lines else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def after_a_crash(folder: Path | None, output: str, exit_description: str) -> str:
+    """What `supervise` prints when its child crashed: everything the folder holds, else the exit
+    and XLA's message in the child's output."""
+    oom = parse(output)
+    if folder is not None:
+        trace, record, _, _ = _what_was_left(folder)
+        if record is not None or trace is not None:
+            samples = load_trace(trace) if trace is not None else []
+            post = diagnose(samples, record=record, oom=oom, exit_description=exit_description)
+            return report(trace or folder, post, record)
+    lines = [f"the job exited with {exit_description}"]
+    lines.append(summary(oom) if oom is not None else "no out-of-memory message from XLA in its output")
+    if folder is None:
+        lines.append("(with --postmortem-dir, the watchdog's flight record and the trend go in the post-mortem too)")
+    return "\n".join(lines)
 
 
 def find_trace(path: Path) -> Path:
@@ -80,7 +123,8 @@ def report(trace: Path, post: PostMortem, record: dict | None) -> str:
     """What a person reads after the job died."""
     ended = ("ended cleanly" if post.ended == "clean" else
              "stopped sampling with no shutdown recorded" + ("" if record else " (no flight record beside the trace)"))
-    lines = [f"{trace}: {ended}, last step {post.last_step:,}" + (f", exit {post.exit}" if post.exit else "")]
+    last = f", last step {post.last_step:,}" if post.last_step is not None else ""
+    lines = [f"{trace}: {ended}{last}" + (f", exit {post.exit}" if post.exit else "")]
     if post.limit_bytes:
         lines.append(f"  memory  peak {_size(post.peak_bytes)} of {_size(post.limit_bytes)}, floor "
                      f"{'+' if (post.floor_slope_bytes_per_step or 0) >= 0 else ''}"

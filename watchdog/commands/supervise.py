@@ -1,17 +1,33 @@
-"""`hbm-watchdog supervise [--max-restarts N] [--backoff S] [--kill-grace S] -- CMD ...`: restart CMD on
-exit 42 or an OOM crash.
+"""`hbm-watchdog supervise [--max-restarts N] [--backoff S] [--kill-grace S] [--postmortem-dir DIR] -- CMD ...`:
+restart CMD on exit 42 or an OOM crash, and say why it crashed.
 
 The loop itself, its decisions and its exit statuses are in `watchdog.actions.supervisor`; the
 job's process group (signalled whole, ended whatever happens to the supervisor) in
-`watchdog.actions.job_group`.
+`watchdog.actions.job_group`. This module adds the post-mortem: when the child exits with
+anything but 0 or 42, what XLA's out-of-memory message in its output says, and with
+`--postmortem-dir` everything `hbm-watchdog postmortem DIR` says, printed at once. In that folder
+the child's watchdog keeps its flight record (`flight.json`), and supervise records every exit
+(`exits.jsonl`: time, run, status or signal, last step) and the end of the child's output
+(`output.log`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import time
+from pathlib import Path
 
-from watchdog.actions.supervisor import DEFAULT_KILL_GRACE, supervise
+from watchdog.actions.supervisor import DEFAULT_KILL_GRACE, ChildOutcome, describe, supervise
+from watchdog.commands import postmortem
+from watchdog.core.errors import EXIT_RESTART_REQUESTED, InputError
 from watchdog.core.numbers import option, parse_count
+from watchdog.fileio import write_atomically
+from watchdog.logs import get_logger
+from watchdog.runtime import flight_record
+
+log = get_logger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +41,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM or SIGINT is forwarded to the job's process group (or what is "
                              "left of it once the command exits), SIGKILL it this much later "
                              f"(default {DEFAULT_KILL_GRACE:g}: time to save a checkpoint)")
+    parser.add_argument("--postmortem-dir", metavar="DIR", type=Path,
+                        help="keep the job's flight record, every exit and the end of its output here, for "
+                             "`hbm-watchdog postmortem DIR` (and the post-mortem printed on a crash)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
 
 
 def run(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    folder = args.postmortem_dir
+    if folder is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"--postmortem-dir {folder}: {exc.strerror or exc}") from None
+        os.environ[flight_record.FLIGHT_RECORD_ENV] = str(folder / postmortem.FLIGHT_RECORD_NAME)  # the child's
     return supervise(command, max_restarts=args.max_restarts, backoff=args.backoff, max_backoff=args.max_backoff,
-                     kill_grace=args.kill_grace)
+                     kill_grace=args.kill_grace, on_exit=lambda outcome, run: _after_exit(outcome, run, folder))
+
+
+def _after_exit(outcome: ChildOutcome, run: int, folder: Path | None) -> None:
+    """Record the exit where `postmortem` finds it; on a crash, print the post-mortem."""
+    output = outcome.output_tail.decode("utf-8", errors="replace")
+    status = describe(outcome.returncode)
+    if folder is not None:
+        record = flight_record.read(folder / postmortem.FLIGHT_RECORD_NAME) or {}
+        line = {"time": time.time(), "run": run, "exit": status, "returncode": outcome.returncode,
+                "last_step": record.get("last_step")}
+        exits = folder / postmortem.EXITS_NAME
+        earlier = exits.read_text(encoding="utf-8") if exits.is_file() and not exits.is_symlink() else ""
+        write_atomically(exits, earlier + json.dumps(line) + "\n")  # a few lines a run: rewritten whole
+        write_atomically(folder / postmortem.OUTPUT_NAME, outcome.output_tail)
+    if outcome.returncode in (0, EXIT_RESTART_REQUESTED):
+        return
+    text = postmortem.after_a_crash(folder, output, status)
+    log.error("postmortem", child_status=status, run=run, block=text)
