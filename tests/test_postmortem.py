@@ -203,3 +203,35 @@ def test_supervise_records_each_exit_and_postmortem_reads_the_folder(tmp_path):
     found = json.loads(row.stdout)
     assert (found["ended"], found["exit"], found["diagnosis"]) == ("unclean", "SIGKILL", "leak")
     assert found["limit_bytes"] == 2 * GiB and found["last_step"] >= 800
+
+
+HLO_OF_A_TRAINER_STEP = r"""
+import json, sys
+from watchdog.trainer.cli import HLO_SOURCE_LINES_ENV
+import os
+if sys.argv[1] == "on":
+    for name in HLO_SOURCE_LINES_ENV:
+        os.environ[name] = "1"
+import torch, torch_xla
+from watchdog.trainer.loop import TrainConfig, build_state
+from watchdog.trainer.model import ModelConfig
+device = torch_xla.device()
+config = TrainConfig(steps=1, device="xla", watchdog=None, model=ModelConfig(depth=1, width=32, heads=2, seq_len=16))
+state = build_state(config, device)
+tokens = torch.randint(0, config.model.vocab_size, (2, 16)).to(device)
+logits, loss = state.model(tokens, tokens)
+hlo = torch_xla._XLAC._get_xla_tensors_hlo([loss])
+print(json.dumps({"files": sorted(set(__import__("re").findall(r'source_file="([^"]+)"', hlo)))}))
+"""
+
+
+@pytest.mark.slow
+def test_with_hlo_source_lines_the_trainers_program_names_its_model_files_lines():
+    """`train --hlo-source-lines` sets XLA_IR_DEBUG and XLA_HLO_DEBUG before torch_xla starts: the
+    traced program then carries Python files and lines, the model's own among them; without it, none."""
+    from conftest import run_python
+
+    on = json.loads(run_python(HLO_OF_A_TRAINER_STEP, "on").strip().splitlines()[-1])["files"]
+    off = json.loads(run_python(HLO_OF_A_TRAINER_STEP, "off").strip().splitlines()[-1])["files"]
+    assert off == []
+    assert any(f.endswith("watchdog/trainer/model.py") for f in on), on

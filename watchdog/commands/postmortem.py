@@ -31,7 +31,8 @@ from watchdog.runtime import flight_record
 FLIGHT_RECORD_NAME, EXITS_NAME, OUTPUT_NAME = "flight.json", "exits.jsonl", "output.log"  # supervise's folder
 MAX_LOG_BYTES = 256 << 20  # the tail of a longer log is read: the message that ended the job is at its end
 HOW_TO_GET_LINES = ("no Python lines in the message: run PyTorch/XLA with XLA_IR_DEBUG=1 XLA_HLO_DEBUG=1 "
-                    "so that each op carries its source_file and source_line into the program")
+                    "(hbm-watchdog train --hlo-source-lines) so that each op carries its source_file and "
+                    "source_line into the program")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
