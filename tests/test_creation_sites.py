@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import run_python
 
-from watchdog.runtime import forensics
-from watchdog.runtime.creation_sites import CreationSites
+from watchdog.forensics import census as forensics
+from watchdog.forensics.creation_sites import CreationSites
 
 
 def modes_installed() -> int:
@@ -104,7 +104,7 @@ LOOP = r"""
 import json, sys
 import torch, torch_xla
 import torch_xla.debug.metrics as met
-from watchdog.runtime.creation_sites import CreationSites
+from watchdog.forensics.creation_sites import CreationSites
 
 capture = sys.argv[1] == "on"
 device = torch_xla.device()

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from watchdog.runtime import forensics
-from watchdog.runtime.autograd_graphs import GraphWalker, buffer_key
-from watchdog.runtime.forensics import Census, TensorGroup, growth
-from watchdog.runtime.holders import Namer
+from watchdog.forensics import census as forensics
+from watchdog.forensics.autograd_graphs import GraphWalker, buffer_key
+from watchdog.forensics.census import Census, TensorGroup, growth
+from watchdog.forensics.holders import Namer
 
 
 class TrainerState:

@@ -226,7 +226,7 @@ def test_an_evaluation_runs_under_the_eval_phase_keeps_its_outputs_until_it_ends
 def test_a_census_that_raises_is_logged_and_the_action_still_saves_and_reinits(tmp_path, monkeypatch):
     """What is leaking is a diagnosis: when it fails (a CI run met a tensor the census could not
     read), the checkpoint and the rebuild the action asked for still happen."""
-    from watchdog.runtime import forensics
+    from watchdog.forensics import census as forensics
 
     def broken(*args, **kwargs):
         raise RuntimeError("cannot call get_autograd_meta() on undefined tensor")

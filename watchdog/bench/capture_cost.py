@@ -26,7 +26,7 @@ import timeit
 
 import torch
 
-from watchdog.runtime.creation_sites import CreationSites
+from watchdog.forensics.creation_sites import CreationSites
 
 
 def _training_step(device: torch.device):

@@ -55,7 +55,7 @@ from watchdog.logs import get_logger
 from watchdog.runtime import leak_report, xla_stats
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
-from watchdog.runtime.leak_follower import LeakFollower, Suspects
+from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.runtime.reports import ActionReport
 from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
                                       select_source)

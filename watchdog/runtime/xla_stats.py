@@ -303,34 +303,3 @@ def _without_comment(line: str) -> str:
         if char in "'\"" and (i == 0 or line[i - 1] != "\\"):
             quote = None if quote == char else (char if quote is None else quote)
     return line.strip()
-
-
-@dataclass(frozen=True)
-class XlaActivity:
-    """What the lazy-tensor runtime has done so far, from its debug counters (reading them is no sync).
-
-    `traced_ir_nodes` sums the `xla::<op>` counters: one per IR node traced. A loop that syncs
-    moves `syncs` (`MarkStep`) every step; one that never does keeps tracing onto one pending
-    graph, whose nodes and the device data they reference stay on the host until something syncs.
-    """
-
-    syncs: int
-    traced_ir_nodes: int
-    compilations: int
-    ops: tuple[tuple[str, int], ...] = ()  # (op, nodes traced) per op, to say which ops pile up
-
-
-def activity() -> XlaActivity | None:
-    if "torch_xla" not in sys.modules:
-        return None
-    import torch_xla.debug.metrics as met
-
-    ops = {name: int(met.counter_value(name) or 0) for name in met.counter_names() if name.startswith("xla::")}
-    return XlaActivity(syncs=int(met.counter_value("MarkStep") or 0), traced_ir_nodes=sum(ops.values()),
-                       compilations=int(met.counter_value("UncachedCompile") or 0), ops=tuple(sorted(ops.items())))
-
-
-def has_pending_graph(tensor) -> bool:
-    """An XLA tensor whose value is still an IR graph waiting for a sync (no device data yet)."""
-    info = sys.modules["torch_xla"]._XLAC._get_xla_tensor_debug_info(tensor)
-    return "\nIR: None" not in info and "\nXLAData: None" in info

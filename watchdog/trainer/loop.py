@@ -54,7 +54,7 @@ from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUEST
 from watchdog.core.numbers import parse_count
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
-from watchdog.runtime.leak_follower import LeakFollower
+from watchdog.forensics.follower import LeakFollower
 from watchdog.runtime.reports import ActionReport, RunSummary
 from watchdog.runtime.sidecar import REINITIALISED, RESTART_REQUESTED, Watchdog, log_acted
 from watchdog.runtime.sources import release_host_memory

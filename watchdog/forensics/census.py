@@ -14,7 +14,7 @@ It counts, and `explain_leak` names what grew since the baseline:
 - the graphs hanging off parameters' `.grad` (`backward(create_graph=True)` never reset);
 - module hooks per module: a hook registered every step and never removed;
 - tensors larger than any at the baseline: a tensor concatenated onto every step;
-- on XLA, syncs and traced IR nodes (`xla_stats.activity`): a loop that never syncs piles its
+- on XLA, syncs and traced IR nodes (`xla_activity.activity`): a loop that never syncs piles its
   whole run onto one pending graph on the host, and new compilations (shapes that change).
 
 With a `CreationSites` capture that ran since, each line also says where Python created the
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 from watchdog.core.units import format_bytes
-from watchdog.runtime import xla_stats
-from watchdog.runtime.autograd_graphs import GraphSize, GraphWalker, buffer_key
-from watchdog.runtime.holders import MODULE_HOOKS, Namer, module_paths, parameter_names
+from watchdog.forensics import xla_activity
+from watchdog.forensics.autograd_graphs import GraphSize, GraphWalker, buffer_key
+from watchdog.forensics.holders import MODULE_HOOKS, Namer, module_paths, parameter_names
 
 if TYPE_CHECKING:
-    from watchdog.runtime.creation_sites import CreationSites
+    from watchdog.forensics.creation_sites import CreationSites
 
 MORE_LINES = 3  # beyond `top` tensor groups: graph roots, .grad, hooks, XLA
 MIN_GRAPH_BYTES = 1 << 20  # graph growth below this is noise (a step's loss with its graph)
@@ -68,7 +68,7 @@ class Census:
     grad_graphs: GraphSize = GraphSize()  # the part reachable from parameters' .grad
     hooks: Counter = field(default_factory=Counter)  # (module path, kind of hook) -> hooks
     largest_tensor_bytes: int = 0
-    xla: xla_stats.XlaActivity | None = None
+    xla: xla_activity.XlaActivity | None = None
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def census() -> Census:
     rest = _walk_all((t.grad_fn for t in live.tensors if t.grad_fn is not None), walker)
     result.graphs = result.grad_graphs + rest
     result.hooks = _count_hooks(live.modules)
-    result.xla = xla_stats.activity()
+    result.xla = xla_activity.activity()
     return result
 
 
@@ -294,7 +294,7 @@ def explain_leak(baseline: Census, top: int = 3, sites: CreationSites | None = N
     candidates = [t for t in live.tensors if kept_by_python(t)]
     namer.ignore(candidates)
     findings += _grown_tensor_findings(baseline, candidates, namer, sites)
-    now.xla = xla_stats.activity()
+    now.xla = xla_activity.activity()
     findings += _xla_findings(baseline.xla, now.xla, live, namer)
     shown = sorted((f for f in findings if f is not None and f.shown), key=lambda f: (f.rank, -f.bytes_))
     return [f.line() for f in shown[:top + MORE_LINES]]
@@ -448,7 +448,7 @@ def _grown_tensor_findings(baseline: Census, tensors: list, namer: Namer, sites)
     return [_Finding(1, _size(biggest), text + (f"; held by {holder}" if holder else ""))]
 
 
-def _xla_findings(before: xla_stats.XlaActivity | None, after: xla_stats.XlaActivity | None, live: _Live,
+def _xla_findings(before: xla_activity.XlaActivity | None, after: xla_activity.XlaActivity | None, live: _Live,
                   namer: Namer) -> list[_Finding]:
     if before is None or after is None or after.traced_ir_nodes < before.traced_ir_nodes:
         return []  # no XLA, or someone cleared the counters
@@ -470,11 +470,11 @@ def _pending_graph_words(before, after, traced: int, live: _Live, namer: Namer) 
     busiest = ", ".join(f"{op} +{count:,}" for count, op in ops if count > 0)
     names = parameter_names(live.modules)
     pending = [names.get(id(p), "a parameter") for p in live.parameters
-               if p.device.type == "xla" and xla_stats.has_pending_graph(p)]
+               if p.device.type == "xla" and xla_activity.has_pending_graph(p)]
     carriers = [p for p in pending[:3]]
     if len(carriers) < 3:
         for tensor in live.tensors:
-            if tensor.device.type == "xla" and xla_stats.has_pending_graph(tensor):
+            if tensor.device.type == "xla" and xla_activity.has_pending_graph(tensor):
                 holder = namer.holder_of(tensor)
                 carriers.append(f"{group_of(tensor).describe()} held by {holder}" if holder else group_of(tensor).describe())
                 if len(carriers) >= 3:

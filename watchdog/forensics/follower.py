@@ -66,8 +66,8 @@ class LeakFollower:
         if "torch" not in sys.modules:  # no tensors in this process: nothing to count, now or later
             self._baseline = NO_TENSORS
             return
-        from watchdog.runtime import forensics
-        from watchdog.runtime.creation_sites import CreationSites
+        from watchdog.forensics import census as forensics
+        from watchdog.forensics.creation_sites import CreationSites
 
         started = time.perf_counter()
         self._baseline = forensics.census()
@@ -89,7 +89,7 @@ class LeakFollower:
         created; return those lines (for an action's block). Never raises."""
         if self._baseline is None or self._baseline is NO_TENSORS:
             return []
-        from watchdog.runtime import forensics
+        from watchdog.forensics import census as forensics
 
         started = time.perf_counter()
         sites = self._sites if self._sites is not None and self._sites.done else None
