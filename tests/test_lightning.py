@@ -187,3 +187,36 @@ def test_a_resume_checkpoint_that_is_a_link_or_no_file_is_not_resumed_from_and_i
     assert callback.resume_path() is None and not callback.checkpoint_path.exists()
     callback.checkpoint_path.write_bytes(b"this run's")
     assert callback.resume_path() == str(callback.checkpoint_path)
+
+
+class StopsAfter(LeakyModule):
+    """A user's module that ends its own fit after a few steps, so the README's Trainer (default
+    epochs) runs as written."""
+
+    def __init__(self, steps: int):
+        super().__init__(leak=False)
+        self.steps = steps
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 1)), batch_size=8)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.trainer.global_step >= self.steps:
+            self.trainer.should_stop = True
+
+
+def test_the_readme_snippet_runs_as_written(tmp_path, monkeypatch):
+    import re
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n### With PyTorch Lightning\n", 1)[1]
+    snippet = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    monkeypatch.chdir(tmp_path)
+    names = {"L": L, "model": StopsAfter(30), "WatchdogConfig": WatchdogConfig, "sys": sys}
+    with pytest.raises(SystemExit) as stop:
+        exec(compile(snippet, "README.md", "exec"), names)
+    assert stop.value.code == 0 and names["trainer"].global_step == 30
+    assert names["callback"].watchdog.telemetry.samples_total >= 2, "the watchdog sampled the fit"
+    assert (tmp_path / "ckpt").exists() is False, "no action, so no checkpoint"
