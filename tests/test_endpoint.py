@@ -62,6 +62,15 @@ def held(server) -> int:
     return server._httpd.open_connections
 
 
+def held_once_settled(server, within: float = 10.0) -> int:
+    """Connections still held once the selector thread has handled the last closes: it sees a
+    client's close at its next wake-up, later on a loaded machine (a bound, not a timing)."""
+    deadline = time.monotonic() + within
+    while held(server) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return held(server)
+
+
 def test_a_scrape_is_answered_while_300_idle_connections_are_open():
     with serve_metrics(Telemetry(), 0, limits=SHORT) as server:
         threads = threading.active_count()
@@ -130,7 +139,7 @@ def test_slow_clients_are_cut_off_at_their_whole_request_deadline_and_scrapes_go
         finally:
             for client in slow:
                 client.close()
-        assert held(server) == 0
+        assert held_once_settled(server) == 0
 
 
 def test_a_client_that_never_reads_its_reply_is_cut_off_and_holds_no_worker():
