@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -163,6 +164,35 @@ def _processes_only_in_slow_tests(request, monkeypatch):
     yield
     if not runtime_before and _xla_runtime_started():
         raise ProcessInFastTest(f"{request.node.nodeid} starts torch_xla's runtime: mark it @pytest.mark.slow")
+
+
+# ------------------------------------------------------------------------ the watchdog's log events
+
+class WatchdogEvents(logging.Handler):
+    """The structured events every `watchdog.*` logger emits, as dicts, for tests to read."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[dict] = []
+
+    def emit(self, record):
+        if isinstance(record.msg, dict):
+            self.events.append(record.msg)
+
+    def named(self, name: str) -> list[dict]:
+        return [e for e in self.events if e.get("event") == name]
+
+
+@pytest.fixture
+def events():
+    """Every event the watchdog logs during the test, at INFO and above."""
+    handler, logger = WatchdogEvents(), logging.getLogger("watchdog")
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)
 
 
 # ------------------------------------------------------------------------ set-up paid once per worker

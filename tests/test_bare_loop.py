@@ -4,7 +4,6 @@ and the action's block; `carry_out` does the checkpoint, the rebuild and the rec
 
 Real torch on the CPU and the real resident-memory source, as in tests/test_lightning.py."""
 
-import logging
 
 import pytest
 import torch
@@ -16,30 +15,6 @@ from conftest import settled_rss
 LEAK_BYTES = 4 << 20
 BUDGET = 800 << 20  # 200 steps of leak above the resident memory at the start
 LEAK_LINE = "test_bare_loop.py"
-
-
-class Events(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.events = []
-
-    def emit(self, record):
-        if isinstance(record.msg, dict):
-            self.events.append(record.msg)
-
-    def named(self, name: str) -> list[dict]:
-        return [e for e in self.events if e.get("event") == name]
-
-
-@pytest.fixture
-def events():
-    handler, logger = Events(), logging.getLogger("watchdog")
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(old)
 
 
 class Metrics:

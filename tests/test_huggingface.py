@@ -6,7 +6,6 @@ processes (it is installed here, and transformers would otherwise put the model 
 by itself); the XLA run is its own process in tests/test_callbacks_xla.py.
 """
 
-import logging
 import os
 
 import pytest
@@ -65,30 +64,6 @@ def arguments(output_dir, max_steps: int, **extra) -> TrainingArguments:
 def callback(budget_over_now: int) -> HbmWatchdogCallback:
     limit = settled_rss() + budget_over_now
     return HbmWatchdogCallback(WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit))
-
-
-class Events(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.events = []
-
-    def emit(self, record):
-        if isinstance(record.msg, dict):
-            self.events.append(record.msg)
-
-    def named(self, name: str) -> list[dict]:
-        return [e for e in self.events if e.get("event") == name]
-
-
-@pytest.fixture
-def events():
-    handler, logger = Events(), logging.getLogger("watchdog")
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(old)
 
 
 def test_a_leaking_hook_is_checkpointed_by_the_trainer_before_the_budget_and_the_job_resumes(tmp_path, events):

@@ -1,6 +1,5 @@
 """The Lightning callback with real Lightning on CPU, a real leak and the real RSS source."""
 
-import logging
 import os
 
 import lightning as L
@@ -32,30 +31,6 @@ class LeakyModule(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-class Events(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.events = []
-
-    def emit(self, record):
-        if isinstance(record.msg, dict):
-            self.events.append(record.msg)
-
-    def named(self, name: str) -> list[dict]:
-        return [e for e in self.events if e.get("event") == name]
-
-
-@pytest.fixture
-def events():
-    handler, logger = Events(), logging.getLogger("watchdog")
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(old)
 
 
 class TunableModule(LeakyModule):
