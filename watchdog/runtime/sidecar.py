@@ -17,7 +17,8 @@ Actions are carried out by the training thread between steps; the sidecar only a
 What is leaking is named on the training thread too (`LeakFollower`), at the few moments it is
 due: a baseline census at the first `step()` and after each rebuild, a capture of creation sites
 armed once a leak is suspected, and a census when an action is handed over. `step()` checks one
-flag for that; the census itself (milliseconds to seconds, logged with its cost) runs only then.
+deque for that and for actions (`_chores`); the census itself (milliseconds to seconds, logged
+with its cost) runs only then.
 The action's block for the terminal (`watchdog_acted`) is logged when the host says what it did
 (`report_action`, or `carry_out`, which does both), or at the next `step()` if it never says.
 
@@ -51,11 +52,11 @@ from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import phase_label
 from watchdog.core.sample import Sample, TraceWriter
 from watchdog.core.verdict import Action, Verdict
+from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import get_logger
 from watchdog.runtime import leak_report, xla_stats
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
-from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.runtime.reports import ActionReport
 from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
                                       select_source)
