@@ -22,6 +22,7 @@ from pathlib import Path
 from watchdog.actions.supervisor import DEFAULT_KILL_GRACE, ChildOutcome, describe, supervise
 from watchdog.commands import postmortem
 from watchdog.core.errors import EXIT_RESTART_REQUESTED, InputError
+from watchdog.core.inputs import open_regular
 from watchdog.core.numbers import option, parse_count
 from watchdog.fileio import write_atomically
 from watchdog.logs import get_logger
@@ -69,7 +70,11 @@ def _after_exit(outcome: ChildOutcome, run: int, folder: Path | None) -> None:
         line = {"time": time.time(), "run": run, "exit": status, "returncode": outcome.returncode,
                 "last_step": record.get("last_step")}
         exits = folder / postmortem.EXITS_NAME
-        earlier = exits.read_text(encoding="utf-8") if exits.is_file() and not exits.is_symlink() else ""
+        try:  # what the earlier runs recorded; a file that is not ours (a link, a FIFO) starts afresh
+            with open_regular(exits, "r", encoding="utf-8", follow_symlinks=False) as handle:
+                earlier = handle.read()
+        except (OSError, InputError):
+            earlier = ""
         write_atomically(exits, earlier + json.dumps(line) + "\n")  # a few lines a run: rewritten whole
         write_atomically(folder / postmortem.OUTPUT_NAME, outcome.output_tail)
     if outcome.returncode in (0, EXIT_RESTART_REQUESTED):
