@@ -65,16 +65,17 @@ def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(tmp_path, r
 
 @pytest.mark.slow
 def test_a_leak_far_from_any_oom_is_reported_with_its_holder_and_creation_site_and_never_acted_on(tmp_path, run_cli):
-    # 1 MiB/step against 6 GiB: thousands of steps from the OOM, so the report's to call, not the action path's.
-    out = run_cli("train", "--memory-limit", "6GiB", "--sample-every", "2", "--log-every", "100", "--steps", "500",
-                  "--inject-leak", "tensors:1MiB/step", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    # 2 MiB/step against 8 GiB: thousands of steps from the OOM, so the report's to call, not the action path's.
+    # (At 1 MiB/step a loaded machine's resident-memory noise once kept the report past step 500.)
+    out = run_cli("train", "--memory-limit", "8GiB", "--sample-every", "2", "--log-every", "100", "--steps", "500",
+                  "--inject-leak", "tensors:2MiB/step", "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert out.returncode == 0, out.stderr[-4000:]
     records = json_lines(out.stderr)
     assert "steps 500/500 (this run from 0), reinits 0, restarts 0" in out.stdout
     assert events(records, "watchdog_action") == []
 
     [reported] = events(records, "leak_detected")
-    assert 0.7 * 2**20 < reported["slope_bytes_per_step"] < 1.5 * 2**20, reported
+    assert 1.4 * 2**20 < reported["slope_bytes_per_step"] < 3 * 2**20, reported
     assert not reported["oom_projected"] and "leak detected, no action" in reported["explanation"]
     # The report armed the creation-site capture; the census after it names holder and site.
     [located] = events(records, "leak_suspects")

@@ -351,3 +351,37 @@ def test_pid_one_and_anything_not_a_pid_is_refused_by_the_parser_in_one_line(pid
     assert main(["watch", "--pid", pid]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--pid" in err[0] and len(err[0]) < 300
+
+
+# ------------------------------------------------------------------------ stopping from a signal handler
+
+def test_a_signal_handler_that_sets_the_stop_flag_ends_a_wait_at_once_and_takes_no_lock():
+    """`watch`'s SIGTERM handler runs between two bytecodes of the main thread, which may be inside
+    the daemon's own wait: setting the flag there must take no lock that wait could hold (an Event's
+    does, and a loaded CI saw the daemon never stop)."""
+    from watchdog.daemon.stopping import StopFlag
+
+    flag = StopFlag()
+    previous = signal.signal(signal.SIGALRM, lambda *_: flag.set())
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        assert flag.wait(60) is True  # a missed wake-up would return False after a minute
+        assert flag.is_set() and flag.wait(0) is True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        flag.close()
+    assert not StopFlag().wait(0.01), "a flag nobody set stays clear"
+
+
+def test_the_stop_flag_can_be_set_from_another_thread_and_many_times():
+    from watchdog.daemon.stopping import StopFlag
+
+    flag = StopFlag()
+    setter = threading.Timer(0.05, lambda: [flag.set() for _ in range(100_000)])
+    setter.start()
+    try:
+        assert flag.wait(60) is True
+    finally:
+        setter.join()
+        flag.close()

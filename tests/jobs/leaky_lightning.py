@@ -7,11 +7,16 @@ supervisor the job finished, so this script does what a preemptible Lightning jo
 `on_exception` saves a checkpoint, and the `SIGTERMException` becomes exit 42. Started again it
 resumes from that checkpoint (`fit(ckpt_path=...)`).
 
+A SIGTERM that comes once `fit` has returned (after the last step, while the job tears down)
+is handled the same way: the job saves, says it was preempted and exits 42, so its supervisor
+never sees a finished job killed by a signal; started again, it resumes at its last step and ends.
+
 Lines on stdout: `started step=K pid=P`, `preempted step=K`, `finished step=N`.
 """
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -45,12 +50,21 @@ class LeakyModule(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def save_and_say_preempted(trainer) -> None:
+    trainer.save_checkpoint(args.checkpoint + ".tmp")
+    os.replace(args.checkpoint + ".tmp", args.checkpoint)  # a torn checkpoint is never the one resumed
+    print(f"preempted step={trainer.global_step}", flush=True)
+
+
 class SaveOnPreemption(L.Callback):
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, SIGTERMException):
-            trainer.save_checkpoint(args.checkpoint + ".tmp")
-            os.replace(args.checkpoint + ".tmp", args.checkpoint)  # a torn checkpoint is never the one resumed
-            print(f"preempted step={trainer.global_step}", flush=True)
+            save_and_say_preempted(trainer)
+
+
+sigterm_seen = []
+# Lightning composes its own SIGTERM handler with this one during `fit` and puts this one back after.
+signal.signal(signal.SIGTERM, lambda signum, _frame: sigterm_seen.append(signum))
 
 
 torch.manual_seed(0)
@@ -63,5 +77,8 @@ print(f"started step={start} pid={os.getpid()}", flush=True)
 try:
     trainer.fit(LeakyModule(), DataLoader(data, batch_size=8), ckpt_path=resume)
 except SIGTERMException:
+    sys.exit(42)
+if sigterm_seen:  # after the last batch, or while fit tore down: saved at the last step all the same
+    save_and_say_preempted(trainer)
     sys.exit(42)
 print(f"finished step={trainer.global_step}", flush=True)

@@ -63,4 +63,7 @@ while step < args.steps:
         print(f"preempted step={step}", flush=True)
         sys.exit(42)
 save(step)
+if preempted:  # signalled after its last step: saved all the same, and says so, as a preempted job does
+    print(f"preempted step={step}", flush=True)
+    sys.exit(42)
 print(f"finished step={step}", flush=True)

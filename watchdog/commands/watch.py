@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import threading
 
 from watchdog.core.errors import InputError
 from watchdog.core.numbers import option, parse_pid
@@ -131,16 +130,17 @@ def _tpu_reader_factory(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from watchdog.daemon.loop import Daemon
     from watchdog.daemon.metrics import build_watch_registry
+    from watchdog.daemon.stopping import StopFlag
     from watchdog.logs import get_logger
     from watchdog.runtime.exporter import serve_registry
 
     log = get_logger("watchdog.daemon")
     config, finder, make_reader = build(args)
-    daemon = Daemon(config, finder, make_reader, stop=threading.Event())
+    daemon = Daemon(config, finder, make_reader, stop=StopFlag())
     stopped_by: list[int] = []
 
     def stop(signum, _frame):
-        stopped_by.append(signum)  # a handler only sets flags: logging here could deadlock
+        stopped_by.append(signum)  # a handler only sets flags (StopFlag takes no lock): logging could deadlock
         daemon.stop.set()
 
     previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
@@ -161,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
             server.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        daemon.stop.close()
     if stopped_by:
         log.info("watch_stopped", signal=signal.Signals(stopped_by[0]).name)
     return status

@@ -38,6 +38,7 @@ from watchdog.core.verdict import Action, Verdict
 from watchdog.daemon.metrics import WatchState
 from watchdog.daemon.readers import DeviceReader, DeviceReading, ProcessTreeReader
 from watchdog.daemon.signalling import Escalation, Step, send
+from watchdog.daemon.stopping import StopFlag
 from watchdog.daemon.targets import Finder, WatchedProcess
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.logs import get_logger
@@ -92,7 +93,7 @@ class Daemon:
 
     def __init__(self, config: WatchConfig, finder: Finder,
                  make_reader: Callable[[psutil.Process], DeviceReader] = ProcessTreeReader, *,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | StopFlag | None = None):
         self.config = config
         self.finder = finder
         self.make_reader = make_reader
