@@ -129,6 +129,18 @@ def without_hanging(call, fifo: Path | None = None):
     return outcome["error"] if "error" in outcome else outcome["result"]
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`--numprocesses=auto`: one worker per core, and one more when slow tests run.
+
+    Much of a slow test's time is a wait, not work: a job's step pauses, a daemon's interval, a
+    Prometheus scrape, a supervisor's backoff. One worker more than the cores keeps them busy
+    through those waits. The fast lane is all computation, where an extra worker only adds its
+    start-up (each worker imports the suite)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    fast_lane_only = "not slow" in (config.getoption("markexpr", "") or "")
+    return cores if fast_lane_only else cores + 1
+
+
 def pytest_collection_modifyitems(config, items):
     """Slow tests first: the long end-to-end runs start while the short tests fill the other
     workers, instead of one of them starting last and running alone at the end (a stable sort,
