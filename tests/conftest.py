@@ -129,23 +129,40 @@ def without_hanging(call, fifo: Path | None = None):
     return outcome["error"] if "error" in outcome else outcome["result"]
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`--numprocesses=auto`: one worker per core, and one more when slow tests run.
-
-    Much of a slow test's time is a wait, not work: a job's step pauses, a daemon's interval, a
-    Prometheus scrape, a supervisor's backoff. One worker more than the cores keeps them busy
-    through those waits. The fast lane is all computation, where an extra worker only adds its
-    start-up (each worker imports the suite)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    fast_lane_only = "not slow" in (config.getoption("markexpr", "") or "")
-    return cores if fast_lane_only else cores + 1
-
-
 def pytest_collection_modifyitems(config, items):
-    """Slow tests first: the long end-to-end runs start while the short tests fill the other
-    workers, instead of one of them starting last and running alone at the end (a stable sort,
-    so the order within each lane is the files' own)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Long runs first, spread over the workers; then the other slow tests; the fast ones last.
+
+    pytest-xdist's work stealing first hands each worker an equal, consecutive share of this order,
+    and an idle worker later steals from the end of a busy one's queue. A long run (`long`: a
+    minute or more) left in the middle of one share stays there while the short ones around it
+    are stolen, and the run ends with that worker alone. So each share starts with its own turn
+    of the long runs, and what is stolen from its end is short. Every worker orders the same items
+    the same way (xdist requires it); without workers it is the plain order: long, slow, fast."""
+    items.sort(key=_group)  # stable: the files' own order within each group
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    long_runs = [item for item in items if _group(item) == 0]
+    if workers > 1 and long_runs:
+        items[:] = _long_runs_at_each_share_start(long_runs, items[len(long_runs):], workers)
+
+
+def _group(item) -> int:
+    if item.get_closest_marker("long") is not None:
+        return 0
+    return 1 if item.get_closest_marker("slow") is not None else 2
+
+
+def _long_runs_at_each_share_start(long_runs: list, rest: list, workers: int) -> list:
+    """The order whose consecutive shares, cut as xdist's work stealing cuts them (what is left,
+    divided by the workers left), each begin with every `workers`-th long run."""
+    ordered, left, others = [], len(long_runs) + len(rest), iter(rest)
+    for share in range(workers):
+        size = left // (workers - share)
+        own = long_runs[share::workers]
+        if len(own) > size:  # fewer tests than long runs to spread: nothing to balance
+            return long_runs + rest
+        ordered += own + [item for _, item in zip(range(size - len(own)), others)]
+        left -= size
+    return ordered + list(others)
 
 
 class ProcessInFastTest(AssertionError):

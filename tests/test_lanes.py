@@ -69,3 +69,34 @@ def test_the_xla_runtime_is_allowed_only_in_a_marked_test(pytester, marked):
     else:
         result.assert_outcomes(passed=1, errors=1)  # the test ran; its teardown found the runtime started
         result.stdout.fnmatch_lines(["*test_inner.py::test_starts_the_runtime starts torch_xla's runtime*"])
+
+
+# ------------------------------------------------------------------------ the long runs, spread
+
+def _shares(order: list, workers: int) -> list[list]:
+    """The consecutive shares pytest-xdist's work stealing hands out first: what is left, divided
+    by the workers left (xdist.scheduler.worksteal, `check_schedule`)."""
+    shares, left = [], list(order)
+    for share in range(workers):
+        size = len(left) // (workers - share)
+        shares.append(left[:size])
+        left = left[size:]
+    return shares
+
+
+@pytest.mark.parametrize("long_runs, others, workers", [(19, 900, 2), (19, 900, 3), (5, 6, 4), (3, 0, 2), (1, 50, 8), (9, 1, 4)])
+def test_every_workers_first_share_starts_with_its_turn_of_the_long_runs(long_runs, others, workers):
+    from tests.conftest import _long_runs_at_each_share_start
+
+    longs = [f"long{i}" for i in range(long_runs)]
+    rest = [f"other{i}" for i in range(others)]
+    order = _long_runs_at_each_share_start(longs, rest, workers)
+    assert sorted(order) == sorted(longs + rest), "every test once, none lost"
+    shares = _shares(order, workers)
+    if any(len(longs[worker::workers]) > len(share) for worker, share in enumerate(shares)):
+        assert order == longs + rest  # too few tests to spread them over: the plain order
+        return
+    for worker, share in enumerate(shares):
+        turn = longs[worker::workers]
+        assert share[:len(turn)] == turn, f"share {worker} starts with {share[:len(turn)]}, not {turn}"
+    assert [t for t in order if t.startswith("other")] == rest, "the others keep their order"

@@ -108,6 +108,7 @@ def test_each_leak_is_caught_before_the_budget_and_its_holder_named(name):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("name", NOT_LEAKS)
 def test_growth_that_is_not_a_leak_gets_no_action(name):
     result = scenario(name)

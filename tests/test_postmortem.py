@@ -111,6 +111,7 @@ def test_postmortem_refuses_what_it_cannot_read_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_trainer_killed_by_sigkill_gets_a_post_mortem_with_its_trend_and_suspects(tmp_path):
     """SIGKILL mid-run, as the kernel's OOM killer sends it: no shutdown, no traceback. The flight
     record on disk is whole, and the post-mortem names the stop, the trend and the suspects."""

@@ -46,6 +46,7 @@ def _scalar(prometheus, expr: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_dashboard_and_alerts_against_a_real_prometheus_and_a_leaking_run(stack):
     run, prometheus = stack
     diagnostics = lambda: f"run output:\n{run.tail()}\nprometheus:\n{prometheus.log_tail(10)}"  # noqa: E731

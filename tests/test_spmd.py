@@ -108,6 +108,7 @@ def test_spmd_shards_batch_parameters_and_optimizer_state_keeps_checkpointing_an
     assert any(e["event"] == "memory_source_stand_in" for e in result["events"])
 
 
+@pytest.mark.long
 def test_a_resumed_spmd_run_is_bitwise_identical_to_an_uninterrupted_one(tmp_path):
     """Reinit at step 7 and a restart (exit 42 under supervise) at 15, against one straight run."""
     straight = watchdog_cli("train", "--spmd", "--steps", "24", "--log-every", "8", *SMALL,
@@ -240,6 +241,7 @@ def trace_peak(path: Path) -> int:
         return max(max(int(row["bytes_used"]), int(row["peak_bytes_used"] or 0)) for row in csv.DictReader(handle))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("leak, fixed_by", [("tensors:4MiB/step", "reinit"), ("global:4MiB/step", "restart")])
 def test_a_leaking_spmd_run_finishes_every_step_under_its_budget(tmp_path, leak, fixed_by):
     """The issue's end-to-end runs: supervise -- train --spmd, 500 steps, a 3 GiB budget."""

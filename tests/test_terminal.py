@@ -67,6 +67,7 @@ def screen_lines(output: bytes) -> list[str]:
     return [line.rstrip() for line in screen.display if line.strip()]
 
 
+@pytest.mark.long
 def test_a_leak_caught_reads_well_on_a_terminal(tmp_path):
     code, output = run_on_a_pty([
         sys.executable, "-m", "watchdog", "train", "--steps", "420", "--inject-leak", "tensors:4MiB/step",

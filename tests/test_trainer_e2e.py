@@ -26,6 +26,7 @@ def events(records, name):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(tmp_path, run_cli):
     trace = tmp_path / "trace.csv"
     out = run_cli(*TRAIN, "--inject-leak", "tensors:4MiB/step", "--steps", "400", "--metrics-port", "0", "--trace-file", str(trace),
@@ -64,6 +65,7 @@ def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(tmp_path, r
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_leak_far_from_any_oom_is_reported_with_its_holder_and_creation_site_and_never_acted_on(tmp_path, run_cli):
     # 2 MiB/step against 8 GiB: thousands of steps from the OOM, so the report's to call, not the action path's.
     # (At 1 MiB/step a loaded machine's resident-memory noise once kept the report past step 500.)
@@ -85,6 +87,7 @@ def test_a_leak_far_from_any_oom_is_reported_with_its_holder_and_creation_site_a
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_global_leak_escalates_to_restart_under_supervise_and_finishes(tmp_path, run_cli):
     # After the failed reinit the detector may start over from a new baseline, so it needs a
     # second detection's worth of steps: sample more often and act with a longer horizon.

@@ -126,6 +126,7 @@ def test_off_device_tensors_names_what_is_elsewhere():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_sigterm_saves_at_the_step_boundary_exits_42_and_resumes(tmp_path):
     ckpt = tmp_path / "ckpt"
     args = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--device", "cpu",

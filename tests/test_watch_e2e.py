@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import REPO, hbm_watchdog_env, json_lines
 from watchdog.core.sample import load_trace
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 MiB, GiB = 1 << 20, 1 << 30
 JOBS = Path(__file__).resolve().parent / "jobs"

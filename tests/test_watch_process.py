@@ -325,6 +325,7 @@ def test_sigterm_while_waiting_for_the_target_ends_the_daemon_cleanly():
 
 # -- done-when 3, with the daemon's own footprint -------------------------------------------------
 
+@pytest.mark.long
 def test_a_clean_job_runs_thousands_of_samples_with_no_signal_and_a_flat_footprint(tmp_path):
     """A clean torch_xla script of the same shape as the leaking one, supervised, watched every
     20 ms with Prometheus scraping: no signal, and the daemon's threads, descriptors and resident
