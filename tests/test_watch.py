@@ -19,6 +19,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import WatchdogEvents
 from watchdog.core.errors import InputError
 from watchdog.core.sample import load_trace
 from watchdog.core.verdict import Action
@@ -31,22 +32,10 @@ from watchdog.daemon.timeaxis import TimeAxis
 MiB, GiB = 1 << 20, 1 << 30
 
 
-class Captured(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.events: list[dict] = []
-
-    def emit(self, record):
-        if isinstance(record.msg, dict):
-            self.events.append(record.msg)
-
-    def named(self, event: str) -> list[dict]:
-        return [e for e in self.events if e.get("event") == event]
-
-
 @pytest.fixture
 def captured():
-    handler = Captured()
+    """The daemon's own events only (conftest's `events` fixture listens to every watchdog logger)."""
+    handler = WatchdogEvents()
     logger = logging.getLogger("watchdog.daemon")
     logger.addHandler(handler)
     level = logger.level
