@@ -4,8 +4,6 @@ and the action's block; `carry_out` does the checkpoint, the rebuild and the rec
 
 Real torch on the CPU and the real resident-memory source, as in tests/test_lightning.py."""
 
-
-import pytest
 import torch
 
 from watchdog import Action, Watchdog, WatchdogConfig

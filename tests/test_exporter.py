@@ -17,6 +17,7 @@ from watchdog.core.errors import InputError
 from watchdog.core.sample import Sample, write_trace
 from watchdog.core.verdict import Action, Status, Verdict
 from watchdog.runtime.exporter import serve_metrics
+from watchdog.runtime.host_memory import HostReading
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.runtime.telemetry import Telemetry
 
@@ -61,7 +62,30 @@ def leaking_telemetry() -> Telemetry:
     t.count_action(Action.CHECKPOINT_REINIT)
     for seconds in (0.3, 4.0, 40.0):
         t.observe_checkpoint(seconds)
+    # one memory (the rss source's case): the host's own figures ride on the device's series
+    t.host_reading = HostReading(900 * MiB, 1024 * MiB, "cgroup", 880 * MiB, 20 * 1024 * MiB, oom_kills=0)
     return t
+
+
+def test_the_host_series_is_served_beside_the_devices_one_family_per_metric(served):
+    device = leaking_telemetry()
+    device.host_reading = None
+    host = device.host_series = Telemetry(device="host", rank=3, source="host-cgroup")
+    host.sample = Sample(step=1200, timestamp=1_700_000_000.5, bytes_used=30 * 1024 * MiB, bytes_limit=32 * 1024 * MiB)
+    host.host_reading = HostReading(30 * 1024 * MiB, 32 * 1024 * MiB, "cgroup", 29 * 1024 * MiB, 3 * 1024 * MiB,
+                                    oom_kills=2)
+    host.count_action(Action.CHECKPOINT_RESTART)
+    samples = scrape(served(device))
+    assert value(samples, "hbmwatch_memory_used_bytes", device="host") == 30 * 1024 * MiB
+    assert value(samples, "hbmwatch_memory_used_bytes", device="xla:0") == 900 * MiB
+    assert value(samples, "hbmwatch_build_info", device="host", source="host-cgroup") == 1
+    assert value(samples, "hbmwatch_actions_total", device="host", action="checkpoint_restart") == 1
+    assert value(samples, "hbmwatch_host_process_resident_bytes", device="host") == 29 * 1024 * MiB
+    assert value(samples, "hbmwatch_host_available_bytes", device="host") == 3 * 1024 * MiB
+    assert value(samples, "hbmwatch_host_oom_kills_total", device="host") == 2
+    with urllib.request.urlopen(served(device).url, timeout=5) as response:
+        text = response.read().decode()
+    assert text.count("# TYPE hbmwatch_memory_used_bytes gauge") == 1  # merged: one family, two series
 
 
 @pytest.fixture
@@ -165,7 +189,8 @@ def test_a_real_watchdog_run_is_exported_as_the_sidecar_sees_it(tmp_path, served
     trace = tmp_path / "leak.csv"
     write_trace(trace, [Sample(step, 1000.0 + step, 500 * MiB + step * 256 * 1024 + (step % 7) * MiB,
                                2048 * MiB) for step in range(600)])
-    config = WatchdogConfig(sample_every=1, source="replay", replay_trace=trace, device="cpu")
+    # The device's series alone: the host's, served beside it, is tests/test_host_memory.py's.
+    config = WatchdogConfig(sample_every=1, source="replay", replay_trace=trace, device="cpu", host_memory=False)
     with Watchdog(config) as wd:
         server = served(wd.telemetry)
         for step in range(600):

@@ -25,7 +25,7 @@ MAY_IMPORT = {  # layer -> prefixes of our modules it may import (its own always
     "forensics": {"watchdog.core", *SHARED},
     "runtime": {"watchdog.core", *SHARED, "watchdog.forensics"},
     "actions": {"watchdog.core", *SHARED},
-    "daemon": {"watchdog.core", *SHARED, *SINKS},
+    "daemon": {"watchdog.core", *SHARED, *SINKS, "watchdog.runtime.host_memory"},  # reads /proc, by PID
 }
 TOP = {"commands", "trainer", "bench", "integrations", "__init__", "__main__"}  # may use any layer
 

@@ -35,7 +35,7 @@ def test_a_reinit_that_freed_nothing_says_what_comes_next():
     report = ActionReport(step=9, action=Action.CHECKPOINT_REINIT, verdict=None, recovered_bytes=-3 * MiB)
     text = report.block()
     assert "nothing given back" in text and "restart" in text
-    assert "no growing group of live tensors found" in text
+    assert "no growing group of live tensors or Python buffers found" in text
 
 
 def test_the_summary_table_has_units_and_the_command_to_draw_the_trace():

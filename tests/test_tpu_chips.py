@@ -97,8 +97,9 @@ def test_the_leaking_chip_drives_the_decision_and_every_chip_is_exported(tmp_pat
     assert verdict.oom_projected and verdict.leak_detected, verdict.explanation
     assert math.isfinite(verdict.projected_oom_steps)
     last = STEPS - 1
-    assert value(samples, "hbmwatch_memory_used_bytes") == traces[LEAKY_CHIP][last].bytes_used
+    assert value(samples, "hbmwatch_memory_used_bytes", device="xla:0") == traces[LEAKY_CHIP][last].bytes_used
     for chip in range(4):
         assert value(samples, "hbmwatch_chip_memory_used_bytes", device=f"tpu:{chip}") == traces[chip][last].bytes_used
         assert value(samples, "hbmwatch_chip_memory_limit_bytes", device=f"tpu:{chip}") == HBM
     assert value(samples, "hbmwatch_build_info", source="tpu") == 1.0
+    assert value(samples, "hbmwatch_memory_used_bytes", device="host") > 0  # the host, served beside the chips

@@ -219,6 +219,18 @@ def panels() -> list[dict]:
             targets((f"rate(hbmwatch_samples_total{{{SEL}}}[{WINDOW}])", "samples/s r{{rank}}"),
                     (f"increase(hbmwatch_sample_errors_total{{{SEL}}}[{WINDOW}])", "errors r{{rank}}"))),
          {"x": 16, "y": 31, "w": 8, "h": 8}),
+        (timeseries(
+            "Host memory (RAM)",
+            "The host's RAM, whose exhaustion the kernel's OOM killer ends with SIGKILL: resident memory of the "
+            "training process and its children, and the machine's available memory. The host's own series "
+            "(used, floor, limit, projection) is device \"host\" in the panels above; on PJRT CPU the device's "
+            "series is this same memory.",
+            "bytes", steps((GREEN, None)),
+            targets((f"hbmwatch_host_process_resident_bytes{{{SEL}}}", "resident r{{rank}}"),
+                    (f"hbmwatch_host_available_bytes{{{SEL}}}", "available r{{rank}}")),
+            overrides=[series_override("B", **{"color": {"mode": "fixed", "fixedColor": GREEN},
+                                               "custom.fillOpacity": 0})]),
+         {"x": 0, "y": 39, "w": 24, "h": 8}),
     ]
     result = stats + [dict(panel, gridPos=grid) for panel, grid in layout]
     for number, panel in enumerate(result, start=1):
@@ -251,7 +263,7 @@ def variables() -> list[dict]:
 def dashboard() -> dict:
     return {
         "uid": UID,
-        "title": "hbm-watchdog: device memory and leaks",
+        "title": "hbm-watchdog: device and host memory, and leaks",
         "description": "Device memory, leak trend, projected OOM and the watchdog's actions (hbm-watchdog).",
         "tags": ["hbm-watchdog", "tpu", "xla", "memory"],
         "timezone": "browser",

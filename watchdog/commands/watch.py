@@ -55,6 +55,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "limit is acted on even then)")
     timing.add_argument("--memory-limit", type=option(positive_size),
                         help="memory budget, e.g. 30GiB (default: the host's memory)")
+    timing.add_argument("--host-memory-limit", type=option(positive_size),
+                        help="the target's host RAM budget (default: its memory cgroup's limit, else the machine's "
+                             "memory); with --tpu the host is judged beside the chips, else it is the one series")
 
     act = parser.add_argument_group("action")
     act.add_argument("--signal", default="TERM", help="sent before the projected OOM (default TERM)")
@@ -106,13 +109,16 @@ def build(args: argparse.Namespace):
         finder = PatternFinder(args.cmd_pattern)
     else:
         finder = PidfileFinder(args.pidfile)
-    return config, finder, _tpu_reader_factory(args) if args.tpu else ProcessTreeReader
+    host_limit = args.host_memory_limit
+    if args.tpu:
+        return config, finder, _tpu_reader_factory(args, host_limit)
+    return config, finder, lambda process: ProcessTreeReader(process, host_limit)
 
 
-def _tpu_reader_factory(args: argparse.Namespace):
+def _tpu_reader_factory(args: argparse.Namespace, host_limit: int | None):
     """One connection to libtpu's metrics for the daemon's life, checked now: a host with no chips
     or no tpu-info is exit 2 at start, not a failed read every interval."""
-    from watchdog.daemon.readers import TpuChipsReader
+    from watchdog.daemon.readers import TpuChipsReader, WithHost
     from watchdog.runtime.sources import SourceUnavailable, TpuRuntimeSource
 
     chip_type = None
@@ -124,7 +130,7 @@ def _tpu_reader_factory(args: argparse.Namespace):
         chips = TpuRuntimeSource(grpc_addr=args.tpu_address, chip_type=chip_type)
     except SourceUnavailable as exc:
         raise InputError(f"--tpu: {exc} (install hbm-watchdog[tpu] on a TPU host, or give --tpu-chip)") from None
-    return lambda process: TpuChipsReader(process, chips)
+    return lambda process: WithHost(TpuChipsReader(process, chips), process, host_limit)
 
 
 def run(args: argparse.Namespace) -> int:

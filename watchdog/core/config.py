@@ -47,6 +47,14 @@ class WatchdogConfig:
     """Name what is leaking on the training thread: a census at the first step and after each
     rebuild, a creation-site capture once a leak is suspected, a census when an action is handed
     over (each logged with its cost). Off: `step()` never does more than its O(1) work."""
+    host_memory: bool = True
+    """Watch the host's RAM too, through a Judge of its own (`runtime/host_memory.py`): its OOM
+    is the kernel's SIGKILL, with no traceback and no checkpoint. A host OOM projected asks for a
+    checkpoint and a restart: a new process is what reliably gives host memory back."""
+    host_memory_limit_bytes: int | None = None
+    """The host's budget; None: the tightest memory cgroup limit, else the machine's memory."""
+    host_sample_every: int | None = None
+    """Read the host every this many steps (None: with every device sample)."""
 
     def __post_init__(self) -> None:
         _positive_int("sample_every", self.sample_every)
@@ -57,6 +65,13 @@ class WatchdogConfig:
             not isinstance(self.memory_limit_bytes, int) or self.memory_limit_bytes <= 0
         ):
             raise ConfigError("memory_limit_bytes", f"must be a positive number of bytes, got {self.memory_limit_bytes!r}")
+        if self.host_memory_limit_bytes is not None and (
+            not isinstance(self.host_memory_limit_bytes, int) or self.host_memory_limit_bytes <= 0
+        ):
+            raise ConfigError("host_memory_limit_bytes",
+                              f"must be a positive number of bytes, got {self.host_memory_limit_bytes!r}")
+        if self.host_sample_every is not None:
+            _positive_int("host_sample_every", self.host_sample_every)
         for name in ("stall_after_seconds", "stall_check_seconds"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:

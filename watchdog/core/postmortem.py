@@ -43,6 +43,7 @@ class PostMortem:
     diagnosis: str = "unknown"
     explanation: str = ""
     oom_message: OomMessage | None = None
+    record_host: dict | None = None  # the flight record's `host`: where the host is watched
 
     def to_json(self) -> dict[str, Any]:
         return {"ended": self.ended, "last_step": self.last_step, "exit": self.exit,
@@ -72,7 +73,7 @@ def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomM
         peak_bytes=float(peak) if peak is not None else None, limit_bytes=float(limit) if limit else None,
         leak_reported_at=_first(record.get("leak_reported_at"), result.first_leak_report_step),
         oom_projected_at=_first(record.get("oom_projected_at"), result.first_oom_projected_step),
-        suspects=list(record.get("suspects") or []), oom_message=oom)
+        suspects=list(record.get("suspects") or []), oom_message=oom, record_host=record.get("host"))
     post.diagnosis, post.explanation = _cause(post, samples, final)
     return post
 
@@ -91,6 +92,9 @@ def _cause(post: PostMortem, samples: Sequence[Sample], final) -> tuple[str, str
         return ("too_large_from_start",
                 f"XLA could not {what} the program in the first steps ({len(samples)} sample(s) taken): it needs "
                 f"more {oom.memory_space} than there is, whatever the trend")
+    host = _host_ran_out(post.record_host) if oom is None else None  # XLA's message names the device
+    if host is not None:
+        return "host_memory", host
     sudden = _sudden_step(samples)
     if sudden is not None:
         return "sudden_step", sudden
@@ -105,6 +109,24 @@ def _cause(post: PostMortem, samples: Sequence[Sample], final) -> tuple[str, str
                         f"against {format_bytes(limit)}")
     return "unknown", "no trend, jump or message explains the end" + (
         "" if oom is not None else " (no out-of-memory message given: --log names the job's output)")
+
+
+def _host_ran_out(host: dict | None) -> str | None:
+    """The host's series at its budget, or its OOM projected, in the flight record's `host`."""
+    if not host or not host.get("bytes_limit"):
+        return None
+    used, limit = host.get("bytes_used") or 0, host["bytes_limit"]
+    kills = host.get("oom_kills") or 0
+    projected = host.get("oom_projected_at")
+    if used < NEAR_THE_LIMIT * limit and projected is None and not kills:
+        return None
+    words = [f"the host's memory ran out: {format_bytes(used)} of its {format_bytes(limit)} budget "
+             f"({host.get('domain', 'budget')}) at the last reading"]
+    if projected is not None:
+        words.append(f"the watchdog had projected the host's OOM at step {projected:,}")
+    if kills:
+        words.append(f"the kernel's OOM killer has killed {kills} process(es) in the job's memory cgroup")
+    return "; ".join(words) + " (the kernel's SIGKILL leaves no Python traceback)"
 
 
 def _sudden_step(samples: Sequence[Sample]) -> str | None:

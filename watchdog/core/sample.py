@@ -298,6 +298,13 @@ class TraceWriter:
         self.close()
 
 
+def labelled_trace_path(base: str | os.PathLike[str], label: str) -> Path:
+    """The trace of another series beside `base`: `trace.host.csv`, `trace.tpu-0.csv` beside `trace.csv`."""
+    base = Path(base)
+    safe = "".join(c if c.isalnum() else "-" for c in label)
+    return base.with_name(f"{base.stem}.{safe}{base.suffix}")
+
+
 def write_trace(path: str | os.PathLike[str], samples: Iterable[Sample]) -> None:
     """Write a whole trace (tests, the benchmark corpus); appends like the live writer."""
     with TraceWriter(path, flush_every=1 << 30) as writer:

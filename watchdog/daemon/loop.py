@@ -33,7 +33,7 @@ import psutil
 
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge
-from watchdog.core.sample import Sample, TraceWriter
+from watchdog.core.sample import Sample, TraceWriter, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
 from watchdog.daemon.metrics import WatchState
 from watchdog.daemon.readers import DeviceReader, DeviceReading, ProcessTreeReader
@@ -82,10 +82,7 @@ class _Device:
 
 def trace_path_for(base: Path, device: str, only_device: bool) -> Path:
     """One device: the path given. Several: one trace each, `trace.tpu-0.csv` beside `trace.csv`."""
-    if only_device:
-        return base
-    label = "".join(c if c.isalnum() else "-" for c in device)
-    return base.with_name(f"{base.stem}.{label}{base.suffix}")
+    return base if only_device else labelled_trace_path(base, device)
 
 
 class Daemon:

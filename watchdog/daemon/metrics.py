@@ -22,7 +22,7 @@ from typing import Iterator, Mapping
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from watchdog.runtime.exporter import PREFIX, TelemetryCollector
+from watchdog.runtime.exporter import PREFIX, TelemetryCollector, merge_families
 from watchdog.runtime.telemetry import Telemetry
 
 
@@ -55,14 +55,7 @@ class WatchCollector:
         return []  # as TelemetryCollector: registering must not collect a half-filled cache
 
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
-        for telemetry in list(self.devices.values()):
-            for family in TelemetryCollector(telemetry).collect():
-                if family.name in families:
-                    families[family.name].samples.extend(family.samples)
-                else:
-                    families[family.name] = family
-        yield from families.values()
+        yield from merge_families([TelemetryCollector(t).collect() for t in list(self.devices.values())])
         state = self.state
         pid = GaugeMetricFamily(PREFIX + "watched_pid", "PID of the process watched now; 0 while waiting for it.")
         pid.add_metric([], float(state.watched_pid))

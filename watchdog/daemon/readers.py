@@ -14,6 +14,9 @@ Readers here:
 - `TpuChipsReader`: every TPU chip of this host (`device="tpu:N"`) through libtpu's runtime
   metrics, the same per-chip readings as the in-process `tpu` memory source
   (`watchdog.runtime.sources.TpuRuntimeSource`); the watched process is whom to signal.
+- `WithHost`: another reader's devices plus the target's host memory (`device="host"`), read as
+  the in-process host watch reads it (`watchdog.runtime.host_memory`). A process tree's resident
+  memory already is the host's: there, one series, whose limit is the host's budget.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import psutil
+
+from watchdog.runtime.host_memory import HOST_DEVICE, HostMemory, process_tree_rss
 
 PROCESS_DEVICE = "process"  # the device label of a process tree's memory (bounded: one value)
 
@@ -44,8 +49,8 @@ class DeviceReader(Protocol):
 class ProcessTreeReader:
     """Resident memory of a process and all its descendants (data-loader workers, compile helpers).
 
-    The limit is the host's physical memory: with no budget given, that is where an unconstrained
-    process runs out. The peak follows `RssSource`: the process's own high-water mark (`VmHWM`),
+    The limit is the host's budget for the process (`HostMemory`): the tightest memory cgroup
+    limit over it, else the machine's memory, or `host_limit_bytes` when given. The peak follows `RssSource`: the process's own high-water mark (`VmHWM`),
     when it grew since the previous reading, plus its children's current memory; otherwise the
     current total, so a restart's freed memory never reads as a standing peak.
     `psutil.NoSuchProcess` escapes when the process itself is gone; a child that exits mid-read
@@ -54,21 +59,16 @@ class ProcessTreeReader:
 
     source = "rss"
 
-    def __init__(self, process: psutil.Process):
+    def __init__(self, process: psutil.Process, host_limit_bytes: int | None = None):
         self.process = process
-        self._limit = psutil.virtual_memory().total
+        self._limit = HostMemory(process.pid, host_limit_bytes).limit_bytes
         self._status_path = f"/proc/{process.pid}/status"
         self._high_water = self._read_high_water()
 
     def read(self) -> list[DeviceReading]:
         own = self.process.memory_info().rss
-        children = 0
-        for child in self.process.children(recursive=True):
-            try:
-                children += child.memory_info().rss
-            except psutil.Error:
-                continue
-        total = own + children
+        total = process_tree_rss(self.process, own)
+        children = total - own
         high_water = self._read_high_water()
         grew = high_water is not None and self._high_water is not None and high_water > self._high_water
         peak = max(total, high_water + children) if grew else total  # type: ignore[operator]
@@ -105,3 +105,18 @@ class TpuChipsReader:
             raise psutil.NoSuchProcess(self.process.pid)
         return [DeviceReading(chip.device, chip.bytes_used, chip.bytes_limit, None, None)
                 for chip in self._chips.read().devices]
+
+
+class WithHost:
+    """`inner`'s devices, and the target's host memory beside them as device "host": the RAM whose
+    exhaustion the kernel ends with SIGKILL, judged like a chip and signalled for like one."""
+
+    def __init__(self, inner: DeviceReader, process: psutil.Process, host_limit_bytes: int | None = None):
+        self.inner, self.process = inner, process
+        self.source = inner.source
+        self._memory = HostMemory(process.pid, host_limit_bytes)
+
+    def read(self) -> list[DeviceReading]:
+        host = self._memory.read()  # raises NoSuchProcess once the target is gone
+        return [*self.inner.read(), DeviceReading(HOST_DEVICE, host.bytes_used, host.bytes_limit, None,
+                                                  self.process.pid)]

@@ -9,6 +9,10 @@ It counts, and `explain_leak` names what grew since the baseline:
 
 - live tensors by group (device, dtype, shape, whether they hold an autograd graph): a list that
   keeps a tensor per step shows as one group growing, and `holders` names the list's owner;
+- large Python buffers in host memory (bytes, bytearray, NumPy arrays that own their data, of
+  `MIN_BUFFER_BYTES` or more) held by a list, a dict or a deque, grouped by type and size the
+  same way: what the host's memory leaks when it is not tensors (a cache of encoded samples, a
+  checkpointer's staging copies);
 - the autograd graphs live tensors keep alive, with the bytes of the tensors saved for backward
   (`autograd_graphs`): `total_loss += loss` keeps one scalar and every step's activations;
 - the graphs hanging off parameters' `.grad` (`backward(create_graph=True)` never reset);
@@ -28,7 +32,7 @@ import gc
 import os
 import sys
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
@@ -45,6 +49,8 @@ MIN_GRAPH_BYTES = 1 << 20  # graph growth below this is noise (a step's loss wit
 MIN_GRAPH_NODES = 1000  # ... unless its nodes pile up (a graph backpropagated, then kept)
 MIN_PENDING_IR_NODES = 1000
 MIN_NEW_COMPILATIONS = 5  # a few graphs compile late in any run (the first eval, the last short batch)  # traced without a sync since the baseline: more than any one step
+MIN_BUFFER_BYTES = 64 << 10  # smaller Python buffers are the interpreter's own business
+PYTHON_BUFFERS = "host"  # the `device` of a group of Python buffers (CPU tensors say "cpu")
 _GLOBAL_HOOKS = {f"_global{name}": words for name, words in MODULE_HOOKS.items()}
 
 
@@ -57,6 +63,8 @@ class TensorGroup:
 
     def describe(self, graph: bool = False) -> str:
         shape = "x".join(map(str, self.shape)) or "scalar"
+        if self.device == PYTHON_BUFFERS:
+            return f"{self.dtype}[{shape}] in host memory"
         return f"{self.dtype}[{shape}] on {self.device}" + (" with autograd graph" if graph and self.has_graph else "")
 
 
@@ -80,17 +88,48 @@ class Growth:
 
     def describe(self) -> str:
         held = f"; held by {', '.join(self.holders)}" if self.holders else ""
-        return (f"+{self.added_tensors} tensors {self.group.describe(graph=True)} "
+        noun = "Python buffers" if self.group.device == PYTHON_BUFFERS else "tensors"
+        return (f"+{self.added_tensors} {noun} {self.group.describe(graph=True)} "
                 f"(+{format_bytes(self.added_bytes)}){held}")
 
 
 def group_of(tensor) -> TensorGroup:
+    if isinstance(tensor, (bytes, bytearray)):
+        return TensorGroup(PYTHON_BUFFERS, type(tensor).__name__, (len(tensor),), False)
+    if not hasattr(tensor, "grad_fn"):  # a NumPy array
+        return TensorGroup(PYTHON_BUFFERS, f"numpy.{tensor.dtype}", tuple(tensor.shape), False)
     return TensorGroup(str(tensor.device), str(tensor.dtype).replace("torch.", ""),
                        tuple(tensor.shape), tensor.grad_fn is not None)
 
 
 def _size(tensor) -> int:
+    if isinstance(tensor, (bytes, bytearray)):
+        return len(tensor)
+    if not hasattr(tensor, "grad_fn"):
+        return int(tensor.nbytes)
     return tensor.nelement() * tensor.element_size()
+
+
+def _python_buffers(containers: list) -> list:
+    """Large bytes, bytearrays and data-owning NumPy arrays that lists, dicts and deques hold.
+    Buffers are not tracked by the garbage collector, so they are found through their holders:
+    their referents, asked for a few thousand holders at a time (one C call each, not one per
+    holder: it keeps this part of a census to about the cost of the tensor walk)."""
+    numpy = sys.modules.get("numpy")
+    ndarray = numpy.ndarray if numpy is not None else None
+    found: dict[int, object] = {}
+    for start in range(0, len(containers), _REFERENTS_CHUNK):
+        for item in gc.get_referents(*containers[start:start + _REFERENTS_CHUNK]):
+            kind = type(item)
+            if kind is bytes or kind is bytearray:
+                if len(item) >= MIN_BUFFER_BYTES:
+                    found[id(item)] = item
+            elif ndarray is not None and kind is ndarray and item.base is None and item.nbytes >= MIN_BUFFER_BYTES:
+                found[id(item)] = item
+    return list(found.values())
+
+
+_REFERENTS_CHUNK = 4096
 
 
 def _undefined(tensor) -> bool:
@@ -111,22 +150,34 @@ class _Live:
         self.tensors: list = []
         self.parameters: list = []
         self.modules: list = []
+        containers: list = []
         torch = sys.modules.get("torch")
-        if torch is None:
-            return
-        tensor_type, parameter_type, module_type = torch.Tensor, torch.nn.Parameter, torch.nn.Module
+        tensor_type, parameter_type, module_type = ((torch.Tensor, torch.nn.Parameter, torch.nn.Module)
+                                                    if torch is not None else ((), (), ()))
+        holders = (list, dict, deque)
         with warnings.catch_warnings():  # isinstance() wakes deprecation shims among gc's objects
             warnings.simplefilter("ignore")
             for obj in gc.get_objects():
-                if isinstance(obj, tensor_type):
+                if isinstance(obj, holders):
+                    if obj is not containers:  # it is among the objects: it was made before the walk
+                        containers.append(obj)
+                elif isinstance(obj, tensor_type):
                     if _undefined(obj):
                         continue
                     (self.parameters if isinstance(obj, parameter_type) else self.tensors).append(obj)
                 elif isinstance(obj, module_type):
                     self.modules.append(obj)
+            ours = {id(self.tensors), id(self.parameters), id(self.modules)}
+            self.buffers: list = _python_buffers([c for c in containers if id(c) not in ours])
+        containers.clear()
+
+    @property
+    def counted(self) -> list:
+        """What the groups count: tensors (parameters apart) and large Python buffers."""
+        return self.tensors + self.buffers
 
     def ids(self) -> set[int]:
-        return {id(self), id(self.tensors), id(self.parameters), id(self.modules)}
+        return {id(self), id(self.tensors), id(self.parameters), id(self.modules), id(self.buffers)}
 
     def walker(self) -> GraphWalker:
         """A walker that leaves the parameters' own buffers out of the saved bytes."""
@@ -179,7 +230,7 @@ def census() -> Census:
     model, not a leak; their `.grad` graphs are counted apart."""
     live = _Live()
     result = Census()
-    _count_groups(live.tensors, result)
+    _count_groups(live.counted, result)
     walker = live.walker()
     result.grad_graphs = _walk_all((p.grad.grad_fn for p in live.grads_with_graph()), walker)
     rest = _walk_all((t.grad_fn for t in live.tensors if t.grad_fn is not None), walker)
@@ -251,8 +302,9 @@ def explain_leak(baseline: Census, top: int = 3, sites: CreationSites | None = N
     and, with `sites`, where it was created. Most important first; empty when nothing grew."""
     live = _Live()
     now = Census()
-    _count_groups(live.tensors, now)
-    namer = Namer(ours=live.ids(), modules=live.modules)
+    counted = live.counted
+    _count_groups(counted, now)
+    namer = Namer(ours=live.ids() | {id(counted)}, modules=live.modules)
     grads = live.grads_with_graph()
     graph_tensors = [t for t in live.tensors if t.grad_fn is not None]
     namer.ignore(grads, graph_tensors)
@@ -272,7 +324,7 @@ def explain_leak(baseline: Census, top: int = 3, sites: CreationSites | None = N
 
     findings = [_grad_finding(baseline, now, grads, live, ledger)]
     grown = _candidates(growth(baseline, now, top=len(now.count)), top)
-    members = _members(live.tensors, {g.group for g in grown})
+    members = _members(counted, {g.group for g in grown})
     namer.ignore(*members.values())
     in_groups: set[int] = set()
     held_by_graphs = []
@@ -338,7 +390,7 @@ def _graph_words(graph: GraphSize) -> str:
 
 def _group_finding(g: Growth, held: list, namer: Namer, ledger: _Ledger, sites) -> _Finding:
     finding = _Finding(1)
-    graph = ledger.walk((t.grad_fn for t in held if t.grad_fn is not None), finding)
+    graph = ledger.walk((t.grad_fn for t in held if getattr(t, "grad_fn", None) is not None), finding)
     text = Growth(g.group, g.added_tensors, g.added_bytes).describe()
     if graph.nodes:
         text += f", keeping {_graph_words(graph)}"

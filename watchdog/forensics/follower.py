@@ -14,7 +14,7 @@ only decides *when*; this object does the work when the training thread comes by
 
 Every census is logged (`leak_suspects`) with what it cost (`census_seconds`): it is the one
 cost of the watchdog on the training thread that is not O(1), and it comes only at those moments.
-Nothing here imports torch until a process that has imported torch asks for a census.
+Nothing here imports torch: a process that never imported it still gets its Python buffers counted.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from watchdog.logs import get_logger
 
 log = get_logger(__name__)
 
-NO_SUSPECTS = "no growing group of live tensors"
-NO_TENSORS = object()  # the baseline of a process that never imported torch
+NO_SUSPECTS = "no growing group of live tensors or Python buffers"
 
 
 class Suspects(NamedTuple):
@@ -63,15 +62,13 @@ class LeakFollower:
 
     def take_baseline(self, step: int | None = None) -> None:
         """Count what is alive now, as the reference later growth is measured against."""
-        if "torch" not in sys.modules:  # no tensors in this process: nothing to count, now or later
-            self._baseline = NO_TENSORS
-            return
         from watchdog.forensics import census as forensics
-        from watchdog.forensics.creation_sites import CreationSites
 
         started = time.perf_counter()
         self._baseline = forensics.census()
-        if self._sites is None:
+        if self._sites is None and "torch" in sys.modules:  # where tensors are made: a TorchFunctionMode
+            from watchdog.forensics.creation_sites import CreationSites
+
             self._sites = CreationSites(steps=self._capture_steps)
         log.info("leak_baseline_taken", step=step, census_seconds=round(time.perf_counter() - started, 3))
 
@@ -87,7 +84,7 @@ class LeakFollower:
     def name(self, step: int) -> list[str]:
         """Log what grew since the baseline, what holds it and, after a capture, where it was
         created; return those lines (for an action's block). Never raises."""
-        if self._baseline is None or self._baseline is NO_TENSORS:
+        if self._baseline is None:
             return []
         from watchdog.forensics import census as forensics
 

@@ -86,7 +86,10 @@ _VERDICT_GAUGES: tuple[tuple[str, str, object], ...] = (
 
 
 class TelemetryCollector:
-    """Turns one `Telemetry` into metric families at scrape time. Reads the cache, nothing else."""
+    """Turns one `Telemetry` into metric families at scrape time. Reads the cache, nothing else.
+
+    A device's telemetry that carries the host's series (`host_series`) serves it too, merged
+    family by family: one family per metric, one series per `device` ("host" among them)."""
 
     def __init__(self, telemetry: Telemetry):
         self.telemetry = telemetry
@@ -98,6 +101,14 @@ class TelemetryCollector:
 
     def collect(self) -> Iterator[Metric]:
         t = self.telemetry
+        host = t.host_series
+        if host is None:
+            yield from self._families(t)
+        else:
+            yield from merge_families([self._families(t), self._families(host)])
+
+    @staticmethod
+    def _families(t: Telemetry) -> Iterator[Metric]:
         sample, verdict = t.sample, t.verdict  # read each field once: the sidecar replaces them whole
         labels = [t.device, str(t.rank)]
 
@@ -127,6 +138,7 @@ class TelemetryCollector:
             yield from gauge("last_sample_timestamp_seconds", "Unix time of the newest memory sample.",
                              sample.timestamp)
         yield from _chip_gauges(t, str(t.rank))
+        yield from _host_gauges(t, labels)
         yield from gauge("memory_limit_bytes", "Effective memory limit: the smaller of the device's and the configured budget.",
                          verdict.limit_bytes if verdict is not None else None)
         yield from gauge("leak_detected", "1 while a leak is reported (confident steady floor growth, however "
@@ -180,6 +192,37 @@ class TelemetryCollector:
         buckets = [(_bucket_label(b), float(c)) for b, c in zip(bounds, counts)] + [("+Inf", float(count))]
         histogram.add_metric(labels, buckets, total)
         yield histogram
+
+
+def merge_families(sources: list) -> Iterator[Metric]:
+    """Families of the same name from several collectors, merged: one family with every series."""
+    families: dict[str, Metric] = {}
+    for source in sources:
+        for family in source:
+            if family.name in families:
+                families[family.name].samples.extend(family.samples)
+            else:
+                families[family.name] = family
+    yield from families.values()
+
+
+def _host_gauges(t: Telemetry, labels: list[str]) -> Iterator[Metric]:
+    """The host series' own figures, beside what it judges (`memory_used_bytes{device="host"}`)."""
+    reading = t.host_reading
+    if reading is None:
+        return
+    for name, doc, value in (
+            ("host_process_resident_bytes", "Resident memory of the training process and its children.",
+             reading.process_bytes),
+            ("host_available_bytes", "The machine's available memory (MemAvailable).", reading.available_bytes)):
+        family = GaugeMetricFamily(PREFIX + name, doc, labels=BASE_LABELS)
+        family.add_metric(labels, float(value))
+        yield family
+    if reading.oom_kills is not None:
+        family = CounterMetricFamily(PREFIX + "host_oom_kills", "Processes the kernel's OOM killer ended in the "
+                                     "job's memory cgroup.", labels=BASE_LABELS)
+        family.add_metric(labels, float(reading.oom_kills))
+        yield family
 
 
 def _chip_gauges(t: Telemetry, rank: str) -> Iterator[Metric]:

@@ -77,10 +77,11 @@ class FlightRecorder:
             "written_at": None, "ended": None, "last_step": None, "verdict": None,
             "leak_reported_at": None, "oom_projected_at": None, "actions": {},
             "suspects": [], "suspects_step": None, "creation_sites": False,
-            "compilations": None, "recompilation": None,
+            "compilations": None, "recompilation": None, "host": None,
         }
         self._written_at = 0.0
         self._key: tuple = ()
+        self._host_key: tuple = ()
 
     def observe(self, step: int, verdict: Verdict, *, actions: dict[str, int], suspects=None,
                 compilations: int | None = None, recompilation: dict | None = None) -> None:
@@ -98,7 +99,23 @@ class FlightRecorder:
             state["creation_sites"] = suspects.creation_sites
         state["compilations"], state["recompilation"] = compilations, recompilation
         key = (verdict.status, verdict.leak_detected, tuple(sorted(actions.items())), state["suspects_step"],
-               recompilation is not None)
+               recompilation is not None, self._host_key)
+        self._write_if_due(key)
+
+    def observe_host(self, reading: Any, verdict: Verdict) -> None:
+        """Fold in the host's newest reading (`HostReading`) and its verdict, with the first steps its
+        two signals came up: what a post-mortem needs to tell a host OOM from a device one."""
+        host = self._state["host"] or {"leak_reported_at": None, "oom_projected_at": None}
+        host.update(reading.fields())
+        host["verdict"] = _verdict_fields(verdict)
+        if verdict.leak_detected and host["leak_reported_at"] is None:
+            host["leak_reported_at"] = verdict.step
+        if verdict.oom_projected and host["oom_projected_at"] is None:
+            host["oom_projected_at"] = verdict.step
+        self._state["host"] = host
+        self._host_key = (verdict.status, verdict.leak_detected)
+
+    def _write_if_due(self, key: tuple) -> None:
         now = time.monotonic()
         if key != self._key or now - self._written_at >= self.min_interval_seconds:
             self._key = key

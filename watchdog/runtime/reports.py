@@ -50,14 +50,16 @@ class ActionReport:
     outcome: str = ""  # "reinitialised in process", "exit 42: restart requested", ...
     recovered_bytes: float | None = None  # measured after a reinit
     memory_after_bytes: float | None = None
+    memory: str = "device"  # which memory asked for it: "device", or "host" (the host's RAM)
 
     def block(self) -> str:
         rows = []
         verdict = self.verdict
         if verdict is not None:
-            rows.append(("seen", f"floor rising {rate_text(verdict.slope_bytes_per_step)} "
+            where = "host memory " if self.memory == "host" else ""
+            rows.append(("seen", f"{where}floor rising {rate_text(verdict.slope_bytes_per_step)} "
                                  f"at {format_bytes(verdict.floor_bytes)}; {oom_text(verdict)}"))
-        for index, suspect in enumerate(self.suspects or ["no growing group of live tensors found"]):
+        for index, suspect in enumerate(self.suspects or ["no growing group of live tensors or Python buffers found"]):
             rows.append(("leaking" if index == 0 else "", suspect))
         done = [self.outcome or self.action.value]
         if self.checkpoint:
@@ -67,13 +69,14 @@ class ActionReport:
             after = f" (memory now {format_bytes(self.memory_after_bytes, 2)})" if self.memory_after_bytes is not None else ""
             rows.append(("recovered", f"{format_bytes(self.recovered_bytes, 2)} given back{after}" if self.recovered_bytes > 0
                          else f"nothing given back{after}: the leak outlives a rebuild, the next action restarts"))
-        return "\n".join([_title(f"watchdog: {self.action.value.replace('_', ' ')} at step {self.step:,}"),
+        memory = " (host memory)" if self.memory == "host" else ""
+        return "\n".join([_title(f"watchdog: {self.action.value.replace('_', ' ')} at step {self.step:,}{memory}"),
                           *_rows(rows)])
 
     def fields(self) -> dict:
         """The raw fields for JSON logs (base units)."""
         verdict = self.verdict
-        return {"step": self.step, "action": self.action.value, "suspects": self.suspects,
+        return {"step": self.step, "action": self.action.value, "memory": self.memory, "suspects": self.suspects,
                 "checkpoint": self.checkpoint, "outcome": self.outcome, "recovered_bytes": self.recovered_bytes,
                 "slope_bytes_per_step": verdict.slope_bytes_per_step if verdict else None,
                 "projected_oom_step": verdict.projected_oom_step if verdict else None}

@@ -22,9 +22,13 @@ with its cost) runs only then.
 The action's block for the terminal (`watchdog_acted`) is logged when the host says what it did
 (`report_action`, or `carry_out`, which does both), or at the next `step()` if it never says.
 
-The trace file is best-effort telemetry: an I/O error writing it (disk full, read-only file
-system) is logged once per kind and counted (`hbmwatch_trace_errors_total`), the file is reopened
-a while later (its torn last row cut off), and nothing of it ever reaches training or its exit status.
+The host's memory is watched beside the device's (`HostWatch`, on by `WatchdogConfig.host_memory`):
+the sidecar reads it every `host_sample_every` steps, judges it with a Judge of its own and acts on
+its verdicts as on the device's, each action saying which memory asked for it. Where the device's
+memory is the host's (the `rss` source), there is one series, judged against both budgets.
+
+The trace file is best-effort telemetry (`TraceSink`): an I/O error writing it never reaches
+training or its exit status.
 
 `phase(name)` is an attribute write too: the sidecar reads the phase when it takes a sample, so
 each sample (and the trace) carries the phase the loop was in when memory was read.
@@ -50,23 +54,26 @@ from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import phase_label
-from watchdog.core.sample import Sample, TraceWriter
+from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import get_logger
 from watchdog.runtime import leak_report, xla_stats
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
+from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
 from watchdog.runtime.reports import ActionReport
 from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
                                       select_source)
 from watchdog.runtime.telemetry import Telemetry
+from watchdog.runtime.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
 _SAMPLE, _REINIT, _BARRIER, _STOP = "sample", "reinit", "barrier", "stop"
 _SAMPLE_REQUEST = (_SAMPLE, None)  # the step to sample is read from `_requested_step` when handled
 _FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
+DEVICE = "device"  # which memory asked for an action: the device's, or HOST
 HANDED_OVER = "handed to the training loop"  # the outcome of an action whose host never said what it did
 REINITIALISED, RESTART_REQUESTED = "reinitialised in process", "exit 42: restart requested"
 
@@ -112,9 +119,8 @@ class Watchdog:
         self._flight: FlightRecorder | None = None
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
-        self._trace: TraceWriter | None = None
-        self._trace_retry_at = 0.0
-        self._trace_samples_missed = 0
+        self._trace: TraceSink | None = None
+        self._host: HostWatch | None = None
         self._failed_kinds: set[str] = set()
         self._stall_seen_step = -1
         self._stall_seen_at = time.monotonic()
@@ -137,7 +143,9 @@ class Watchdog:
         if device_kind(device) == "xla":
             self._compile_watch = CompileWatch(self.config.recompilation, self.telemetry)
         if self.config.trace_file is not None:
-            self._open_trace(at_start=True)
+            self._trace = TraceSink(self.config.trace_file, self.telemetry, lambda: self.trace_retry_seconds)
+        if self.config.host_memory:
+            self._watch_the_host()
         flight_path = path_for(self.config.trace_file)
         if flight_path is not None:
             self._flight = FlightRecorder(flight_path, rank=self.config.rank, trace_file=self.config.trace_file)
@@ -167,16 +175,39 @@ class Watchdog:
             self._follower.close()
         if self._flight is not None:
             self._flight.ended()
-        self._close_trace()
+        missed = 0
+        for trace in (self._trace, self._host.trace if self._host is not None else None):
+            if trace is not None:
+                trace.close()
+                missed += trace.samples_missed
         log.info("watchdog_stopped", samples=self.telemetry.samples_total,
                  sample_errors=self.telemetry.sample_errors_total, trace_errors=self.telemetry.trace_errors_total,
-                 samples_missing_from_trace=self._trace_samples_missed)
+                 samples_missing_from_trace=missed)
 
     def __enter__(self) -> "Watchdog":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def _watch_the_host(self) -> None:
+        """The host's series beside the device's, or one series where they are the same memory."""
+        try:
+            if self._source.name == "rss":
+                self._host = merge_into_rss(self._source, self.config, self.telemetry)
+                return
+            host_telemetry = Telemetry()
+            self._host = HostWatch(self.config, host_telemetry, trace_retry_seconds=lambda: self.trace_retry_seconds)
+            self.telemetry.host_series = host_telemetry
+        except InputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - no /proc (not Linux): the device is still watched
+            log.warning("host_memory_unwatched", error=f"{type(exc).__name__}: {exc}")
+
+    @property
+    def host_verdict(self) -> Verdict | None:
+        """The host series' newest verdict (None where the host is not watched apart from the device)."""
+        return self._host.telemetry.verdict if self._host is not None and self._host.judge is not None else None
 
     @property
     def source_name(self) -> str:
@@ -326,14 +357,14 @@ class Watchdog:
             if self._follower.pending:
                 self._chores.append(_FOLLOW)
 
-    def _hand_over(self, step: int, action: Action, verdict: Verdict) -> Action:
+    def _hand_over(self, step: int, action: Action, verdict: Verdict, memory: str) -> Action:
         """An action leaves for the training loop: name the leak now (its suspects go into the
         block), and keep what the host needs to report it."""
         handed = self._handed
         if handed.unreported is not None:  # an earlier one its host never reported
             self.report_action(HANDED_OVER)
         suspects = self._follower.name(step) if self._drives_follower and action.needs_checkpoint else []
-        handed.last = handed.unreported = ActionReport(step, action, verdict, suspects=suspects)
+        handed.last = handed.unreported = ActionReport(step, action, verdict, suspects=suspects, memory=memory)
         if not handed.reports:  # its block is logged at the next step, if nobody reports it
             self._chores.append(_FOLLOW)
         return action
@@ -374,8 +405,8 @@ class Watchdog:
             return
         sample = Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used, phase)
         self.history.append(sample)
-        if self.config.trace_file is not None:
-            self._record(sample)
+        if self._trace is not None:
+            self._trace.write(sample)
         telemetry = self.telemetry
         telemetry.sample = sample
         telemetry.peak_bytes_seen = max(telemetry.peak_bytes_seen, sample.bytes_used, sample.peak_bytes_used or 0)
@@ -384,11 +415,11 @@ class Watchdog:
         verdict, action = self.judge.judge(sample)
         leak_report.log_change(log, telemetry.verdict, verdict)
         self.latest_verdict = telemetry.verdict = verdict
-        self._act_on(action, verdict)
-        if self._drives_follower and (action is not Action.NONE
-                                      or (verdict.leak_detected and not verdict.oom_projected)):
-            if self._follower.arm():  # a leak is suspected: capture where its tensors are made
-                self._chores.append(_FOLLOW)
+        if action is not Action.NONE:
+            telemetry.count_action(action)
+        self._act_on(action, verdict, DEVICE)
+        if self._host is not None and self._host.due(step):
+            self._watch_host_at(step, phase)
         if self._flight is not None:
             self._flight.observe(step, verdict, actions={a.value: n for a, n in telemetry.actions_snapshot().items() if n},
                                  suspects=self.suspects, compilations=telemetry.xla_compilations_total,
@@ -396,18 +427,40 @@ class Watchdog:
         if self._compile_watch is not None:  # after the memory pipeline: nothing here may delay an action
             self._compile_watch.observe(sample.step)
 
-    def _act_on(self, action: Action, verdict: Verdict) -> None:
+    def _watch_host_at(self, step: int, phase: str) -> None:
+        try:
+            judged = self._host.observe(step, phase)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - a failing read is counted, never raised
+            self._count_error("host_read", exc)
+            return
+        if judged is None:  # one memory: the device's series is the host's, and so is its verdict
+            if self._flight is not None and self.latest_verdict is not None:
+                self._flight.observe_host(self._host.reading, self.latest_verdict)  # type: ignore[union-attr]
+            return
+        verdict, action = judged
+        self._act_on(action, verdict, HOST)
+        if self._flight is not None:
+            self._flight.observe_host(self._host.reading, verdict)  # type: ignore[union-attr]
+
+    def _act_on(self, action: Action, verdict: Verdict, memory: str) -> None:
+        """Log an action (counted by its series' telemetry), queue a checkpoint for the training
+        thread, and arm the follower when a leak is suspected, whichever memory it is in."""
+        if self._drives_follower and (action is not Action.NONE
+                                      or (verdict.leak_detected and not verdict.oom_projected)):
+            if self._follower.arm():  # a leak is suspected: capture where its tensors are made
+                self._chores.append(_FOLLOW)
         if action is Action.NONE:
             return
-        self.telemetry.count_action(action)
         level = logging.WARNING if action is Action.WARN else logging.ERROR
-        log.log(level, "watchdog_action", action=action.value, step=verdict.step,
+        log.log(level, "watchdog_action", action=action.value, memory=memory, step=verdict.step,
                 status=verdict.status.value, explanation=verdict.explanation,
                 projected_oom_step=verdict.projected_oom_step, projected_oom_steps=verdict.projected_oom_steps)
         if action.needs_checkpoint and all(chore is _FOLLOW for chore in self._chores):  # one waits at most
-            self._chores.append((action, verdict))
+            self._chores.append((action, verdict, memory))
 
     def _after_reinit(self, reading: MemoryReading | None) -> None:
+        if self._host is not None:
+            self._host.reinit_finished()
         if reading is None:
             return
         recovery = self.last_recovery = self.judge.reinit_finished(float(reading.bytes_used))
@@ -415,59 +468,6 @@ class Watchdog:
             log.info("reinit_measured", floor_before_bytes=recovery.floor_before_bytes,
                      bytes_after=recovery.bytes_after, recovered_bytes=recovery.recovered_bytes,
                      recovered=recovery.recovered)
-
-    # ---- the trace: best effort ---------------------------------------------------------------
-
-    def _open_trace(self, *, at_start: bool = False) -> bool:
-        """Open (or reopen) the trace file. At start, a path that cannot be a trace is the user's
-        error (InputError, exit 2); a disk that fails is not, there or later."""
-        try:
-            self._trace = TraceWriter(self.config.trace_file)  # type: ignore[arg-type]
-            return True
-        except InputError:
-            if at_start:
-                raise
-            self._trace_failed("trace_open", None)
-        except OSError as exc:
-            self._trace_failed("trace_open", exc)
-        return False
-
-    def _record(self, sample: Sample) -> None:
-        if self._trace is None:
-            if time.monotonic() < self._trace_retry_at or not self._open_trace():
-                self._trace_samples_missed += 1
-                return
-            log.info("trace_resumed", path=str(self.config.trace_file), step=sample.step,
-                     samples_missing=self._trace_samples_missed)
-        try:
-            self._trace.write(sample)  # type: ignore[union-attr]
-        except OSError as exc:
-            self._trace_failed("trace_write", exc)
-
-    def _close_trace(self) -> None:
-        """Flush and close; never raises (a full disk at the end must not turn a finished run into a failure)."""
-        if self._trace is None:
-            return
-        try:
-            self._trace.close()
-            self._trace = None
-        except OSError as exc:
-            self._trace_failed("trace_close", exc)
-
-    def _trace_failed(self, kind: str, exc: OSError | None) -> None:
-        if self._trace is not None:
-            self._trace_samples_missed += self._trace.abandon()
-            self._trace = None
-        self._trace_retry_at = time.monotonic() + self.trace_retry_seconds
-        self.telemetry.trace_errors_total += 1
-        reason = "cannot append to it" if exc is None else (exc.strerror or type(exc).__name__)
-        key = f"{kind}:{reason}"
-        if key not in self._failed_kinds:
-            self._failed_kinds.add(key)
-            log.error("trace_write_failed", path=str(self.config.trace_file), kind=kind, error=reason,
-                      errno=getattr(exc, "errno", None),
-                      note=f"training goes on; the trace is retried every {self.trace_retry_seconds:g} s, "
-                           "and further errors of this kind are counted, not logged")
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         self.telemetry.sample_errors_total += 1

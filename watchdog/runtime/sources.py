@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 from watchdog.core.errors import InputError
+from watchdog.core.judge import effective_limit
 from watchdog.core.sample import read_trace
 from watchdog.logs import get_logger
 
@@ -212,6 +213,7 @@ class RssSource:
 
         self._process = psutil.Process(os.getpid())
         self.memory_limit_bytes = memory_limit_bytes
+        self.host_budget_bytes: int | None = None  # set where the host is watched: one memory, two budgets
         self._lifetime_peak = _max_rss_bytes()
 
     def read(self) -> MemoryReading:
@@ -219,7 +221,7 @@ class RssSource:
         lifetime_peak = _max_rss_bytes()
         peak = max(rss, lifetime_peak) if lifetime_peak > self._lifetime_peak else rss
         self._lifetime_peak = lifetime_peak
-        return MemoryReading(rss, self.memory_limit_bytes, peak)
+        return MemoryReading(rss, effective_limit(self.memory_limit_bytes, self.host_budget_bytes), peak)
 
 
 def _max_rss_bytes() -> int:

@@ -17,6 +17,7 @@ from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 
 if TYPE_CHECKING:
+    from watchdog.runtime.host_memory import HostReading
     from watchdog.runtime.sources import DeviceMemory
 
 CHECKPOINT_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -67,6 +68,8 @@ class Telemetry:
     checkpoint_seconds: Histogram = field(default_factory=Histogram)
     checkpoint_disk_free_bytes: int | None = None  # free space where checkpoints go (the trainer fills it)
     checkpoint_size_bytes: int | None = None  # the newest checkpoint's size: what the next one needs
+    host_reading: HostReading | None = None  # the host's series only: its newest reading in full
+    host_series: Telemetry | None = None  # the device's: the host's series, served beside it
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count_action(self, action: Action) -> None:

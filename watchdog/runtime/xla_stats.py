@@ -40,7 +40,6 @@ import sys
 import sysconfig
 import tempfile
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from watchdog.core.compile_causes import SourceView

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from watchdog.core.config import SOURCES
 from watchdog.core.errors import InputError
 from watchdog.core.numbers import option, parse_count, parse_positive, parse_seed, parse_step
 from watchdog.core.units import positive_size
@@ -80,6 +81,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     help=f"{FORMS}, optionally @START (repeatable)")
     wd.add_argument("--memory-limit", type=option(positive_size),
                     help="memory budget (e.g. 2GiB); needed on PJRT CPU and CPU")
+    wd.add_argument("--host-memory-limit", type=option(positive_size),
+                    help="the host RAM's budget (default: the job's memory cgroup limit, else the machine's memory)")
+    wd.add_argument("--no-host-watch", action="store_true", help="watch the device's memory only, not the host's")
+    wd.add_argument("--memory-source", choices=SOURCES, default="auto",
+                    help="where device memory numbers come from (default %(default)s: the first that reads; "
+                         "replay serves --replay-trace, for demos and dashboards without the hardware)")
+    wd.add_argument("--replay-trace", type=Path, help="the trace --memory-source replay serves")
     wd.add_argument("--sample-every", type=POSITIVE, default=5,
                     help="sample memory every N steps (default %(default)s: this trainer's steps are short and its "
                          "runs a few hundred steps; the library's WatchdogConfig default is 10)")
@@ -119,6 +127,8 @@ def build_config(args: argparse.Namespace):
     if not args.no_watchdog:
         watchdog = WatchdogConfig(
             sample_every=args.sample_every, memory_limit_bytes=args.memory_limit, trace_file=args.trace_file,
+            source=args.memory_source, replay_trace=args.replay_trace,
+            host_memory=not args.no_host_watch, host_memory_limit_bytes=args.host_memory_limit,
             detector=DetectorConfig(),
             policy=PolicyConfig(checkpoint_margin_steps=args.checkpoint_margin_steps,
                                 cooldown_steps=args.action_cooldown_steps))

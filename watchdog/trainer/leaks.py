@@ -17,6 +17,11 @@ Each kind mimics a bug seen in real training code:
   each closing over a SIZE tensor it checks against. The model holds the hooks: freed by a reinit.
 - `cache:SIZE/step` - SIZE tensors memoised by an unbounded `functools.lru_cache` keyed by the
   step: module-level, so only a restart frees them.
+- `host:SIZE/step` - SIZE bytes of host memory (a bytearray) kept per step in a list the trainer
+  state holds: a host leak beside the device's memory (encoded samples cached "for later").
+- `checkpoint-ratchet:SIZE` - SIZE bytes of host memory kept at every checkpoint save by a
+  module-level staging cache that is never emptied: the host RAM that ratchets up with each save
+  until the kernel's OOM killer ends the run (orbax#2090, marin#6774).
 
 Any spec may start late: `tensors:2MiB/step@100` leaks from step 100 on.
 Parsing is pure (and torch-free: the CLI parses specs before torch is imported); injection
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from watchdog.core.errors import InputError
@@ -37,11 +42,12 @@ from watchdog.core.units import parse_size
 if TYPE_CHECKING:
     import torch
 
-KINDS = ("tensors", "graph", "global", "recompile", "total", "hook", "cache")
-SIZED = ("tensors", "global", "hook", "cache")  # the amount is bytes per step; otherwise a count
-FORMS = ("tensors:SIZE/step, graph:N/step, global:SIZE/step, recompile:K, total:N/step, hook:SIZE/step "
-         "or cache:SIZE/step")
-_SPEC = re.compile(r"^(?P<kind>[a-z]+):(?P<amount>[^/@]+)(?P<per>/step)?(?:@(?P<start>[^@]*))?$")
+KINDS = ("tensors", "graph", "global", "recompile", "total", "hook", "cache", "host", "checkpoint-ratchet")
+SIZED = ("tensors", "global", "hook", "cache", "host", "checkpoint-ratchet")  # bytes; otherwise a count
+PER_SAVE = ("recompile", "checkpoint-ratchet")  # written without /step: K steps, or bytes per save
+FORMS = ("tensors:SIZE/step, graph:N/step, global:SIZE/step, recompile:K, total:N/step, hook:SIZE/step, "
+         "cache:SIZE/step, host:SIZE/step or checkpoint-ratchet:SIZE")
+_SPEC = re.compile(r"^(?P<kind>[a-z-]+):(?P<amount>[^/@]+)(?P<per>/step)?(?:@(?P<start>[^@]*))?$")
 _FORMS = f"{FORMS}, optionally @START_STEP"
 
 _GLOBAL_LEAK: list["torch.Tensor"] = []  # module level on purpose: what a reinit cannot reach
@@ -65,8 +71,9 @@ def parse_leak_spec(text: str) -> LeakSpec:
     kind, amount, per_step, start = match["kind"], match["amount"], match["per"], match["start"]
     if kind not in KINDS:
         raise InputError(f"--inject-leak {text!r}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
-    if (kind == "recompile") == bool(per_step):
-        form = "recompile:K" if kind == "recompile" else f"{kind}:AMOUNT/step"
+    if (kind in PER_SAVE) == bool(per_step):
+        form = {"recompile": "recompile:K", "checkpoint-ratchet": "checkpoint-ratchet:SIZE"}.get(
+            kind, f"{kind}:AMOUNT/step")
         raise InputError(f"--inject-leak {text!r}: write it as {form}")
     try:
         value = parse_size(amount) if kind in SIZED else parse_positive(amount)
@@ -86,10 +93,28 @@ class LeakSinks:
     graphs: list[torch.Tensor]
     shape_probe: torch.Tensor | None = None  # replaced, not accumulated: only its shape matters
     running_total: torch.Tensor | float = 0.0  # `total`: losses summed with their graphs
+    host: list[bytearray] = field(default_factory=list)  # `host`: bytes kept in host memory
+
+
+class CheckpointStaging:
+    """The bug of `checkpoint-ratchet`: a save's host copy, staged and never let go."""
+
+    def __init__(self):
+        self.buffers: list[bytearray] = []
+
+
+_CHECKPOINT_STAGING = CheckpointStaging()  # module level, like a checkpointer's: only a restart frees it
 
 
 def new_sinks() -> LeakSinks:
     return LeakSinks(tensors=[], graphs=[])
+
+
+def after_save(specs: list[LeakSpec], step: int) -> None:
+    """What a checkpoint save leaves behind in host memory (`checkpoint-ratchet`)."""
+    for spec in specs:
+        if spec.kind == "checkpoint-ratchet" and spec.active(step):
+            _CHECKPOINT_STAGING.buffers.append(_host_bytes(spec.amount))
 
 
 def global_leak_bytes() -> int:
@@ -125,6 +150,8 @@ def inject(specs: list[LeakSpec], step: int, sinks: LeakSinks, device: torch.dev
             _register_shape_check(_first_block(model), _filled(spec.amount, device))
         elif spec.kind == "cache":
             _step_table(step, spec.amount, str(device))
+        elif spec.kind == "host":
+            sinks.host.append(_host_bytes(spec.amount))
         elif spec.kind == "recompile":
             length = 1 + (step - spec.start_step) // spec.amount
             sinks.shape_probe = torch.ones(length, device=device).sum()
@@ -152,6 +179,10 @@ def _step_table(step: int, nbytes: int, device: str) -> torch.Tensor:
     import torch
 
     return _filled(nbytes, torch.device(device))
+
+
+def _host_bytes(nbytes: int) -> bytearray:
+    return bytearray(b"\x5a") * nbytes  # written, not calloc'ed: untouched pages are not resident
 
 
 def _filled(nbytes: int, device: torch.device) -> torch.Tensor:

@@ -455,8 +455,7 @@ class Trainer:
                 suspects = self._follow_the_leak(step, action if self._stop_signal is None else None)
                 report = None
                 if suspects is not None:
-                    report = ActionReport(step, action, self.watchdog.latest_verdict if self.watchdog else None,
-                                          suspects=suspects)
+                    report = self._report(step, action, suspects)
                 if action is Action.CHECKPOINT_RESTART:
                     interrupted = self._stop_signal == signal.SIGINT
                     if self._stop_signal is not None:
@@ -617,6 +616,14 @@ class Trainer:
             return follower.name(step)
         return None
 
+    def _report(self, step: int, action: Action, suspects: list[str]) -> ActionReport:
+        """The record of an action for its block: the verdict it was decided on, and which memory
+        asked for it, where this rank's watchdog handed it over at this step (else the newest)."""
+        handed = self.watchdog.last_action if self.watchdog is not None else None
+        if handed is not None and handed.step == watch_step(self.config, step) and handed.action is action:
+            return ActionReport(step, action, handed.verdict, suspects=suspects, memory=handed.memory)
+        return ActionReport(step, action, self.watchdog.latest_verdict if self.watchdog else None, suspects=suspects)
+
     def _leak_suspected(self) -> bool:
         """The watchdog has warned or acted, or reports a leak with no OOM projected (attribute reads:
         once per step). With an OOM projected, the action path's WARN or action follows within a few
@@ -625,7 +632,8 @@ class Trainer:
         if watchdog is None:
             return False
         verdict = watchdog.latest_verdict
-        reported = verdict is not None and verdict.leak_detected and not verdict.oom_projected
+        host = watchdog.host_verdict
+        reported = any(v is not None and v.leak_detected and not v.oom_projected for v in (verdict, host))
         return reported or bool(watchdog.telemetry.actions_total)
 
     def _tell(self, report: ActionReport | None, saved: bool, outcome: str) -> None:
@@ -672,6 +680,7 @@ class Trainer:
                                          restarts_so_far=self.restarts_so_far + int(restart), reinits=self.reinits)
             try:
                 self.checkpoints.save(payload, self.state.step)
+                leaks.after_save(self.config.leaks, self.state.step)
             except CheckpointSaveError as exc:
                 saved = False
                 log.error("checkpoint_save_failed", path=str(exc.path), step=self.state.step, error=exc.reason,

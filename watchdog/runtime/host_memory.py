@@ -1,0 +1,183 @@
+"""The host's memory: the RAM whose exhaustion ends a job with the kernel's SIGKILL and no traceback.
+
+A TPU VM's host RAM holds data loading, the loop's Python objects and every checkpoint on its way
+to disk; when it runs out, the kernel's OOM killer ends the job silently. What the killer compares
+decides what is judged, so one of three series is read, chosen once when the watch starts:
+
+- `budget`:  a budget given (`--host-memory-limit`): the resident memory of the process and its
+             children (data-loader workers) against it;
+- `cgroup`:  the job runs in a memory cgroup with a limit below the machine's memory (a container,
+             a pod, a systemd slice): the group's working set (usage less the inactive file cache
+             the kernel reclaims before it kills, as the kubelet counts it) against the tightest
+             limit of the group and its ancestors; cgroup v2 (`memory.current`, `memory.max`,
+             `memory.events`'s `oom_kill`) or v1 (`memory.usage_in_bytes`, ...);
+- `machine`: otherwise, the process tree's resident memory against the machine's memory.
+
+Each reading also carries the process tree's resident memory, the machine's `MemAvailable` and the
+cgroup's OOM kills so far, for the exporter and the flight record. The same code reads this process
+(the sidecar) or another one by PID (the `watch` daemon): it only reads /proc and /sys.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+HOST_DEVICE = "host"  # the host series' `device` label, in metrics, logs and a trace's name
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class HostReading:
+    bytes_used: int  # the series judged (see the module docstring)
+    bytes_limit: int  # its budget
+    domain: str  # "budget", "cgroup" or "machine"
+    process_bytes: int  # resident memory of the process and its children
+    available_bytes: int  # the machine's MemAvailable
+    oom_kills: int | None = None  # the cgroup's OOM kills so far, where there is a cgroup
+
+    def fields(self) -> dict:
+        return {"domain": self.domain, "bytes_used": self.bytes_used, "bytes_limit": self.bytes_limit,
+                "process_bytes": self.process_bytes, "available_bytes": self.available_bytes,
+                "oom_kills": self.oom_kills}
+
+
+@dataclass(frozen=True)
+class MemoryCgroup:
+    """One memory cgroup's files, v2 or v1: usage, limit, reclaimable cache, OOM kills."""
+
+    path: Path
+    version: int
+
+    def limit(self) -> int | None:
+        name = "memory.max" if self.version == 2 else "memory.limit_in_bytes"
+        text = _read_text(self.path / name)
+        if text is None or text == "max":
+            return None
+        value = int(text)
+        return None if value >= _UNLIMITED else value
+
+    def working_set(self) -> int:
+        """Usage less the inactive file cache: what the kernel cannot take back before it kills."""
+        usage = int(_read_text(self.path / ("memory.current" if self.version == 2 else "memory.usage_in_bytes")) or 0)
+        stat = _read_keyed(self.path / "memory.stat")
+        inactive = stat.get("inactive_file" if self.version == 2 else "total_inactive_file",
+                            stat.get("inactive_file", 0))
+        return max(0, usage - inactive)
+
+    def oom_kills(self) -> int | None:
+        keyed = _read_keyed(self.path / ("memory.events" if self.version == 2 else "memory.oom_control"))
+        return keyed.get("oom_kill")
+
+
+def memory_cgroups(pid: int | str = "self", root: Path = CGROUP_ROOT) -> list[MemoryCgroup]:
+    """The memory cgroups holding `pid`, innermost first, up to the root (each may carry a limit)."""
+    return cgroups_listed(_read_text(Path(f"/proc/{pid}/cgroup")) or "", root)
+
+
+def cgroups_listed(listing: str, root: Path = CGROUP_ROOT) -> list[MemoryCgroup]:
+    """The memory cgroups a `/proc/PID/cgroup` listing names, innermost first, that exist under `root`."""
+    found: list[MemoryCgroup] = []
+    for line in listing.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, relative = rest.partition(":")
+        if hierarchy == "0" and controllers == "":  # cgroup v2: one unified tree
+            base, version = root, 2
+        elif "memory" in controllers.split(","):  # cgroup v1: the memory controller's own tree
+            base, version = root / "memory", 1
+        else:
+            continue
+        path = base / relative.lstrip("/")
+        while True:
+            if (path / ("memory.max" if version == 2 else "memory.limit_in_bytes")).exists():
+                found.append(MemoryCgroup(path, version))
+            if path == base or base not in path.parents:
+                break
+            path = path.parent
+        if found:
+            return found  # v1's memory controller, where mounted, is the one that limits
+    return found
+
+
+def tightest_cgroup(groups: list[MemoryCgroup], machine_bytes: int) -> tuple[MemoryCgroup, int] | None:
+    """The group whose limit is lowest, if any is below the machine's memory."""
+    best = None
+    for group in groups:
+        try:
+            limit = group.limit()
+        except (OSError, ValueError):
+            continue
+        if limit is not None and limit < machine_bytes and (best is None or limit < best[1]):
+            best = (group, limit)
+    return best
+
+
+class HostMemory:
+    """Reads one process's host memory (`pid`; this process by default) the way its killer would.
+
+    `limit_bytes`: a budget given by the user; otherwise the tightest memory cgroup limit, else the
+    machine's memory. The domain is chosen here, once: a series that changed what it measures
+    mid-run would read as a jump."""
+
+    def __init__(self, pid: int | None = None, limit_bytes: int | None = None, *, cgroup_root: Path = CGROUP_ROOT):
+        self.process = psutil.Process(pid if pid is not None else os.getpid())
+        self.machine_bytes = psutil.virtual_memory().total
+        self._cgroup: MemoryCgroup | None = None
+        if limit_bytes is not None:
+            self.domain, self.limit_bytes = "budget", int(limit_bytes)
+            return
+        tightest = tightest_cgroup(memory_cgroups(self.process.pid, cgroup_root), self.machine_bytes)
+        if tightest is not None:
+            self._cgroup, limit = tightest
+            self.domain, self.limit_bytes = "cgroup", limit
+        else:
+            self.domain, self.limit_bytes = "machine", self.machine_bytes
+
+    def read(self) -> HostReading:
+        """Raises psutil.NoSuchProcess when the process is gone; a child that exits mid-read is skipped."""
+        process_bytes = process_tree_rss(self.process)
+        available = psutil.virtual_memory().available
+        oom_kills = None
+        used = process_bytes
+        if self._cgroup is not None:
+            used = self._cgroup.working_set()
+            oom_kills = self._cgroup.oom_kills()
+        return HostReading(used, self.limit_bytes, self.domain, process_bytes, available, oom_kills)
+
+    def describe(self) -> dict:
+        """What is judged and against what, for the one log line that says so at start."""
+        return {"domain": self.domain, "limit_bytes": self.limit_bytes,
+                "cgroup": str(self._cgroup.path) if self._cgroup is not None else None}
+
+
+def process_tree_rss(process: psutil.Process, own: int | None = None) -> int:
+    """Resident memory of a process and its descendants (data-loader workers, compile helpers);
+    `own`: the process's own, if already read."""
+    total = process.memory_info().rss if own is None else own
+    for child in process.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _read_keyed(path: Path) -> dict[str, int]:
+    """`key value` lines (memory.stat, memory.events, memory.oom_control) as numbers."""
+    found = {}
+    for line in (_read_text(path) or "").splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isascii() and value.strip().isdigit():
+            found[key] = int(value)
+    return found

@@ -1,0 +1,110 @@
+"""The host's series inside a training process: read, judged by a `Judge` of its own, recorded.
+
+The sidecar thread drives it beside the device's series, on its own cadence (every
+`host_sample_every` steps). It owns what the host's memory needs and the device's does not share:
+its `HostMemory` reader, its Judge (the same two signals: a leak reported, an OOM projected), its
+telemetry (`device="host"` on /metrics) and its trace (`trace.host.csv` beside the trace). The
+verdict and action go back to the sidecar, which acts on them as on the device's.
+
+Its policy restarts from the first checkpoint action (`prefer_restart`): host memory a process
+took (heap arenas, a checkpointer's buffers, pinned staging copies) is seldom all given back in
+process, and a new process always gives it back.
+
+Where the device's memory is the host's (PJRT CPU and CPU: the `rss` source), there is one
+memory and one series: the host is not judged apart (`judged=False`); the device's series is
+judged against the tighter of the two budgets instead (`merge_into_rss`), and the host's figures
+(the process tree's resident memory, the machine's available memory) go on the device's telemetry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from watchdog.core.config import WatchdogConfig
+from watchdog.core.judge import Judge
+from watchdog.core.sample import Sample, labelled_trace_path
+from watchdog.core.verdict import Action, Verdict
+from watchdog.logs import get_logger
+from watchdog.runtime import leak_report
+from watchdog.runtime.host_memory import HOST_DEVICE, HostMemory, HostReading
+from watchdog.runtime.telemetry import Telemetry
+from watchdog.runtime.trace_sink import TraceSink
+
+log = get_logger(__name__)
+
+HOST = HOST_DEVICE
+
+
+class HostWatch:
+    def __init__(self, config: WatchdogConfig, telemetry: Telemetry, *, judged: bool = True,
+                 trace_retry_seconds=lambda: 30.0, memory: HostMemory | None = None):
+        """`judged`: the host's own series, judge and trace, on `telemetry` (the host's); else only its
+        figures, on `telemetry` (the device's, whose series is this same memory)."""
+        self.memory = memory or HostMemory(limit_bytes=config.host_memory_limit_bytes)
+        self.telemetry = telemetry
+        self.every = config.host_sample_every or config.sample_every
+        self.reading: HostReading | None = None
+        self._next_step = 0
+        self.judge: Judge | None = None
+        self.trace: TraceSink | None = None
+        if not judged:
+            return
+        self.judge = Judge(config.detector, dataclasses.replace(config.policy, prefer_restart=True),
+                           memory_limit_bytes=self.memory.limit_bytes, restarts_so_far=config.restarts_so_far)
+        telemetry.device, telemetry.source, telemetry.rank = HOST, f"host-{self.memory.domain}", config.rank
+        telemetry.restarts_total = config.restarts_so_far
+        if config.trace_file is not None:
+            self.trace = TraceSink(labelled_trace_path(config.trace_file, HOST), telemetry, trace_retry_seconds)
+        log.info("host_memory_watched", **self.memory.describe(), sample_every=self.every,
+                 trace_file=str(self.trace.path) if self.trace else None)
+
+    def due(self, step: int) -> bool:
+        return step >= self._next_step or step < self._next_step - self.every  # a step going back: a new run
+
+    def observe(self, step: int, phase: str) -> tuple[Verdict, Action] | None:
+        """Read the host, judge it, record it (None: read only, not judged). Raises what the reading
+        raises (the sidecar counts it)."""
+        self._next_step = step + self.every
+        reading = self.reading = self.memory.read()
+        if self.judge is None:
+            self.telemetry.host_reading = reading
+            return None
+        sample = Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, None, phase)
+        if self.trace is not None:
+            self.trace.write(sample)
+        telemetry = self.telemetry
+        telemetry.sample, telemetry.host_reading = sample, reading
+        telemetry.peak_bytes_seen = max(telemetry.peak_bytes_seen, sample.bytes_used)
+        telemetry.samples_total += 1
+        verdict, action = self.judge.judge(sample)
+        leak_report.log_change(log, telemetry.verdict, verdict, memory=HOST)
+        telemetry.verdict = verdict
+        if action is not Action.NONE:
+            telemetry.count_action(action)
+        return verdict, action
+
+    def reinit_finished(self) -> None:
+        """After a reinit in process: measure what it gave back of the host's memory too."""
+        if self.judge is None:
+            return
+        try:
+            self.judge.reinit_finished(float(self.memory.read().bytes_used))
+        except Exception:  # noqa: BLE001 - the device's path already counts a failing read
+            pass
+
+    def close(self) -> None:
+        if self.trace is not None:
+            self.trace.close()
+
+
+def merge_into_rss(source, config: WatchdogConfig, telemetry: Telemetry) -> HostWatch:
+    """PJRT CPU and CPU: the device's memory is this process's resident memory, the host's. One
+    series, judged against the tighter of `--memory-limit` and the host's budget; said once. The
+    host's figures are read on (returned: not judged) onto the device's telemetry."""
+    memory = HostMemory(limit_bytes=config.host_memory_limit_bytes)
+    source.host_budget_bytes = memory.limit_bytes
+    log.info("host_memory_is_device_memory", source=source.name, host_domain=memory.domain,
+             host_limit_bytes=memory.limit_bytes, memory_limit_bytes=config.memory_limit_bytes,
+             note="one memory, one series: the device's series is judged against the tighter of the two budgets")
+    return HostWatch(config, telemetry, judged=False, memory=memory)
