@@ -8,6 +8,7 @@ is cgroup v1), so their parsing is read from files laid out as the kernel lays t
 """
 
 import json
+import logging
 import threading
 
 import psutil
@@ -277,7 +278,6 @@ def test_the_watch_daemon_judges_the_targets_host_memory_beside_its_chips(tmp_pa
     chips = FlatChipLeakingHost(stop, size, every)
     budget = settled_rss() + 480 * MiB
     captured = WatchdogEvents()
-    import logging
     logger = logging.getLogger("watchdog")
     logger.addHandler(captured)
     try:

@@ -142,6 +142,9 @@ def report(trace: Path, post: PostMortem, record: dict | None) -> str:
     if post.oom_message is not None:
         lines.append("")
         lines.append(summary(post.oom_message))
+    if post.user_lines:
+        lines.append("your lines behind those allocations (from the program the watchdog recorded), biggest first:")
+        lines += [f"  {line.text()}" for line in post.user_lines[:10]]
     return "\n".join(lines)
 
 

@@ -11,11 +11,17 @@ most likely ended the run:
 - `too_large_from_start`: XLA could not compile or load the program in the first steps;
 - `host_memory`: the host's series reached its budget (where the host is watched);
 - `unknown`: none of those (or the run ended cleanly: nothing to diagnose).
+
+XLA's message names each allocation's innermost Python frame (torch's `linear.py` for a layer's
+matmul). Where the flight record holds the traced program's largest ops with the user's own line
+of each (`program_sites`, recorded under `--hlo-source-lines`), `user_lines` traces the message's
+allocations back to those lines, matched by op name and shape (else by XLA's file:line and shape).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -27,6 +33,45 @@ from watchdog.core.units import format_bytes
 NEAR_THE_LIMIT = 0.9  # a floor plus transient this close to the limit ran out by growth
 FIRST_STEPS = 3  # samples a run "from the start" has at most when XLA refuses its program
 SUDDEN_FACTOR = 6.0  # the last reading this many noise widths above the ones before it
+
+
+@dataclass(frozen=True)
+class UserLine:
+    """Where the user's own code asked for memory that XLA's message lists under another frame."""
+
+    where: str  # "path:line in function" (several, joined with " or ", where one op could be any of them)
+    bytes: int
+    allocations: int
+    named_by_xla: tuple[str, ...]  # the innermost file:line XLA's message gave for them
+
+    def text(self) -> str:
+        plural = "s" if self.allocations != 1 else ""
+        named = f"; XLA names {', '.join(self.named_by_xla)}" if self.named_by_xla else ""
+        return f"{self.where} ({self.allocations} allocation{plural}, {format_bytes(self.bytes)}{named})"
+
+
+def user_lines(oom: OomMessage | None, program: list[dict] | None) -> list[UserLine]:
+    """The message's allocations traced back to the user's lines through the program's table."""
+    if oom is None or not program:
+        return []
+    by_op, by_frame = defaultdict(set), defaultdict(set)
+    for op in program:
+        if op.get("user"):
+            by_op[(op["op_name"], op["shape"])].add(op["user"])
+            by_frame[(op.get("innermost"), op["shape"])].add(op["user"])
+    grouped: dict[str, list] = {}
+    for allocation in oom.allocations:
+        named = f"{allocation.source_file}:{allocation.source_line}" if allocation.source_file else ""
+        users = by_op.get((allocation.op_name, allocation.shape)) or by_frame.get((named, allocation.shape))
+        if not users:
+            continue
+        entry = grouped.setdefault(" or ".join(sorted(users)), [0, 0, set()])
+        entry[0] += allocation.size_bytes
+        entry[1] += 1
+        if named:
+            entry[2].add(named)
+    found = [UserLine(where, size, count, tuple(sorted(named))) for where, (size, count, named) in grouped.items()]
+    return sorted(found, key=lambda line: (-line.bytes, line.where))
 
 
 @dataclass
@@ -44,6 +89,7 @@ class PostMortem:
     explanation: str = ""
     oom_message: OomMessage | None = None
     record_host: dict | None = None  # the flight record's `host`: where the host is watched
+    user_lines: list[UserLine] = field(default_factory=list)  # the message's allocations, traced to your lines
 
     def to_json(self) -> dict[str, Any]:
         return {"ended": self.ended, "last_step": self.last_step, "exit": self.exit,
@@ -73,8 +119,12 @@ def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomM
         peak_bytes=float(peak) if peak is not None else None, limit_bytes=float(limit) if limit else None,
         leak_reported_at=_first(record.get("leak_reported_at"), result.first_leak_report_step),
         oom_projected_at=_first(record.get("oom_projected_at"), result.first_oom_projected_step),
-        suspects=list(record.get("suspects") or []), oom_message=oom, record_host=record.get("host"))
+        suspects=list(record.get("suspects") or []), oom_message=oom, record_host=record.get("host"),
+        user_lines=user_lines(oom, record.get("program_sites")))
     post.diagnosis, post.explanation = _cause(post, samples, final)
+    if post.user_lines:
+        post.explanation += "; the largest allocations come from your lines " + ", ".join(
+            line.text() for line in post.user_lines[:3])
     return post
 
 

@@ -77,7 +77,7 @@ class FlightRecorder:
             "written_at": None, "ended": None, "last_step": None, "verdict": None,
             "leak_reported_at": None, "oom_projected_at": None, "actions": {},
             "suspects": [], "suspects_step": None, "creation_sites": False,
-            "compilations": None, "recompilation": None, "host": None,
+            "compilations": None, "recompilation": None, "host": None, "program_sites": [],
         }
         self._written_at = 0.0
         self._key: tuple = ()
@@ -114,6 +114,12 @@ class FlightRecorder:
             host["oom_projected_at"] = verdict.step
         self._state["host"] = host
         self._host_key = (verdict.status, verdict.leak_detected)
+
+    def observe_program(self, ops: list[dict]) -> None:
+        """The traced step's largest ops with their Python lines (`forensics.program_sites`): what lets
+        a post-mortem name the user's line behind an allocation XLA's message names. Any thread: it
+        replaces one key, and the sidecar's next write carries it."""
+        self._state["program_sites"] = ops
 
     def _write_if_due(self, key: tuple) -> None:
         now = time.monotonic()

@@ -204,6 +204,27 @@ class Watchdog:
         except Exception as exc:  # noqa: BLE001 - no /proc (not Linux): the device is still watched
             log.warning("host_memory_unwatched", error=f"{type(exc).__name__}: {exc}")
 
+    def record_program(self, tensors) -> None:
+        """Keep the step's traced program in the flight record: its largest ops, each with the Python
+        line that asked for it (the user's own, not torch's), so that `postmortem` can name your line
+        behind an allocation in XLA's out-of-memory message. Call once, on the training thread, after
+        a step is traced and before its sync, with what the step computes (the loss, the parameters,
+        the optimizer's state): it lowers that graph to HLO (no compilation, no execution, no
+        transfer). Python lines are in the program only under XLA_IR_DEBUG=1 XLA_HLO_DEBUG=1."""
+        if self._flight is None or "torch_xla" not in sys.modules:
+            return
+        from watchdog.forensics.program_sites import program_sites
+
+        started = time.perf_counter()
+        try:
+            ops = program_sites(list(tensors))
+        except Exception as exc:  # noqa: BLE001 - a diagnosis aid never stops training
+            log.warning("program_sites_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self._flight.observe_program([op.to_json() for op in ops])
+        log.info("program_sites_recorded", ops=len(ops), with_user_lines=sum(1 for op in ops if op.user),
+                 seconds=round(time.perf_counter() - started, 3))
+
     @property
     def host_verdict(self) -> Verdict | None:
         """The host series' newest verdict (None where the host is not watched apart from the device)."""

@@ -285,6 +285,14 @@ def train_step(state: TrainerState, tokens: torch.Tensor, targets: torch.Tensor,
     return loss.detach()
 
 
+def _pending_state(state: TrainerState) -> list[torch.Tensor]:
+    """What a step updates besides its loss: the parameters and the optimizer's state."""
+    tensors = list(state.model.parameters())
+    for per_param in state.optimizer.state.values():
+        tensors += [value for value in per_param.values() if isinstance(value, torch.Tensor)]
+    return tensors
+
+
 def _optimizer_step_function(replicated: bool) -> Callable[[torch.optim.Optimizer], object]:
     if not replicated:
         return lambda optimizer: optimizer.step()
@@ -428,6 +436,9 @@ class Trainer:
         # What is leaking: driven here rather than inside the watchdog, since an action may come from
         # the ranks' agreement or be forced, not only from this rank's watchdog.
         self._follower = LeakFollower()
+        # Under --hlo-source-lines, the first step's program goes into the flight record (op -> your line).
+        self._program_due = (self.device.type == "xla" and config.watchdog is not None
+                             and config.watchdog.trace_file is not None and os.environ.get("XLA_HLO_DEBUG") == "1")
 
     # -- the story --
 
@@ -539,6 +550,9 @@ class Trainer:
         leaks.inject(self.config.leaks, step, state.sinks, self.device,
                      forward_loss=lambda: self._extra_forward(state), model=state.model,
                      place=self.strategy.shard_new_tensor)
+        if self._program_due:  # the first step's program, with Python lines: for a post-mortem
+            self._program_due = False
+            self.watchdog.record_program([loss, *_pending_state(state)])
         self._sync()  # XLA: the step's graph runs here, leaks materialised with it
         state.step, state.data_position = step + 1, state.data_position + 1
         return loss
