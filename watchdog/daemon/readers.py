@@ -26,7 +26,7 @@ from typing import Protocol, Sequence
 
 import psutil
 
-from watchdog.runtime.host_memory import HOST_DEVICE, HostMemory, process_tree_rss
+from watchdog.runtime.host_memory import HOST_DEVICE, HostMemory, ProcessTree
 
 PROCESS_DEVICE = "process"  # the device label of a process tree's memory (bounded: one value)
 
@@ -62,12 +62,13 @@ class ProcessTreeReader:
     def __init__(self, process: psutil.Process, host_limit_bytes: int | None = None):
         self.process = process
         self._limit = HostMemory(process.pid, host_limit_bytes).limit_bytes
+        self._tree = ProcessTree(process)
         self._status_path = f"/proc/{process.pid}/status"
         self._high_water = self._read_high_water()
 
     def read(self) -> list[DeviceReading]:
         own = self.process.memory_info().rss
-        total = process_tree_rss(self.process, own)
+        total = self._tree.rss(own)
         children = total - own
         high_water = self._read_high_water()
         grew = high_water is not None and self._high_water is not None and high_water > self._high_water
