@@ -240,3 +240,36 @@ def real_corpus_shipped():
     from watchdog.bench.realtraces import real_corpus
 
     return tuple(real_corpus())
+
+
+# ------------------------------------------------------------------ the watch daemon, in process
+
+class ThisProcess:
+    """A finder that hands the daemon this test's own process (watched, never signalled)."""
+
+    description = "this test process"
+    comes_back = False
+
+    def find(self):
+        import psutil
+
+        return psutil.Process()
+
+    def why_not_found(self):
+        return "never"
+
+    def handover(self, watched):
+        return None
+
+
+def tick_per_read_daemon():
+    """The daemon with one tick per reading and no waiting: what it judges is then exactly the
+    script, step for step, however loaded the machine (a 1 ms axis skips ticks under load and
+    stretches a scripted leak's rate per step). Tests of the time axis itself use `Daemon`."""
+    from watchdog.daemon.loop import Daemon
+
+    class TickPerRead(Daemon):
+        def _sleep_until_next_tick(self, start: float, tick: int) -> int:
+            return tick + 1
+
+    return TickPerRead

@@ -8,7 +8,6 @@ is cgroup v1), so their parsing is read from files laid out as the kernel lays t
 """
 
 import json
-import logging
 import threading
 
 import psutil
@@ -16,12 +15,12 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import WatchdogEvents, settled_rss
+from conftest import ThisProcess, settled_rss, tick_per_read_daemon
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import ConfigError, InputError
 from watchdog.core.sample import Sample, labelled_trace_path, load_trace, write_trace
 from watchdog.core.verdict import Action
-from watchdog.daemon.loop import Daemon, WatchConfig
+from watchdog.daemon.loop import WatchConfig
 from watchdog.daemon.readers import DeviceReading, ProcessTreeReader, WithHost
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.forensics.census import census, explain_leak
@@ -251,46 +250,24 @@ class FlatChipLeakingHost:
         return [DeviceReading("tpu:0", 4 * GiB, 16 * GiB, pid=None)]
 
 
-class ThisProcess:
-    description = "this test process"
-    comes_back = False
-
-    def find(self):
-        return psutil.Process()
-
-    def why_not_found(self):
-        return "never"
-
-    def handover(self, watched):
-        return None
-
-
-class TickPerRead(Daemon):
-    def _sleep_until_next_tick(self, start: float, tick: int) -> int:
-        return tick + 1
+TickPerRead = tick_per_read_daemon()
 
 
 @pytest.mark.parametrize("size, every", [(MiB, 1), (16 * MiB, 16)], ids=["per step", "ratchet"])
-def test_the_watch_daemon_judges_the_targets_host_memory_beside_its_chips(tmp_path, size, every):
+def test_the_watch_daemon_judges_the_targets_host_memory_beside_its_chips(tmp_path, size, every, events):
     axis = TimeAxis(interval_seconds=0.001, checkpoint_seconds=0.05, warmup_seconds=0.0, grace_seconds=0.1)
     config = WatchConfig(axis=axis, act=False, wait_seconds=1.0, trace_file=tmp_path / "trace.csv")
     stop = threading.Event()
     chips = FlatChipLeakingHost(stop, size, every)
     budget = settled_rss() + 480 * MiB
-    captured = WatchdogEvents()
-    logger = logging.getLogger("watchdog")
-    logger.addHandler(captured)
-    try:
-        daemon = TickPerRead(config, ThisProcess(), lambda process: WithHost(chips, process, budget), stop=stop)
-        chips.signalled = lambda: bool(captured.named("would_signal"))
-        assert daemon.run() == 0
-    finally:
-        logger.removeHandler(captured)
+    daemon = TickPerRead(config, ThisProcess(), lambda process: WithHost(chips, process, budget), stop=stop)
+    chips.signalled = lambda: bool(events.named("would_signal"))
+    assert daemon.run() == 0
     assert set(daemon.devices) == {"tpu:0", "host"}
     host, chip = daemon.telemetry["host"], daemon.telemetry["tpu:0"]
     assert host.verdict.limit_bytes == budget and host.actions_snapshot()[Action.CHECKPOINT_RESTART] >= 1
     assert not any(chip.actions_snapshot().values()) and not chip.verdict.leak_detected
-    first = captured.named("would_signal")[0]  # --no-act: the signal that would have gone out
+    first = events.named("would_signal")[0]  # --no-act: the signal that would have gone out
     assert first["device"] == "host" and first["signal"] == "SIGTERM"
     assert max(s.bytes_used for s in load_trace(labelled_trace_path(tmp_path / "trace.csv", "host"))) < budget
 

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import WatchdogEvents
+from tests.conftest import ThisProcess, WatchdogEvents, tick_per_read_daemon
 from watchdog.core.errors import InputError
 from watchdog.core.sample import load_trace
 from watchdog.core.verdict import Action
@@ -121,22 +121,6 @@ def test_without_an_escalation_signal_the_ladder_gives_up_and_a_restart_resets_i
 
 # -- the daemon against this process, fed by a scripted reader ---------------------------------
 
-class ThisProcess:
-    """A finder that hands the daemon this test's own process (watched, never signalled)."""
-
-    description = "this test process"
-    comes_back = False
-
-    def find(self):
-        return psutil.Process()
-
-    def why_not_found(self):
-        return "never"
-
-    def handover(self, watched):
-        return None
-
-
 class ScriptedChips:
     """Two chips: tpu:0 leaks `leak` bytes per read towards its 8 GiB, tpu:1 stays flat; stops the daemon after `reads`."""
 
@@ -158,13 +142,7 @@ class ScriptedChips:
                 DeviceReading("tpu:1", 4 * GiB + sawtooth, 8 * GiB, pid=4242)]
 
 
-class TickPerRead(Daemon):
-    """The daemon with one tick per reading and no waiting: what it judges is then exactly the
-    script, step for step, however loaded the machine (a 1 ms axis skips ticks under load and
-    stretches a scripted leak's rate per step). Tests of the time axis itself use `Daemon`."""
-
-    def _sleep_until_next_tick(self, start: float, tick: int) -> int:
-        return tick + 1
+TickPerRead = tick_per_read_daemon()
 
 
 def run_daemon(tmp_path, reads: int, **reader_options) -> tuple[Daemon, ScriptedChips]:
