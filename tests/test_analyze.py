@@ -87,7 +87,7 @@ def test_memory_over_the_budget_from_the_first_sample_is_acted_on_at_step_0(tmp_
     assert "at or over the 1.0 GiB limit" in out
     assert main(["analyze", str(trace), "--memory-limit", "1GiB", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
-    assert row["first_action_step"] == 0 and row["oom_projected"] and row["status"] == "leaking"
+    assert row["first_action_step"] == 0 and row["oom_projected"] and row["status"] == "oom_projected"
 
 
 @pytest.mark.parametrize("step", [2**52, 2**60, 10**25])

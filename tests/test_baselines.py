@@ -26,7 +26,7 @@ def trace(values, seconds_per_step=10.0, limit=LIMIT):
 def first_alarm(detector, samples):
     for sample in samples:
         verdict = detector.update(sample)
-        if verdict.status is Status.LEAKING:
+        if verdict.status is Status.OOM_PROJECTED:
             return sample.step, verdict
     return None, None
 
@@ -49,7 +49,7 @@ def test_threshold_stays_quiet_below_90_percent_and_projects_nothing():
     step, _ = first_alarm(StaticThreshold(0.9), trace(np.full(500, 0.89 * LIMIT)))
     assert step is None
     verdict = StaticThreshold(0.9).update(trace([0.95 * LIMIT])[0])
-    assert verdict.status is Status.LEAKING and verdict.projected_oom_step is None
+    assert verdict.status is Status.OOM_PROJECTED and verdict.projected_oom_step is None
 
 
 # ------------------------------------------------------------------------------- predict_linear
@@ -69,7 +69,7 @@ def test_predict_linear_for_hold_resets_when_the_condition_breaks():
     rising = 0.8 * LIMIT + np.arange(25) * 0.004 * LIMIT  # 25 samples, 240 s of a steep rise to 90%
     flat = np.full(100, rising[-1])
     statuses = [detector.update(s).status for s in trace(np.concatenate([rising, flat]))]
-    assert Status.SUSPECT in statuses[:25] and Status.LEAKING not in statuses[:25]
+    assert Status.SUSPECT in statuses[:25] and Status.OOM_PROJECTED not in statuses[:25]
     assert statuses[-1] is Status.HEALTHY
 
 

@@ -15,7 +15,7 @@ import pytest
 from watchdog.core.compile_causes import SourceView
 from watchdog.core.recompilation import RecompilationConfig
 from watchdog.runtime import compile_watch, xla_stats
-from watchdog.runtime.telemetry import Telemetry
+from watchdog.station.telemetry import Telemetry
 from watchdog.runtime.xla_stats import CompileAnalysis
 
 CONFIG = RecompilationConfig(warmup_steps=10, capture_compiles=2, capture_steps=50)

@@ -50,7 +50,7 @@ def statuses(samples, **config):
 
 
 def first_alarm(verdicts):
-    return next((v.step for v in verdicts if v.status is Status.LEAKING), None)
+    return next((v.step for v in verdicts if v.status is Status.OOM_PROJECTED), None)
 
 
 def first_report(verdicts):
@@ -117,7 +117,7 @@ def test_linear_leak_is_caught_with_slope_and_projection(rate):
     alarm = first_alarm(verdicts)
     assert alarm is not None and alarm < 0.75 * true_oom
     final = verdicts[-1]
-    assert final.status is Status.LEAKING
+    assert final.status is Status.OOM_PROJECTED
     assert final.slope_low_bytes_per_step <= rate * 1.05 and final.slope_high_bytes_per_step >= rate * 0.95
     assert abs(final.slope_bytes_per_step - rate) < 0.1 * rate
     # Pessimistic by design (the excursion gets a margin): a little early, never late.
@@ -292,7 +292,7 @@ def test_a_lumpy_concave_fill_is_not_extrapolated_linearly_once_it_slows(slots, 
     judge = Judge()
     outcomes = [(s.step, *judge.judge(s)) for s in small_job(8000, floor, limit=int(BASE + total + 78 * MiB))]
     assert not [step for step, _, action in outcomes if action.needs_checkpoint]
-    late_alarms = [step for step, verdict, _ in outcomes if step > last_lump + 400 and verdict.status is Status.LEAKING]
+    late_alarms = [step for step, verdict, _ in outcomes if step > last_lump + 400 and verdict.status is Status.OOM_PROJECTED]
     assert late_alarms == [], f"still projecting the old rate {late_alarms[0] - last_lump} steps after the last lump"
 
 
@@ -381,7 +381,7 @@ def test_a_leak_that_stops_is_healthy_again_within_the_stated_bound_and_stays_so
     samples, stop, _ = stopped_leak(onset, duration, rate, every)
     judge = Judge()
     outcomes = [(s.step, *judge.judge(s)) for s in samples]
-    assert any(v.status is Status.LEAKING for step, v, _ in outcomes if step < stop)  # it was caught running
+    assert any(v.status is Status.OOM_PROJECTED for step, v, _ in outcomes if step < stop)  # it was caught running
     after = [(step, v, a) for step, v, a in outcomes if step >= stop + buckets * RECOVERY_BUCKET + every]
     assert after and all(v.status is Status.HEALTHY for _, v, _ in after), \
         next(f"{v.status.value} at stop + {step - stop}: {v.explanation}" for step, v, _ in after if v.status is not Status.HEALTHY)
@@ -414,7 +414,7 @@ def test_a_transient_margin_past_the_limit_is_not_the_limit_reached():
     judge = Judge()
     verdicts = [judge.judge(s)[0] for s in small_job(6000, floor, limit=limit, every=1, transient=transient)]
     last = verdicts[-1]
-    assert last.status is Status.LEAKING
+    assert last.status is Status.OOM_PROJECTED
     assert last.projected_oom_steps > 0 and last.projected_oom_steps_pessimistic == 0
 
 
@@ -449,7 +449,7 @@ def test_an_oom_projected_is_also_a_leak_reported():
     verdicts = statuses(job(8000, lambda s: BASE + 1 * MiB * max(0, s - 1000)))
     alarm = first_alarm(verdicts)
     assert alarm is not None
-    assert all(v.leak_detected for v in verdicts if v.status is Status.LEAKING)
+    assert all(v.leak_detected for v in verdicts if v.status is Status.OOM_PROJECTED)
     assert first_report(verdicts) <= alarm
 
 

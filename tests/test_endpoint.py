@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.runtime.exporter import EndpointLimits, serve_metrics, serve_registry
-from watchdog.runtime.telemetry import Telemetry
+from watchdog.station.exporter import EndpointLimits, serve_metrics, serve_registry
+from watchdog.station.telemetry import Telemetry
 
 SHORT = EndpointLimits(request_deadline_seconds=1.0, head_grace_seconds=0.05)
 

@@ -16,10 +16,10 @@ from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.sample import Sample, write_trace
 from watchdog.core.verdict import Action, Status, Verdict
-from watchdog.runtime.exporter import serve_metrics
+from watchdog.station.exporter import serve_metrics
 from watchdog.runtime.host_memory import HostReading
 from watchdog.runtime.sidecar import Watchdog
-from watchdog.runtime.telemetry import Telemetry
+from watchdog.station.telemetry import Telemetry
 
 MiB = 1 << 20
 ALLOWED_LABELS = {"device", "rank", "action", "version", "source", "le"}
@@ -48,7 +48,7 @@ def leaking_telemetry() -> Telemetry:
     t = Telemetry(device="xla:0", rank=3, source="xla")
     t.sample = Sample(step=1200, timestamp=1_700_000_000.5, bytes_used=900 * MiB, bytes_limit=1024 * MiB,
                       peak_bytes_used=950 * MiB)
-    t.verdict = Verdict(step=1200, timestamp=1_700_000_000.5, status=Status.LEAKING, floor_bytes=800 * MiB,
+    t.verdict = Verdict(step=1200, timestamp=1_700_000_000.5, status=Status.OOM_PROJECTED, floor_bytes=800 * MiB,
                         excursion_bytes=60 * MiB, limit_bytes=1000 * MiB, slope_bytes_per_step=65536.0,
                         slope_low_bytes_per_step=60000.0, slope_high_bytes_per_step=70000.0,
                         slope_bytes_per_second=131072.0, projected_oom_step=3360, projected_oom_steps=2160.0,
@@ -216,8 +216,8 @@ def test_serving_and_scraping_never_import_torch():
     """Scrapes read the cache only: the exporter must not even load torch or torch_xla."""
     code = (
         "import sys, urllib.request\n"
-        "from watchdog.runtime.exporter import serve_metrics\n"
-        "from watchdog.runtime.telemetry import Telemetry\n"
+        "from watchdog.station.exporter import serve_metrics\n"
+        "from watchdog.station.telemetry import Telemetry\n"
         "s = serve_metrics(Telemetry(device='xla:0'), 0, addr='127.0.0.1')\n"
         "body = urllib.request.urlopen(s.url).read().decode()\n"
         "s.close()\n"

@@ -45,13 +45,13 @@ from watchdog.core.sample import (
     load_trace,
     write_trace,
 )
-from watchdog.runtime.exporter import (
+from watchdog.station.exporter import (
     MAX_CONNECTIONS,
     REQUEST_DEADLINE_SECONDS,
     serve_metrics,
 )
 from watchdog.runtime.sidecar import Watchdog
-from watchdog.runtime.telemetry import Telemetry
+from watchdog.station.telemetry import Telemetry
 from watchdog.trainer.loop import TrainConfig, Trainer
 from watchdog.trainer.model import ModelConfig
 

@@ -24,7 +24,7 @@ from watchdog.daemon.loop import WatchConfig
 from watchdog.daemon.readers import DeviceReading, ProcessTreeReader, WithHost
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.forensics.census import census, explain_leak
-from watchdog.runtime.exporter import build_registry
+from watchdog.station.exporter import build_registry
 from watchdog.runtime.host_memory import HostMemory, cgroups_listed, tightest_cgroup
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.trainer.leaks import parse_leak_spec

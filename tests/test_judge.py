@@ -224,7 +224,7 @@ def test_growth_the_detector_still_doubts_is_no_margin_to_act_on(name):
         verdict, action = judge.judge(sample)
         assert not action.needs_checkpoint, f"acted at step {sample.step}: {verdict.explanation}"
         suspected += judge.detector.status is Status.SUSPECT
-        assert judge.detector.rising_bytes_per_step == 0 or judge.detector.status is Status.LEAKING
+        assert judge.detector.rising_bytes_per_step == 0 or judge.detector.status is Status.OOM_PROJECTED
     assert suspected, "the detector suspected the climb: the case this test is about"
 
 

@@ -2,10 +2,11 @@
 read (with `ast`, nothing is imported) and checked against what its layer may use.
 
 Pure code stays pure (core imports nothing of ours outside core); the in-process runtime never
-reaches up into what drives it; the `watch` daemon, which runs outside the job, uses only the
-runtime's sinks (telemetry, the exporter, the leak report's lines, the terminal's blocks), never
-the in-process sidecar, its sources or the forensics that walk a training process's objects;
-and the forensics, which only read a process's objects, use nothing above the core.
+reaches up into what drives it; the station (one series' path and its sinks, shared by every host)
+uses only the core; the `watch` daemon, which runs outside the job, uses the station and the host's
+/proc reader, never the in-process runtime (the sidecar, its sources) or the forensics that walk a
+training process's objects; and the forensics, which only read a process's objects, use nothing
+above the core.
 """
 
 import ast
@@ -16,16 +17,15 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "watchdog"
 
 SHARED = {"watchdog.logs", "watchdog.fileio"}  # any layer outside core
-SINKS = {"watchdog.runtime.telemetry", "watchdog.runtime.exporter", "watchdog.runtime.leak_report",
-         "watchdog.runtime.reports"}
 MAY_IMPORT = {  # layer -> prefixes of our modules it may import (its own always)
     "core": set(),
     "logs": {"watchdog.core"},
     "fileio": {"watchdog.core"},
+    "station": {"watchdog.core", *SHARED},
     "forensics": {"watchdog.core", *SHARED},
-    "runtime": {"watchdog.core", *SHARED, "watchdog.forensics"},
+    "runtime": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.forensics"},
     "actions": {"watchdog.core", *SHARED},
-    "daemon": {"watchdog.core", *SHARED, *SINKS, "watchdog.runtime.host_memory"},  # reads /proc, by PID
+    "daemon": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.runtime.host_memory"},  # reads /proc, by PID
 }
 TOP = {"commands", "trainer", "bench", "integrations", "__init__", "__main__"}  # may use any layer
 
@@ -77,7 +77,9 @@ def test_the_check_catches_a_wrong_import(tmp_path):
     assert not allowed("daemon", "watchdog.forensics.census.census")
     assert not allowed("forensics", "watchdog.runtime.sidecar.Watchdog")
     assert not allowed("runtime", "watchdog.trainer.loop.Trainer")
-    assert allowed("daemon", "watchdog.runtime.telemetry.Telemetry")
+    assert allowed("daemon", "watchdog.station.telemetry.Telemetry")
+    assert not allowed("station", "watchdog.runtime.sources.MemorySource")
+    assert not allowed("daemon", "watchdog.runtime.sources.RssSource")
     module = tmp_path / "bad.py"
     module.write_text("from watchdog.runtime import sidecar\nimport watchdog.trainer.loop\n")
     assert our_imports(module) == {"watchdog.runtime.sidecar", "watchdog.trainer.loop"}

@@ -86,7 +86,7 @@ def test_with_the_phase_api_an_evaluation_is_judged_against_its_peak_at_its_end(
     # Even 5% below the budget, where a first ramp without phase information is imminent and acted on.
     outcomes = judged(*evaluations(spare_share=spare_share, length=length, first=first, label=f"eval/{length}"))
     assert checkpoints(outcomes) == [] and warnings(outcomes) == []
-    assert not any(v.status is Status.LEAKING for _, v, _ in outcomes)
+    assert not any(v.status is Status.OOM_PROJECTED for _, v, _ in outcomes)
     # The evaluation's peak is a transient above the training floor: it counts in every projection.
     healthy = outcomes[-1][1]
     assert healthy.floor_bytes < BASE + 4 * MiB and healthy.excursion_bytes > 0.9 * KEPT
@@ -108,7 +108,7 @@ def test_a_phase_of_unsaid_length_is_cautious_the_first_time_and_judged_by_its_l
     # The first evaluation may warn (its end unknown); the later ones end where the first did.
     assert all(step < 1000 + 200 for step in warnings(outcomes))
     second = [v for s, v, _ in outcomes if 3000 <= s.step < 3200]
-    assert second and not any(v.status is Status.LEAKING for v in second)
+    assert second and not any(v.status is Status.OOM_PROJECTED for v in second)
 
 
 def test_analyze_replays_the_phase_from_the_trace_as_the_sidecar_decided(tmp_path):

@@ -13,7 +13,7 @@ from watchdog.core.verdict import Action, Status, Verdict
 GiB = 1 << 30
 
 
-def verdict(step, status=Status.LEAKING, projected_oom_steps=100.0, floor=10 * GiB, slope=1 << 20, window=1000.0):
+def verdict(step, status=Status.OOM_PROJECTED, projected_oom_steps=100.0, floor=10 * GiB, slope=1 << 20, window=1000.0):
     return Verdict(step=step, timestamp=float(step), status=status, floor_bytes=floor, slope_bytes_per_step=slope,
                    projected_oom_steps=projected_oom_steps, projected_oom_steps_pessimistic=projected_oom_steps, window_steps=window)
 
@@ -108,7 +108,7 @@ def test_a_gap_between_verdicts_makes_an_oom_within_it_imminent():
 
 def test_pessimistic_projection_decides_not_the_central_one():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10))
-    near = Verdict(step=5, timestamp=0.0, status=Status.LEAKING, projected_oom_steps=1e6, projected_oom_steps_pessimistic=20.0)
+    near = Verdict(step=5, timestamp=0.0, status=Status.OOM_PROJECTED, projected_oom_steps=1e6, projected_oom_steps_pessimistic=20.0)
     assert policy.decide(near) is Action.CHECKPOINT_REINIT
 
 

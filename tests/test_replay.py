@@ -24,7 +24,7 @@ def test_leaking_trace_alarms_then_acts_before_the_oom():
     rate = 1 * MiB
     true_oom = (LIMIT - 10 * GiB) // rate  # floor + 2 GiB transient reaches the limit
     result = replay(trace(int(true_oom * 0.95), rate), policy_config=PolicyConfig(checkpoint_margin_steps=50))
-    assert result.leak_reported and result.final_verdict.status is Status.LEAKING
+    assert result.leak_reported and result.final_verdict.status is Status.OOM_PROJECTED
     assert result.first_leak_report_step is not None and result.first_action_step is not None
     assert result.first_leak_report_step <= result.first_action_step <= true_oom - 50
     assert result.first_action is Action.CHECKPOINT_REINIT
@@ -88,7 +88,7 @@ def _check_quiet_is_judge(pairs) -> int:
     for (verdict, action), got in pairs:
         if got is None:
             quiet += 1
-            assert verdict.status is not Status.LEAKING and action is Action.NONE
+            assert verdict.status is not Status.OOM_PROJECTED and action is Action.NONE
         else:
             assert got == (verdict, action)
     return quiet
@@ -107,7 +107,7 @@ def test_judging_quietly_gives_every_verdict_and_action_judge_gives_on_the_bench
         quiet += _check_quiet_is_judge(pairs)
         total += len(pairs)
         result = replay(t.samples, memory_limit_bytes=t.limit_bytes, policy_config=policy)
-        alarms = [v.step for (v, _), _ in pairs if v.status is Status.LEAKING]
+        alarms = [v.step for (v, _), _ in pairs if v.status is Status.OOM_PROJECTED]
         reports = [v.step for (v, _), _ in pairs if v.leak_detected]
         actions = [(v.step, a) for (v, a), _ in pairs if a.needs_checkpoint]
         assert result.first_oom_projected_step == (alarms[0] if alarms else None)

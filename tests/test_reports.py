@@ -6,13 +6,13 @@ import math
 import re
 
 from watchdog.core.verdict import Action, Status, Verdict
-from watchdog.runtime.reports import ActionReport, RunSummary
+from watchdog.station.reports import ActionReport, RunSummary
 
 MiB, GiB = 1 << 20, 1 << 30
 
 
 def leaking_verdict() -> Verdict:
-    return Verdict(step=270, timestamp=0.0, status=Status.LEAKING, floor_bytes=1.5 * GiB, excursion_bytes=0.2 * GiB,
+    return Verdict(step=270, timestamp=0.0, status=Status.OOM_PROJECTED, floor_bytes=1.5 * GiB, excursion_bytes=0.2 * GiB,
                    limit_bytes=2 * GiB, slope_bytes_per_step=4 * MiB, projected_oom_step=271,
                    projected_oom_steps=1.0, projected_oom_seconds=8.2)
 
@@ -47,6 +47,6 @@ def test_the_summary_table_has_units_and_the_command_to_draw_the_trace():
     assert text.splitlines()[0].startswith("── hbm-watchdog train: done ")
     assert "600 / 600, 9.6 steps/s" in text
     assert "1.90 GiB of 2.00 GiB budget (95%)" in text
-    assert "leaking, floor +4.0 MiB/step; OOM in 120 steps (step 271)" in text
+    assert "OOM projected, floor +4.0 MiB/step; OOM in 120 steps (step 271)" in text
     assert "runs/demo/ckpt (newest: step 600)" in text
     assert "hbm-watchdog report runs/demo/trace.csv -o runs/demo/trace.png" in text

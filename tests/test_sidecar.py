@@ -36,14 +36,17 @@ class Captured(logging.Handler):
 
 @pytest.fixture
 def captured():
+    """The sidecar's events and its station's."""
     handler = Captured()
-    logger = logging.getLogger("watchdog.runtime.sidecar")
-    logger.addHandler(handler)
-    old = logger.level
-    logger.setLevel(logging.INFO)
+    loggers = [logging.getLogger(name) for name in ("watchdog.runtime.sidecar", "watchdog.station")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(old)
+    for logger, level in zip(loggers, levels):
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def test_a_source_that_always_raises_leaves_training_running_and_counts_errors(captured):

@@ -20,7 +20,7 @@ from tpu_info.metrics import get_chip_usage  # noqa: E402
 
 from watchdog.core.config import WatchdogConfig  # noqa: E402
 from watchdog.core.sample import Sample  # noqa: E402
-from watchdog.runtime.exporter import serve_metrics  # noqa: E402
+from watchdog.station.exporter import serve_metrics  # noqa: E402
 from watchdog.runtime.sidecar import Watchdog  # noqa: E402
 from watchdog.runtime.sources import DeviceMemory, SourceUnavailable, TpuRuntimeSource, fullest  # noqa: E402
 

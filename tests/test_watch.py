@@ -34,15 +34,17 @@ MiB, GiB = 1 << 20, 1 << 30
 
 @pytest.fixture
 def captured():
-    """The daemon's own events only (conftest's `events` fixture listens to every watchdog logger)."""
+    """The daemon's events and its stations' (conftest's `events` fixture listens to every watchdog logger)."""
     handler = WatchdogEvents()
-    logger = logging.getLogger("watchdog.daemon")
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)
+    loggers = [logging.getLogger(name) for name in ("watchdog.daemon", "watchdog.station")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    for logger, level in zip(loggers, levels):
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 # -- the time axis ---------------------------------------------------------------------------------
@@ -291,7 +293,7 @@ def test_a_target_over_its_budget_from_the_start_is_signalled_at_the_first_sampl
     telemetry = daemon.telemetry["process"]
     assert telemetry.samples_total == reads and telemetry.verdict.oom_projected
     assert telemetry.actions_snapshot()[Action.CHECKPOINT_RESTART] == 1
-    assert daemon.devices["process"].judge.detector.status.value == "warming_up"
+    assert daemon.devices["process"].station.judge.detector.status.value == "warming_up"
 
 
 # -- the target's PID: ASCII digits, bounded, never init -------------------------------------------

@@ -62,7 +62,7 @@ class StaticThreshold:
         if limit is None:
             return _verdict(sample, Status.WARMING_UP, None, "no memory limit known")
         if sample.bytes_used >= self.fraction * limit:
-            return _verdict(sample, Status.LEAKING, limit, f"usage at or above {self.fraction:.0%} of the limit",
+            return _verdict(sample, Status.OOM_PROJECTED, limit, f"usage at or above {self.fraction:.0%} of the limit",
                             level=float(sample.bytes_used))
         return _verdict(sample, Status.HEALTHY, limit, "below the threshold", level=float(sample.bytes_used))
 
@@ -147,7 +147,7 @@ class PredictLinear:
         steps_per_second = (sample.step - first.step) / span if span > 0 else 0.0
         projected_oom_seconds = (limit - now) / slope if slope > 0 and now < limit else (0.0 if now >= limit else math.inf)
         projected_oom_steps = projected_oom_seconds * steps_per_second if steps_per_second > 0 else math.inf
-        status = Status.LEAKING if held else Status.SUSPECT if condition else Status.HEALTHY
+        status = Status.OOM_PROJECTED if held else Status.SUSPECT if condition else Status.HEALTHY
         explanation = (f"linear fit over {self.window_seconds / HOUR:g}h crosses the limit within "
                        f"{self.horizon_seconds / HOUR:g}h" if condition else "linear fit stays below the limit")
         return _verdict(sample, status, limit, explanation, slope_per_step=slope / steps_per_second
@@ -224,7 +224,7 @@ class LinearBackwardRegression:
         now = self._origin[1] + now_mib * 2**20  # type: ignore[index]
         slope = slope_mib * 2**20
         projected_oom_steps = max(limit - now, 0.0) / slope
-        return _verdict(sample, Status.LEAKING, limit, f"rising window with R² {r2:.2f}", slope_per_step=slope,
+        return _verdict(sample, Status.OOM_PROJECTED, limit, f"rising window with R² {r2:.2f}", slope_per_step=slope,
                         level=now, projected_oom_steps=projected_oom_steps)
 
 

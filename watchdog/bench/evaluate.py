@@ -50,7 +50,7 @@ def run_baseline(make: Callable[[int | None], Detector], trace: LabelledTrace) -
     fired_at = projected = None
     for sample in trace.samples:
         verdict = detector.update(sample)
-        if fired_at is None and verdict.status is Status.LEAKING:
+        if fired_at is None and verdict.status is Status.OOM_PROJECTED:
             fired_at, projected = sample.step, verdict.projected_oom_step
     return _outcome(trace, fired_at, fired_at, projected, fired_at)  # one alert: report, alarm and action
 

@@ -169,7 +169,7 @@ def storm(clients: int, phase_seconds: float) -> list[Phase]:
     import torch
 
     from watchdog.core.config import WatchdogConfig
-    from watchdog.runtime.exporter import serve_metrics
+    from watchdog.station.exporter import serve_metrics
     from watchdog.runtime.sidecar import Watchdog
     from watchdog.trainer.data import TokenSource
     from watchdog.trainer.loop import TrainConfig, build_state, train_step

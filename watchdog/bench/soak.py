@@ -55,8 +55,8 @@ def soak(steps: int, report_every: int, checkpoint_every: int, directory: Path) 
     import torch
 
     from watchdog.core.config import WatchdogConfig
-    from watchdog.runtime.exporter import serve_metrics
-    from watchdog.runtime.telemetry import Telemetry
+    from watchdog.station.exporter import serve_metrics
+    from watchdog.station.telemetry import Telemetry
     from watchdog.trainer.loop import TrainConfig, train
     from watchdog.trainer.model import ModelConfig
 

@@ -60,7 +60,7 @@ def collect(samples: list[Sample], memory_limit_bytes: int | None = None) -> Rep
         picture.used.append(sample.bytes_used / GiB)
         picture.floor.append(verdict.floor_bytes / GiB if verdict.floor_bytes is not None and
                              verdict.status is not Status.WARMING_UP else math.nan)
-        picture.alarm.append(verdict.status is Status.LEAKING)
+        picture.alarm.append(verdict.status is Status.OOM_PROJECTED)
         picture.reported.append(verdict.leak_detected)
         if action is not None and action is not Action.NONE:
             picture.actions.append((sample.step, action))

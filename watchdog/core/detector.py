@@ -250,21 +250,15 @@ class _PendingBucket:
 class _Projection(NamedTuple):
     """What every verdict shares until the next analysis or limit change (unpacked once per sample)."""
 
-    status: Status
+    shared: Verdict  # the analysis's fields, by name; each sample's verdict is `shared.at(...)`
     slope: float
-    low: float
     high: float
     intercept: float  # the fitted floor line's value at step 0
     excursion: float
-    limit: int | None
     seconds_per_step: float
-    slope_per_second: float
     oom_x: float  # step at which the peak reaches the limit at the central slope (inf: never)
     oom_x_high: float  # ... at the high edge of the slope interval
     oom_step: int | None
-    explanation: str
-    span: float
-    leak_detected: bool
 
 
 class LeakDetector:
@@ -411,7 +405,7 @@ class LeakDetector:
         self.status = analysis.status
         self.leak_detected = analysis.leak_detected
         # Only a rise the alarm believes: a suspect one may be a compile cache or a ramp that stops.
-        self.rising_bytes_per_step = analysis.trend.high if analysis.status is Status.LEAKING else 0.0
+        self.rising_bytes_per_step = analysis.trend.high if analysis.status is Status.OOM_PROJECTED else 0.0
         self._projection = None
 
     def _recent_active(self) -> bool:
@@ -466,14 +460,14 @@ class LeakDetector:
             reported = self._leak_report(candidate)
             too_far = self._too_far(candidate, excursion)
             why_not = too_far or self._confirm(candidate, excursion)
-            status = Status.SUSPECT if why_not else Status.LEAKING
+            status = Status.SUSPECT if why_not else Status.OOM_PROJECTED
             # Growth near enough to project an OOM from is the projection's to call: its confirmation
             # is what tells a fill levelling off below the limit from a leak. The report raises only
             # growth too far from the limit for that, and stays up once raised while a candidate
             # holds, whatever window shows it now (a short one may not yet rise by `min_leak_share`).
             leak = (reported and bool(too_far)) or self.leak_detected
             return _Analysis(status, candidate, candidate.level, excursion, seconds_per_step, why_not,
-                             leak or status is Status.LEAKING)
+                             leak or status is Status.OOM_PROJECTED)
         # No leak: describe the newest window (after a level shift, that is the new baseline), or,
         # when a leak-shaped window's newest buckets show its growth has stopped, those buckets.
         self._misses += 1
@@ -603,8 +597,7 @@ class LeakDetector:
                                floor_bytes=float(sample.bytes_used), limit_bytes=self._limit,
                                explanation=analysis.reason if analysis else "warming up: no history yet")
             projection = self._projection = self._project(analysis, self._limit)
-        (status, slope, low, high, intercept, excursion, limit, seconds_per_step, slope_per_second,
-         oom_x, oom_x_high, oom_step, explanation, span, leak_detected) = projection
+        shared, slope, high, intercept, excursion, seconds_per_step, oom_x, oom_x_high, oom_step = projection
         step = sample.step
         if oom_x < INF:
             if step < oom_x:
@@ -619,10 +612,9 @@ class LeakDetector:
             pessimistic = oom_x_high - step if step < oom_x_high else self._overdue(self._room(self._b_min, excursion), high)
         else:
             pessimistic = INF
-        # Positional, in Verdict's field order: this runs once per sample.
-        return Verdict(step, sample.timestamp, status, intercept + slope * step, excursion, limit, slope, low, high,
-                       slope_per_second, projected, projected_oom_steps, projected_oom_seconds, explanation, pessimistic, span,
-                       leak_detected)
+        return shared.at(step, sample.timestamp, floor_bytes=intercept + slope * step, projected_oom_step=projected,
+                         projected_oom_steps=projected_oom_steps, projected_oom_seconds=projected_oom_seconds,
+                         projected_oom_steps_pessimistic=pessimistic)
 
     @staticmethod
     def _overdue(room: float, slope: float) -> float:
@@ -643,11 +635,13 @@ class LeakDetector:
             oom_x = crossing(trend.x_last, self._room_measured(trend.level, analysis.excursion), trend.slope)
             oom_x_high = crossing(trend.x_last, self._room(trend.level, analysis.excursion), trend.high)
         sps = analysis.seconds_per_step
-        return _Projection(analysis.status, trend.slope, trend.low, trend.high,
-                           trend.level - trend.slope * trend.x_last, analysis.excursion, limit, sps,
-                           trend.slope / sps if sps > 0 else 0.0, oom_x, oom_x_high,
-                           math.ceil(oom_x) if oom_x < INF else None, explain(analysis, limit, oom_x), trend.span,
-                           analysis.leak_detected)
+        shared = Verdict(step=0, timestamp=0.0, status=analysis.status, excursion_bytes=analysis.excursion,
+                         limit_bytes=limit, slope_bytes_per_step=trend.slope, slope_low_bytes_per_step=trend.low,
+                         slope_high_bytes_per_step=trend.high, slope_bytes_per_second=trend.slope / sps if sps > 0 else 0.0,
+                         explanation=explain(analysis, limit, oom_x), window_steps=trend.span,
+                         leak_detected=analysis.leak_detected)
+        return _Projection(shared, trend.slope, trend.high, trend.level - trend.slope * trend.x_last, analysis.excursion,
+                           sps, oom_x, oom_x_high, math.ceil(oom_x) if oom_x < INF else None)
 
 
 def _seconds_per_step(xs: list[float], ts: list[float]) -> float:

@@ -43,7 +43,7 @@ from watchdog.core.verdict import Action, Status, Verdict
 _NO_LIMIT_SEEN = -1  # sentinel: no sample's bytes_limit has been seen yet (None is a real value)
 _NO_LINE = math.inf  # no limit known: the limit rule never acts
 _NO_ACTION = Action.NONE
-_LEAKING = Status.LEAKING
+_OOM_PROJECTED = Status.OOM_PROJECTED
 
 
 def effective_limit(device_limit_bytes: int | None, budget_bytes: int | None) -> int | None:
@@ -142,7 +142,7 @@ class Judge:
         detector = self.detector
         detector.absorb(sample)
         at_limit = sample.bytes_used + detector.rising_bytes_per_step * self._margin_steps >= self._line
-        if detector.status is not _LEAKING and not at_limit:
+        if detector.status is not _OOM_PROJECTED and not at_limit:
             self._unjudged = sample
             self._observe(step)
             return None
@@ -277,7 +277,7 @@ class Judge:
 
 
 def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float, margin_steps: int) -> Verdict:
-    """LEAKING: the limit rule's verdict on `sample`, from the detector's (or the phase's) `verdict`.
+    """OOM_PROJECTED: the limit rule's verdict on `sample`, from the detector's (or the phase's) `verdict`.
 
     The OOM is due now when the reading is at the line, else in the steps the pessimistic rise
     takes to reach it (at most the checkpoint margin). What the detector measured (floor, slopes,
@@ -299,14 +299,14 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
     if steps:  # at the pace the detector measured: steps per second from its slope in each unit
         per_second = verdict.slope_bytes_per_second
         seconds = steps * verdict.slope_bytes_per_step / per_second if per_second > 0 else math.inf
-    return verdict._replace(status=Status.LEAKING, projected_oom_step=math.ceil(sample.step + steps),
+    return verdict._replace(status=Status.OOM_PROJECTED, projected_oom_step=math.ceil(sample.step + steps),
                             projected_oom_steps=steps, projected_oom_seconds=seconds,
                             projected_oom_steps_pessimistic=steps, explanation=explanation)
 
 
 def _phase_verdict(sample: Sample, episode: PhaseEpisode, forecast: PhaseForecast, floor: Verdict,
                    limit: int) -> Verdict:
-    """LEAKING: the peak reaches the limit inside a bounded phase (not a leak, but an OOM to act on)."""
+    """OOM_PROJECTED: the peak reaches the limit inside a bounded phase (not a leak, but an OOM to act on)."""
     step = sample.step
     steps = max(0.0, forecast.oom_x - step)
     pessimistic = max(0.0, forecast.oom_x_high - step)
@@ -320,7 +320,10 @@ def _phase_verdict(sample: Sample, episode: PhaseEpisode, forecast: PhaseForecas
             else "its end unknown (first run)")
     explanation = (f"{name} phase: memory rising {format_bytes(forecast.slope)}/step; peak reaches the "
                    f"{format_bytes(limit)} limit at step {math.ceil(forecast.oom_x):,}, in {steps:,.0f} steps, {ends}")
-    return Verdict(step, sample.timestamp, Status.LEAKING, floor.floor_bytes, float(episode.peak) - (floor.floor_bytes or 0.0),
-                   limit, forecast.slope, forecast.slope, forecast.high, forecast.slope / sps if sps > 0 else 0.0,
-                   math.ceil(forecast.oom_x), steps, steps * sps if sps > 0 else math.inf, explanation, pessimistic,
-                   seen_over, floor.leak_detected)
+    return Verdict(step=step, timestamp=sample.timestamp, status=Status.OOM_PROJECTED, floor_bytes=floor.floor_bytes,
+                   excursion_bytes=float(episode.peak) - (floor.floor_bytes or 0.0), limit_bytes=limit,
+                   slope_bytes_per_step=forecast.slope, slope_low_bytes_per_step=forecast.slope,
+                   slope_high_bytes_per_step=forecast.high, slope_bytes_per_second=forecast.slope / sps if sps > 0 else 0.0,
+                   projected_oom_step=math.ceil(forecast.oom_x), projected_oom_steps=steps,
+                   projected_oom_seconds=steps * sps if sps > 0 else math.inf, explanation=explanation,
+                   projected_oom_steps_pessimistic=pessimistic, window_steps=seen_over, leak_detected=floor.leak_detected)

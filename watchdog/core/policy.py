@@ -126,7 +126,7 @@ class ActionPolicy:
 
     def decide(self, verdict: Verdict) -> Action:
         step = verdict.step
-        if verdict.status is not Status.LEAKING:
+        if verdict.status is not Status.OOM_PROJECTED:
             self.observe(step)
             return Action.NONE
         self._clock(step)

@@ -85,7 +85,7 @@ def replay(samples: Iterable[Sample], *, memory_limit_bytes: int | None = None,
     first_action: Action | None = None
     count = 0
     reported = False
-    oom_projected, nothing = Status.LEAKING, Action.NONE
+    oom_projected, nothing = Status.OOM_PROJECTED, Action.NONE
     the_judge = Judge(detector_config, policy_config, memory_limit_bytes=memory_limit_bytes)
     detector = the_judge.detector
     judge = the_judge.judge_quietly  # no verdict is built for a quiet sample: nothing below reads one

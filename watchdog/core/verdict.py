@@ -12,10 +12,18 @@ from typing import NamedTuple
 
 
 class Status(str, Enum):
+    """Where the action path stands. The leak report is not a status: it is `Verdict.leak_detected`,
+    and may be up under any of these (a slow leak is reported long before an OOM is projected)."""
+
     WARMING_UP = "warming_up"  # not enough history to say anything
     HEALTHY = "healthy"  # floor flat, or no projected OOM
-    SUSPECT = "suspect"  # floor rising, not (yet) an OOM to act on; `leak_detected` may still be up
-    LEAKING = "leaking"  # an OOM projected near enough to act on: the action path's alarm is up
+    SUSPECT = "suspect"  # floor rising, not (yet) an OOM to act on
+    OOM_PROJECTED = "oom_projected"  # the peak reaches the limit soon enough, on enough evidence, to act
+
+    @property
+    def label(self) -> str:
+        """For a person: "warming up", "healthy", "suspect", "OOM projected"."""
+        return "OOM projected" if self is Status.OOM_PROJECTED else self.value.replace("_", " ")
 
 
 class Action(str, Enum):
@@ -61,4 +69,22 @@ class Verdict(NamedTuple):
     @property
     def oom_projected(self) -> bool:
         """The other signal, the action path: the peak reaches the limit soon enough to act on."""
-        return self.status is Status.LEAKING
+        return self.status is Status.OOM_PROJECTED
+
+    def at(self, step: int, timestamp: float, floor_bytes: float | None, projected_oom_step: int | None,
+           projected_oom_steps: float, projected_oom_seconds: float,
+           projected_oom_steps_pessimistic: float) -> "Verdict":
+        """This analysis's verdict at another sample: the fields a sample changes, the rest kept.
+
+        The detector builds its analysis's verdict once, by name, when a bucket closes, and calls
+        this at every sample in between. Positional inside, in the field order (written here once,
+        beside the fields, and checked against `_replace` by tests/test_verdict.py): a keyword
+        construction of all 17 fields costs about three times as much, once per sample."""
+        (_, _, status, _, excursion, limit, slope, low, high, per_second, _, _, _, explanation, _, window,
+         leak) = self
+        return _new(Verdict, (step, timestamp, status, floor_bytes, excursion, limit, slope, low, high, per_second,
+                              projected_oom_step, projected_oom_steps, projected_oom_seconds, explanation,
+                              projected_oom_steps_pessimistic, window, leak))
+
+
+_new = tuple.__new__

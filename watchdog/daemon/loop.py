@@ -8,8 +8,10 @@
         -> after a signal: the escalation ladder, sample by sample
     the target exits -> wait for it to come back (pattern, pidfile) -> attach again ...
 
-Each device is judged by its own `Judge`, the sidecar's pipeline; the daemon never wires a
-detector to a policy. A new segment (a restarted process) tells every Judge `restarted()`, numbers
+Each device goes through its own `Station` (`station/station.py`), the sidecar's path: a Judge,
+telemetry, a best-effort trace, and the same lines (`leak_detected`, `watchdog_action`,
+`restart_measured`) as in process. The daemon supplies the readings and carries out what a
+checkpoint action asks for: a signal, then the escalation ladder. A new segment (a restarted process) tells every Judge `restarted()`, numbers
 samples from 0 again (so the trace shows the new segment as steps going back, which every
 analysis command reads as a new process), and once the new process has warmed up measures what
 the restart gave back (`restart_measured`, like the sidecar's `reinit_measured`).
@@ -33,7 +35,7 @@ import psutil
 
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge
-from watchdog.core.sample import Sample, TraceWriter, labelled_trace_path
+from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
 from watchdog.daemon.metrics import WatchState
 from watchdog.daemon.readers import DeviceReader, DeviceReading, ProcessTreeReader
@@ -42,13 +44,15 @@ from watchdog.daemon.stopping import StopFlag
 from watchdog.daemon.targets import Finder, WatchedProcess
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.logs import get_logger
-from watchdog.runtime import leak_report
-from watchdog.runtime.telemetry import Telemetry
+from watchdog.station.station import Station
+from watchdog.station.telemetry import Telemetry
+from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
 HANDOVER_CHECK_SECONDS = 5.0  # how often a pattern's watched process is checked for a larger matching child
 WAIT_POLL_SECONDS = 1.0  # at most this long between looks for the target while it is away
+TRACE_RETRY_SECONDS = 30.0  # after a trace I/O error, the daemon goes on and reopens the file this much later
 
 
 @dataclass(frozen=True)
@@ -66,18 +70,18 @@ class WatchConfig:
 
 
 class _Device:
-    """One device's pipeline and outputs: its Judge, its telemetry, its trace."""
+    """One device: its station (Judge, telemetry, trace, the lines it logs), and whether a restart's
+    recovery is still to be measured."""
 
-    def __init__(self, name: str, source: str, config: WatchConfig, trace_path: Path | None):
+    def __init__(self, name: str, source: str, config: WatchConfig, trace_path: Path | None, pid: int):
         axis = config.axis
-        self.judge = Judge(axis.detector_config(), axis.policy_config(), memory_limit_bytes=config.memory_limit_bytes)
-        self.telemetry = Telemetry(device=name, source=source)
-        self.trace = TraceWriter(trace_path, flush_every=max(1, axis.samples(5.0))) if trace_path else None
+        telemetry = Telemetry(device=name, source=source)
+        judge = Judge(axis.detector_config(), axis.policy_config(), memory_limit_bytes=config.memory_limit_bytes)
+        trace = (TraceSink(trace_path, telemetry, lambda: TRACE_RETRY_SECONDS, flush_every=max(1, axis.samples(5.0)))
+                 if trace_path else None)
+        self.station = Station(judge, telemetry, trace, device=name, pid=pid)
+        self.telemetry = telemetry
         self.settle_pending = False  # a restart's recovery is measured once the new process warmed up
-
-    def close(self) -> None:
-        if self.trace is not None:
-            self.trace.close()
 
 
 def trace_path_for(base: Path, device: str, only_device: bool) -> Path:
@@ -120,7 +124,7 @@ class Daemon:
                 target = self._wait_for_target(first=False)
         finally:
             for device in self.devices.values():
-                device.close()
+                device.station.close()
         log.info("watch_ended", attachments=self.state.attachments, signals=self.state.signals_snapshot(),
                  errors=self.errors, stopped=self.stop.is_set())
         return 0
@@ -182,9 +186,12 @@ class Daemon:
         log.info("target_attached", pid=target.pid, target=self.finder.description, command=target.command_line(),
                  attachment=self.state.attachments, seconds_since_signal=since_signal)
         for device in self.devices.values():  # a new segment: every judge starts over
-            device.judge.restarted()
+            device.station.context["pid"] = target.pid
+            if restart:
+                device.station.restarted()
+            else:  # a handover: the same job, in a child the tree held already
+                device.station.judge.restarted()
             device.settle_pending = restart
-            device.telemetry.restarts_total += int(restart)
         self._escalation.reset()
         return self.make_reader(target.process)
 
@@ -237,11 +244,11 @@ class Daemon:
 
     # -- judging and acting ---------------------------------------------------------------------------
 
-    def _device(self, name: str, source: str, only_device: bool) -> _Device:
+    def _device(self, name: str, source: str, only_device: bool, pid: int) -> _Device:
         device = self.devices.get(name)
         if device is None:
             base = self.config.trace_file
-            device = _Device(name, source, self.config, trace_path_for(base, name, only_device) if base else None)
+            device = _Device(name, source, self.config, trace_path_for(base, name, only_device) if base else None, pid)
             self.devices[name] = device
             self.telemetry[name] = device.telemetry
         return device
@@ -250,43 +257,20 @@ class Daemon:
         now = time.time()
         asking: tuple[str, Verdict, Action] | None = None
         for reading in readings:
-            device = self._device(reading.device, source, only_device=len(readings) == 1)
+            device = self._device(reading.device, source, only_device=len(readings) == 1, pid=target.pid)
             sample = Sample(tick, now, reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used)
-            verdict, action = device.judge.judge(sample)
-            leak_report.log_change(log, device.telemetry.verdict, verdict, device=reading.device, pid=target.pid)
-            self._publish(device, sample, verdict)
+            verdict, action = device.station.observe(sample)
+            telemetry = device.telemetry
+            telemetry.training_step, telemetry.last_step_monotonic = tick, time.monotonic()
             if device.settle_pending and tick >= self._warmup:
                 device.settle_pending = False
-                self._measure_restart(reading.device, device, sample)
-            if action is Action.NONE:
-                continue
-            device.telemetry.count_action(action)
-            if action.needs_checkpoint:
+                device.station.restart_settled(float(sample.bytes_used), after_signal=self._restart_after_signal)
+            if action.needs_checkpoint:  # WARN: the station's line says it all
                 asking = asking or (reading.device, verdict, action)
-            else:
-                log.warning("watchdog_action", action=action.value, device=reading.device, pid=target.pid,
-                            explanation=verdict.explanation,
-                            projected_oom_seconds=_seconds(verdict.projected_oom_seconds))
         total = sum(r.bytes_used for r in readings)
         if asking is not None:
             self._signal(target, *asking, total)
         self._escalate(target, total)
-
-    def _publish(self, device: _Device, sample: Sample, verdict: Verdict) -> None:
-        if device.trace is not None:
-            device.trace.write(sample)
-        telemetry = device.telemetry
-        telemetry.sample, telemetry.verdict = sample, verdict
-        telemetry.samples_total += 1
-        telemetry.training_step = sample.step
-        telemetry.last_step_monotonic = time.monotonic()
-
-    def _measure_restart(self, name: str, device: _Device, sample: Sample) -> None:
-        recovery = device.judge.restart_settled(float(sample.bytes_used))
-        if recovery is not None:
-            log.info("restart_measured", device=name, floor_before_bytes=recovery.floor_before_bytes,
-                     bytes_after=recovery.bytes_after, recovered_bytes=recovery.recovered_bytes,
-                     recovered=recovery.recovered, after_signal=self._restart_after_signal)
 
     def _signal(self, target: WatchedProcess, device: str, verdict: Verdict, action: Action, total: int) -> None:
         fields = dict(pid=target.pid, device=device, action=action.value, explanation=verdict.explanation,

@@ -22,8 +22,8 @@ from typing import Iterator, Mapping
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from watchdog.runtime.exporter import PREFIX, TelemetryCollector, merge_families
-from watchdog.runtime.telemetry import Telemetry
+from watchdog.station.exporter import PREFIX, TelemetryCollector, merge_families
+from watchdog.station.telemetry import Telemetry
 
 
 @dataclass

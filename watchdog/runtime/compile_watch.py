@@ -15,7 +15,7 @@ from watchdog.core.compile_causes import SourceView, explain, parse_compile_anal
 from watchdog.core.recompilation import Recompilation, RecompilationConfig, RecompilationDetector
 from watchdog.logs import get_logger
 from watchdog.runtime import xla_stats
-from watchdog.runtime.telemetry import Telemetry
+from watchdog.station.telemetry import Telemetry
 from watchdog.runtime.xla_stats import AnalysisReader, CompileAnalysis
 
 log = get_logger(__name__)

@@ -27,24 +27,11 @@ from pathlib import Path
 
 import psutil
 
+from watchdog.core.readings import HostReading
+
 HOST_DEVICE = "host"  # the host series' `device` label, in metrics, logs and a trace's name
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class HostReading:
-    bytes_used: int  # the series judged (see the module docstring)
-    bytes_limit: int  # its budget
-    domain: str  # "budget", "cgroup" or "machine"
-    process_bytes: int  # resident memory of the process and its children
-    available_bytes: int  # the machine's MemAvailable
-    oom_kills: int | None = None  # the cgroup's OOM kills so far, where there is a cgroup
-
-    def fields(self) -> dict:
-        return {"domain": self.domain, "bytes_used": self.bytes_used, "bytes_limit": self.bytes_limit,
-                "process_bytes": self.process_bytes, "available_bytes": self.available_bytes,
-                "oom_kills": self.oom_kills}
 
 
 @dataclass(frozen=True)

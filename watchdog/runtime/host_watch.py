@@ -2,9 +2,10 @@
 
 The sidecar thread drives it beside the device's series, on its own cadence (every
 `host_sample_every` steps). It owns what the host's memory needs and the device's does not share:
-its `HostMemory` reader, its Judge (the same two signals: a leak reported, an OOM projected), its
-telemetry (`device="host"` on /metrics) and its trace (`trace.host.csv` beside the trace). The
-verdict and action go back to the sidecar, which acts on them as on the device's.
+its `HostMemory` reader and a `Station` of its own, with its own Judge (the same two signals: a
+leak reported, an OOM projected), telemetry (`device="host"` on /metrics) and trace
+(`trace.host.csv` beside the trace). The verdict and action go back to the sidecar, which acts on
+them as on the device's.
 
 Its policy restarts from the first checkpoint action (`prefer_restart`): host memory a process
 took (heap arenas, a checkpointer's buffers, pinned staging copies) is seldom all given back in
@@ -26,10 +27,10 @@ from watchdog.core.judge import Judge
 from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger
-from watchdog.runtime import leak_report
 from watchdog.runtime.host_memory import HOST_DEVICE, HostMemory, HostReading
-from watchdog.runtime.telemetry import Telemetry
-from watchdog.runtime.trace_sink import TraceSink
+from watchdog.station.station import Station
+from watchdog.station.telemetry import Telemetry
+from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
@@ -46,18 +47,19 @@ class HostWatch:
         self.every = config.host_sample_every or config.sample_every
         self.reading: HostReading | None = None
         self._next_step = 0
-        self.judge: Judge | None = None
-        self.trace: TraceSink | None = None
+        self.station: Station | None = None
         if not judged:
             return
-        self.judge = Judge(config.detector, dataclasses.replace(config.policy, prefer_restart=True),
-                           memory_limit_bytes=self.memory.limit_bytes, restarts_so_far=config.restarts_so_far)
+        judge = Judge(config.detector, dataclasses.replace(config.policy, prefer_restart=True),
+                      memory_limit_bytes=self.memory.limit_bytes, restarts_so_far=config.restarts_so_far)
         telemetry.device, telemetry.source, telemetry.rank = HOST, f"host-{self.memory.domain}", config.rank
         telemetry.restarts_total = config.restarts_so_far
+        trace = None
         if config.trace_file is not None:
-            self.trace = TraceSink(labelled_trace_path(config.trace_file, HOST), telemetry, trace_retry_seconds)
+            trace = TraceSink(labelled_trace_path(config.trace_file, HOST), telemetry, trace_retry_seconds)
+        self.station = Station(judge, telemetry, trace, memory=HOST)
         log.info("host_memory_watched", **self.memory.describe(), sample_every=self.every,
-                 trace_file=str(self.trace.path) if self.trace else None)
+                 trace_file=str(trace.path) if trace else None)
 
     def due(self, step: int) -> bool:
         return step >= self._next_step or step < self._next_step - self.every  # a step going back: a new run
@@ -67,35 +69,24 @@ class HostWatch:
         raises (the sidecar counts it)."""
         self._next_step = step + self.every
         reading = self.reading = self.memory.read()
-        if self.judge is None:
-            self.telemetry.host_reading = reading
+        self.telemetry.host_reading = reading
+        if self.station is None:
             return None
-        sample = Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, None, phase)
-        if self.trace is not None:
-            self.trace.write(sample)
-        telemetry = self.telemetry
-        telemetry.sample, telemetry.host_reading = sample, reading
-        telemetry.peak_bytes_seen = max(telemetry.peak_bytes_seen, sample.bytes_used)
-        telemetry.samples_total += 1
-        verdict, action = self.judge.judge(sample)
-        leak_report.log_change(log, telemetry.verdict, verdict, memory=HOST)
-        telemetry.verdict = verdict
-        if action is not Action.NONE:
-            telemetry.count_action(action)
-        return verdict, action
+        return self.station.observe(Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, None, phase))
 
     def reinit_finished(self) -> None:
         """After a reinit in process: measure what it gave back of the host's memory too."""
-        if self.judge is None:
+        if self.station is None:
             return
         try:
-            self.judge.reinit_finished(float(self.memory.read().bytes_used))
+            bytes_now = float(self.memory.read().bytes_used)
         except Exception:  # noqa: BLE001 - the device's path already counts a failing read
-            pass
+            return
+        self.station.reinit_finished(bytes_now)
 
     def close(self) -> None:
-        if self.trace is not None:
-            self.trace.close()
+        if self.station is not None:
+            self.station.close()
 
 
 def merge_into_rss(source, config: WatchdogConfig, telemetry: Telemetry) -> HostWatch:

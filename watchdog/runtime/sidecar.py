@@ -58,15 +58,16 @@ from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import get_logger
-from watchdog.runtime import leak_report, xla_stats
+from watchdog.runtime import xla_stats
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
-from watchdog.runtime.reports import ActionReport
+from watchdog.station.reports import ActionReport
+from watchdog.station.station import Station
 from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
                                       select_source)
-from watchdog.runtime.telemetry import Telemetry
-from watchdog.runtime.trace_sink import TraceSink
+from watchdog.station.telemetry import Telemetry
+from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
@@ -93,11 +94,10 @@ class Watchdog:
         self.config = config or WatchdogConfig()
         self.telemetry = telemetry or Telemetry(rank=self.config.rank)
         self.telemetry.restarts_total = self.config.restarts_so_far
-        self.judge = Judge(self.config.detector, self.config.policy,
-                           memory_limit_bytes=self.config.memory_limit_bytes,
-                           restarts_so_far=self.config.restarts_so_far)
+        self.station = Station(Judge(self.config.detector, self.config.policy,
+                                     memory_limit_bytes=self.config.memory_limit_bytes,
+                                     restarts_so_far=self.config.restarts_so_far), self.telemetry, memory=DEVICE)
         self.history: deque[Sample] = deque(maxlen=self.config.history_size)
-        self.latest_verdict: Verdict | None = None
         self.last_recovery: Recovery | None = None  # what the last reinit gave back (the terminal's action block)
         self._source = source
         self._every = self.config.sample_every
@@ -119,7 +119,6 @@ class Watchdog:
         self._flight: FlightRecorder | None = None
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
-        self._trace: TraceSink | None = None
         self._host: HostWatch | None = None
         self._failed_kinds: set[str] = set()
         self._stall_seen_step = -1
@@ -143,7 +142,7 @@ class Watchdog:
         if device_kind(device) == "xla":
             self._compile_watch = CompileWatch(self.config.recompilation, self.telemetry)
         if self.config.trace_file is not None:
-            self._trace = TraceSink(self.config.trace_file, self.telemetry, lambda: self.trace_retry_seconds)
+            self.station.trace = TraceSink(self.config.trace_file, self.telemetry, lambda: self.trace_retry_seconds)
         if self.config.host_memory:
             self._watch_the_host()
         flight_path = path_for(self.config.trace_file)
@@ -176,10 +175,10 @@ class Watchdog:
         if self._flight is not None:
             self._flight.ended()
         missed = 0
-        for trace in (self._trace, self._host.trace if self._host is not None else None):
-            if trace is not None:
-                trace.close()
-                missed += trace.samples_missed
+        for station in (self.station, self._host.station if self._host is not None else None):
+            if station is not None and station.trace is not None:
+                station.close()
+                missed += station.trace.samples_missed
         log.info("watchdog_stopped", samples=self.telemetry.samples_total,
                  sample_errors=self.telemetry.sample_errors_total, trace_errors=self.telemetry.trace_errors_total,
                  samples_missing_from_trace=missed)
@@ -226,9 +225,36 @@ class Watchdog:
                  seconds=round(time.perf_counter() - started, 3))
 
     @property
+    def verdict(self) -> Verdict | None:
+        """The device series' newest verdict (None before the first sample). An attribute read: a
+        host may read it every step."""
+        return self.telemetry.verdict
+
+    latest_verdict = verdict  # the name it had before the station; kept for code written against it
+
+    @property
+    def limit_bytes(self) -> int | None:
+        """The budget the device series is judged against (the tighter one, where the host's is the same memory)."""
+        return self.station.judge.limit_bytes
+
+    @property
+    def leak_suspected(self) -> bool:
+        """A leak is worth naming now: the watchdog has warned or acted, or reports a leak with no OOM
+        projected, in either memory (with an OOM projected, the action path's WARN follows within a
+        few verdicts). What arms the forensics' capture of creation sites; attribute reads only."""
+        if self.telemetry.actions_total:
+            return True
+        return any(v is not None and v.leak_detected and not v.oom_projected for v in (self.verdict, self.host_verdict))
+
+    @property
     def host_verdict(self) -> Verdict | None:
         """The host series' newest verdict (None where the host is not watched apart from the device)."""
-        return self._host.telemetry.verdict if self._host is not None and self._host.judge is not None else None
+        return self._host.station.verdict if self._host is not None and self._host.station is not None else None
+
+    @property
+    def judge(self) -> Judge:
+        """The device series' Judge (its limit, its detector), for hosts and tests that read them."""
+        return self.station.judge
 
     @property
     def source_name(self) -> str:
@@ -426,18 +452,9 @@ class Watchdog:
             return
         sample = Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used, phase)
         self.history.append(sample)
-        if self._trace is not None:
-            self._trace.write(sample)
         telemetry = self.telemetry
-        telemetry.sample = sample
-        telemetry.peak_bytes_seen = max(telemetry.peak_bytes_seen, sample.bytes_used, sample.peak_bytes_used or 0)
         telemetry.chips = reading.devices
-        telemetry.samples_total += 1
-        verdict, action = self.judge.judge(sample)
-        leak_report.log_change(log, telemetry.verdict, verdict)
-        self.latest_verdict = telemetry.verdict = verdict
-        if action is not Action.NONE:
-            telemetry.count_action(action)
+        verdict, action = self.station.observe(sample)
         self._act_on(action, verdict, DEVICE)
         if self._host is not None and self._host.due(step):
             self._watch_host_at(step, phase)
@@ -455,8 +472,8 @@ class Watchdog:
             self._count_error("host_read", exc)
             return
         if judged is None:  # one memory: the device's series is the host's, and so is its verdict
-            if self._flight is not None and self.latest_verdict is not None:
-                self._flight.observe_host(self._host.reading, self.latest_verdict)  # type: ignore[union-attr]
+            if self._flight is not None and self.verdict is not None:
+                self._flight.observe_host(self._host.reading, self.verdict)  # type: ignore[union-attr]
             return
         verdict, action = judged
         self._act_on(action, verdict, HOST)
@@ -464,18 +481,13 @@ class Watchdog:
             self._flight.observe_host(self._host.reading, verdict)  # type: ignore[union-attr]
 
     def _act_on(self, action: Action, verdict: Verdict, memory: str) -> None:
-        """Log an action (counted by its series' telemetry), queue a checkpoint for the training
-        thread, and arm the follower when a leak is suspected, whichever memory it is in."""
+        """The in-process host's part of an action (its station logged and counted it): queue a
+        checkpoint for the training thread, and arm the follower when a leak is suspected,
+        whichever memory it is in."""
         if self._drives_follower and (action is not Action.NONE
                                       or (verdict.leak_detected and not verdict.oom_projected)):
             if self._follower.arm():  # a leak is suspected: capture where its tensors are made
                 self._chores.append(_FOLLOW)
-        if action is Action.NONE:
-            return
-        level = logging.WARNING if action is Action.WARN else logging.ERROR
-        log.log(level, "watchdog_action", action=action.value, memory=memory, step=verdict.step,
-                status=verdict.status.value, explanation=verdict.explanation,
-                projected_oom_step=verdict.projected_oom_step, projected_oom_steps=verdict.projected_oom_steps)
         if action.needs_checkpoint and all(chore is _FOLLOW for chore in self._chores):  # one waits at most
             self._chores.append((action, verdict, memory))
 
@@ -484,11 +496,7 @@ class Watchdog:
             self._host.reinit_finished()
         if reading is None:
             return
-        recovery = self.last_recovery = self.judge.reinit_finished(float(reading.bytes_used))
-        if recovery is not None:
-            log.info("reinit_measured", floor_before_bytes=recovery.floor_before_bytes,
-                     bytes_after=recovery.bytes_after, recovered_bytes=recovery.recovered_bytes,
-                     recovered=recovery.recovered)
+        self.last_recovery = self.station.reinit_finished(float(reading.bytes_used))
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         self.telemetry.sample_errors_total += 1

@@ -24,33 +24,16 @@ import ctypes
 import os
 import resource
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 from watchdog.core.errors import InputError
 from watchdog.core.judge import effective_limit
+from watchdog.core.readings import DeviceMemory, MemoryReading
 from watchdog.core.sample import read_trace
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceMemory:
-    """One chip's memory, as a source that sees several chips reports it (`device` is its label)."""
-
-    device: str
-    bytes_used: int
-    bytes_limit: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryReading:
-    bytes_used: int
-    bytes_limit: int | None = None
-    peak_bytes_used: int | None = None
-    devices: tuple[DeviceMemory, ...] = ()  # every chip, when the source sees more than one
 
 
 def fullest(devices: list[DeviceMemory] | tuple[DeviceMemory, ...]) -> MemoryReading:

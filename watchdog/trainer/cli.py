@@ -17,7 +17,7 @@ from watchdog.core.errors import InputError
 from watchdog.core.numbers import option, parse_count, parse_positive, parse_seed, parse_step
 from watchdog.core.units import positive_size
 from watchdog.logs import console_wanted
-from watchdog.runtime.exporter import add_metrics_options
+from watchdog.station.exporter import add_metrics_options
 from watchdog.trainer.leaks import FORMS, parse_leak_spec
 
 DEFAULT_STEPS = 600
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
 
         return train_replicated(config, args.num_devices, metrics_port=args.metrics_port,
                                 metrics_address=args.metrics_address)
-    from watchdog.runtime.telemetry import Telemetry
+    from watchdog.station.telemetry import Telemetry
     from watchdog.trainer.loop import Replica, train
 
     strategy, replica = None, Replica()
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     telemetry = Telemetry(rank=replica.rank)
     server = None
     if args.metrics_port is not None and config.watchdog is not None:
-        from watchdog.runtime.exporter import serve_metrics
+        from watchdog.station.exporter import serve_metrics
 
         server = serve_metrics(telemetry, args.metrics_port, addr=args.metrics_address)
         print(f"metrics: {server.url}", flush=True)

@@ -55,10 +55,10 @@ from watchdog.core.numbers import parse_count
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.forensics.follower import LeakFollower
-from watchdog.runtime.reports import ActionReport, RunSummary
+from watchdog.station.reports import ActionReport, RunSummary
 from watchdog.runtime.sidecar import REINITIALISED, RESTART_REQUESTED, Watchdog, log_acted
 from watchdog.runtime.sources import release_host_memory
-from watchdog.runtime.telemetry import Telemetry
+from watchdog.station.telemetry import Telemetry
 from watchdog.trainer import leaks
 from watchdog.trainer.data import Batch, TokenSource
 from watchdog.trainer.leaks import LeakSinks, LeakSpec
@@ -499,7 +499,7 @@ class Trainer:
                 self.watchdog.drain()
                 self.watchdog.stop()
         final_loss = float(loss.item()) if loss is not None else None
-        verdict = self.watchdog.latest_verdict if self.watchdog is not None else None
+        verdict = self.watchdog.verdict if self.watchdog is not None else None
         result = TrainResult(
             exit_code=exit_code, first_step=first_step, step=self.state.step, steps_total=self.config.steps,
             reinits=self.reinits, restarts=self.restarts_so_far, final_loss=final_loss,
@@ -624,7 +624,7 @@ class Trainer:
         made."""
         follower = self._follower
         follower.between_steps(step)
-        if action is not None or self._leak_suspected():
+        if action is not None or (self.watchdog is not None and self.watchdog.leak_suspected):
             follower.arm()  # once until the next reinit
         if action is not None and action.needs_checkpoint:
             return follower.name(step)
@@ -636,19 +636,7 @@ class Trainer:
         handed = self.watchdog.last_action if self.watchdog is not None else None
         if handed is not None and handed.step == watch_step(self.config, step) and handed.action is action:
             return ActionReport(step, action, handed.verdict, suspects=suspects, memory=handed.memory)
-        return ActionReport(step, action, self.watchdog.latest_verdict if self.watchdog else None, suspects=suspects)
-
-    def _leak_suspected(self) -> bool:
-        """The watchdog has warned or acted, or reports a leak with no OOM projected (attribute reads:
-        once per step). With an OOM projected, the action path's WARN or action follows within a few
-        verdicts and arms the capture itself: after a reinit it runs on the rebuilt state."""
-        watchdog = self.watchdog
-        if watchdog is None:
-            return False
-        verdict = watchdog.latest_verdict
-        host = watchdog.host_verdict
-        reported = any(v is not None and v.leak_detected and not v.oom_projected for v in (verdict, host))
-        return reported or bool(watchdog.telemetry.actions_total)
+        return ActionReport(step, action, self.watchdog.verdict if self.watchdog else None, suspects=suspects)
 
     def _tell(self, report: ActionReport | None, saved: bool, outcome: str) -> None:
         """The action's block: what the watchdog saw, what is leaking, what was done and, after a
@@ -673,8 +661,8 @@ class Trainer:
             command="train", outcome=outcome, steps_done=result.step, steps_total=result.steps_total,
             first_step=result.first_step, steps_per_second=result.steps_per_second, reinits=result.reinits,
             restarts=result.restarts, peak_bytes=telemetry.peak_bytes_seen if telemetry and telemetry.sample else None,
-            limit_bytes=self.watchdog.judge.limit_bytes if self.watchdog is not None else None,
-            verdict=self.watchdog.latest_verdict if self.watchdog is not None else None,
+            limit_bytes=self.watchdog.limit_bytes if self.watchdog is not None else None,
+            verdict=self.watchdog.verdict if self.watchdog is not None else None,
             trace_file=str(watch.trace_file) if watch is not None and watch.trace_file else None,
             checkpoint_dir=str(self.checkpoints.directory) if self.config.checkpoint_dir is not None else None,
             newest_checkpoint_step=newest)

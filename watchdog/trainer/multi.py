@@ -20,7 +20,7 @@ from pathlib import Path
 
 from watchdog.core.errors import EXIT_OK, InputError
 from watchdog.fileio import write_atomically
-from watchdog.runtime.exporter import DEFAULT_ADDRESS
+from watchdog.station.exporter import DEFAULT_ADDRESS
 
 
 def train_replicated(config, num_devices: int, *, metrics_port: int | None = None,
@@ -55,7 +55,7 @@ def _replica(index: int, config, metrics_port: int | None, metrics_address: str,
     import torch.distributed as dist
     import torch_xla.runtime as xr
 
-    from watchdog.runtime.telemetry import Telemetry
+    from watchdog.station.telemetry import Telemetry
     from watchdog.trainer.loop import Replica, Trainer
 
     replica = Replica(rank=xr.global_ordinal(), world=xr.world_size(), replicated=True)
@@ -66,7 +66,7 @@ def _replica(index: int, config, metrics_port: int | None, metrics_address: str,
     telemetry = Telemetry(rank=replica.rank)
     server = None
     if metrics_port is not None and config.watchdog is not None:
-        from watchdog.runtime.exporter import serve_metrics
+        from watchdog.station.exporter import serve_metrics
 
         server = serve_metrics(telemetry, metrics_port, local_rank=xr.local_ordinal(), addr=metrics_address)
         print(f"metrics (rank {replica.rank}): {server.url}", flush=True)

@@ -19,6 +19,7 @@ import time
 import torch
 
 from watchdog.core.units import format_bytes, format_duration
+from watchdog.core.verdict import Status
 from watchdog.logs import get_logger
 
 log = get_logger("watchdog.trainer")
@@ -75,11 +76,12 @@ def bar_text(loss: float, watchdog) -> str:
     if verdict is None:
         parts.append("watchdog starting")
         return " | ".join(parts)
-    status = verdict.status.value.replace("_", " ")
+    status = verdict.status.label
     if verdict.projected_oom_step is not None and math.isfinite(verdict.projected_oom_steps):
         when = (f"~{format_duration(verdict.projected_oom_seconds)}" if math.isfinite(verdict.projected_oom_seconds)
                 else f"{verdict.projected_oom_steps:,.0f} steps")
-        status += f", OOM in {when} (step {verdict.projected_oom_step:,})"
+        status = ("OOM projected" if verdict.status is Status.OOM_PROJECTED else f"{status}, OOM") + \
+            f" in {when} (step {verdict.projected_oom_step:,})"
     elif verdict.slope_bytes_per_step > 0 and status != "healthy":
         status += f", +{format_bytes(verdict.slope_bytes_per_step)}/step"
     parts.append(status)

@@ -46,7 +46,7 @@ from watchdog import __version__
 from watchdog.core.errors import InputError
 from watchdog.core.numbers import option, parse_port
 from watchdog.logs import get_logger
-from watchdog.runtime.telemetry import Telemetry
+from watchdog.station.telemetry import Telemetry
 
 log = get_logger(__name__)
 

@@ -3,8 +3,8 @@
 An I/O error writing it (disk full, read-only file system) is logged once per kind and counted
 (`hbmwatch_trace_errors_total` of its telemetry), the file is reopened a while later (its torn last
 row cut off), and nothing of it ever reaches training or its exit status. At start, a path that
-cannot be a trace is the user's error (InputError, exit 2). The sidecar keeps one for the device's
-series and one for the host's.
+cannot be a trace is the user's error (InputError, exit 2). Every station writes its trace through
+one: the sidecar's device and host series, and each device the `watch` daemon reads.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from typing import Callable
 from watchdog.core.errors import InputError
 from watchdog.core.sample import Sample, TraceWriter
 from watchdog.logs import get_logger
-from watchdog.runtime.telemetry import Telemetry
+from watchdog.station.telemetry import Telemetry
 
 log = get_logger(__name__)
 
 
 class TraceSink:
-    def __init__(self, path: Path, telemetry: Telemetry, retry_seconds: Callable[[], float]):
-        """`retry_seconds`: read at each failure, so a test may shorten the wait on a live watchdog."""
+    def __init__(self, path: Path, telemetry: Telemetry, retry_seconds: Callable[[], float], *, flush_every: int = 64):
+        """`retry_seconds`: read at each failure, so a test may shorten the wait on a live watchdog.
+        `flush_every`: rows kept before a flush (the daemon, at one row a second, flushes sooner)."""
         self.path = path
+        self._flush_every = flush_every
         self.samples_missed = 0
         self._telemetry = telemetry
         self._retry_seconds = retry_seconds
@@ -35,7 +37,7 @@ class TraceSink:
 
     def _open(self, *, at_start: bool = False) -> bool:
         try:
-            self._writer = TraceWriter(self.path)
+            self._writer = TraceWriter(self.path, flush_every=self._flush_every)
             return True
         except InputError:
             if at_start:

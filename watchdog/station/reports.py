@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from watchdog.core.units import format_bytes, format_duration
-from watchdog.core.verdict import Action, Verdict
+from watchdog.core.verdict import Action, Status, Verdict
 
 RULE_WIDTH = 78
 
@@ -128,7 +128,7 @@ class RunSummary:
         verdict = self.verdict
         if verdict is None:
             return "no samples"
-        text = verdict.status.value.replace("_", " ")
-        if verdict.slope_bytes_per_step > 0 and verdict.status.value != "healthy":
+        text = verdict.status.label
+        if verdict.slope_bytes_per_step > 0 and verdict.status is not Status.HEALTHY:
             text += f", floor {rate_text(verdict.slope_bytes_per_step)}; {oom_text(verdict)}"
         return text

@@ -11,14 +11,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from watchdog.core.readings import DeviceMemory, HostReading
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
-
-if TYPE_CHECKING:
-    from watchdog.runtime.host_memory import HostReading
-    from watchdog.runtime.sources import DeviceMemory
 
 CHECKPOINT_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 

@@ -1,0 +1,41 @@
+"""What a memory source reads, as plain values: one reading, each chip's share, the host's.
+
+They live in the core because every layer passes them on: a source (in process) or a reader (the
+`watch` daemon) makes them, and the station's telemetry and the exporter show them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """One chip's memory, as a source that sees several chips reports it (`device` is its label)."""
+
+    device: str
+    bytes_used: int
+    bytes_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReading:
+    bytes_used: int
+    bytes_limit: int | None = None
+    peak_bytes_used: int | None = None
+    devices: tuple[DeviceMemory, ...] = ()  # every chip, when the source sees more than one
+
+
+@dataclass(frozen=True, slots=True)
+class HostReading:
+    bytes_used: int  # the series judged (runtime/host_memory.py says which)
+    bytes_limit: int  # its budget
+    domain: str  # "budget", "cgroup" or "machine"
+    process_bytes: int  # resident memory of the process and its children
+    available_bytes: int  # the machine's MemAvailable
+    oom_kills: int | None = None  # the cgroup's OOM kills so far, where there is a cgroup
+
+    def fields(self) -> dict:
+        return {"domain": self.domain, "bytes_used": self.bytes_used, "bytes_limit": self.bytes_limit,
+                "process_bytes": self.process_bytes, "available_bytes": self.available_bytes,
+                "oom_kills": self.oom_kills}

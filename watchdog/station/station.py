@@ -1,0 +1,110 @@
+"""The station: one memory series' whole path, written once for every host.
+
+    sample -> trace -> telemetry -> Judge -> verdict, action
+           -> the leak report's lines (up, cleared) -> the action's line (`watchdog_action`)
+           -> the action, handed back to the host to carry out
+    what the action gave back (a reinit, a restart) -> the Judge, and its line
+
+Every series goes through one: the sidecar's device series and its host series (in the training
+process), and each device the `watch` daemon reads (outside it). A host supplies only what it alone
+knows: how memory is read (it builds the `Sample`), and what it does with an action (queue it for
+the training thread, or signal a process). It never decides what to log or count: the station's
+lines and counters are the same whichever host drives it, so a log pipeline or a dashboard reads
+the trainer, a Lightning job and a watched process alike.
+
+`context` goes on every line the station logs, to say which series it is: `memory="device"` or
+`"host"` in process, `device=` and `pid=` for the daemon (which updates `pid` when it attaches to
+a new process).
+
+Not thread-safe: one thread drives a station (the sidecar's, or the daemon's loop).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from watchdog.core.judge import Judge, Recovery
+from watchdog.core.sample import Sample
+from watchdog.core.verdict import Action, Verdict
+from watchdog.logs import get_logger
+from watchdog.station import leak_report
+from watchdog.station.telemetry import Telemetry
+
+log = get_logger(__name__)
+
+
+class TraceSinkLike(Protocol):
+    def write(self, sample: Sample) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Station:
+    def __init__(self, judge: Judge, telemetry: Telemetry, trace: TraceSinkLike | None = None, **context: Any):
+        self.judge = judge
+        self.telemetry = telemetry
+        self.trace = trace
+        self.context = context
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The newest verdict (None before the first sample)."""
+        return self.telemetry.verdict
+
+    def observe(self, sample: Sample) -> tuple[Verdict, Action]:
+        """Record `sample`, judge it, log what changed, count the action; the host carries it out."""
+        if self.trace is not None:
+            self.trace.write(sample)
+        telemetry = self.telemetry
+        telemetry.sample = sample
+        telemetry.peak_bytes_seen = max(telemetry.peak_bytes_seen, sample.bytes_used, sample.peak_bytes_used or 0)
+        telemetry.samples_total += 1
+        verdict, action = self.judge.judge(sample)
+        leak_report.log_change(log, telemetry.verdict, verdict, **self.context)
+        telemetry.verdict = verdict
+        if action is not Action.NONE:
+            telemetry.count_action(action)
+            log_action(action, verdict, self.context)
+        return verdict, action
+
+    def reinit_finished(self, bytes_now: float) -> Recovery | None:
+        """After a rebuild in process: what it gave back (None when the judge had nothing to compare)."""
+        recovery = self.judge.reinit_finished(bytes_now)
+        if recovery is not None:
+            log.info("reinit_measured", **self.context, **_recovery_fields(recovery))
+        return recovery
+
+    def restarted(self) -> None:
+        """A new process: the judge starts over, and the restart is counted."""
+        self.judge.restarted()
+        self.telemetry.restarts_total += 1
+
+    def restart_settled(self, bytes_now: float, **fields: Any) -> Recovery | None:
+        """Once the new process warmed up: what the restart gave back."""
+        recovery = self.judge.restart_settled(bytes_now)
+        if recovery is not None:
+            log.info("restart_measured", **self.context, **_recovery_fields(recovery), **fields)
+        return recovery
+
+    def close(self) -> None:
+        if self.trace is not None:
+            self.trace.close()
+
+
+def log_action(action: Action, verdict: Verdict, context: dict[str, Any]) -> None:
+    """`watchdog_action`: what the watchdog decided and why (what the host then did is its own line)."""
+    level = logging.WARNING if action is Action.WARN else logging.ERROR
+    log.log(level, "watchdog_action", action=action.value, **context, step=verdict.step,
+            status=verdict.status.value, explanation=verdict.explanation,
+            projected_oom_step=verdict.projected_oom_step, projected_oom_steps=_finite(verdict.projected_oom_steps),
+            projected_oom_seconds=_finite(verdict.projected_oom_seconds))
+
+
+def _recovery_fields(recovery: Recovery) -> dict[str, Any]:
+    return dict(floor_before_bytes=recovery.floor_before_bytes, bytes_after=recovery.bytes_after,
+                recovered_bytes=recovery.recovered_bytes, recovered=recovery.recovered)
+
+
+def _finite(value: float) -> float | None:
+    return round(value, 1) if value == value and abs(value) != float("inf") else None
