@@ -3,8 +3,8 @@
 The trace is replayed through the online detector and policy (`replay_steps`, the same path as
 `analyze` and the sidecar), so the floor, trend, interval and markers are what the live watchdog
 would have had at each step, not a hindsight fit. Drawn: memory used (thin), the floor, the fitted
-trend with its slope interval and its projection to the limit, the limit, periods with the leak
-alarm up, and the steps where actions were asked for. `.html` embeds the PNG (base64) with a
+trend with its slope interval and its projection to the limit, the limit, the spans of the two
+signals (the leak reported; an OOM projected), and the steps where actions were asked for. `.html` embeds the PNG (base64) with a
 summary table, so the page is one self-contained file.
 """
 
@@ -38,7 +38,7 @@ class ReplayPicture:
     steps: list[int] = field(default_factory=list)
     used: list[float] = field(default_factory=list)
     floor: list[float] = field(default_factory=list)  # nan while warming up
-    alarm: list[bool] = field(default_factory=list)  # OOM projected: the action path's alarm
+    oom_projected: list[bool] = field(default_factory=list)  # the action path's signal
     reported: list[bool] = field(default_factory=list)  # the leak report (a warning)
     actions: list[tuple[int, Action]] = field(default_factory=list)
     first_action_verdict: Verdict | None = None
@@ -60,7 +60,7 @@ def collect(samples: list[Sample], memory_limit_bytes: int | None = None) -> Rep
         picture.used.append(sample.bytes_used / GiB)
         picture.floor.append(verdict.floor_bytes / GiB if verdict.floor_bytes is not None and
                              verdict.status is not Status.WARMING_UP else math.nan)
-        picture.alarm.append(verdict.status is Status.OOM_PROJECTED)
+        picture.oom_projected.append(verdict.status is Status.OOM_PROJECTED)
         picture.reported.append(verdict.leak_detected)
         if action is not None and action is not Action.NONE:
             picture.actions.append((sample.step, action))
@@ -72,12 +72,12 @@ def collect(samples: list[Sample], memory_limit_bytes: int | None = None) -> Rep
     return picture
 
 
-def _alarm_spans(steps: list[int], alarm: list[bool]) -> list[tuple[int, int]]:
+def _spans(steps: list[int], up: list[bool]) -> list[tuple[int, int]]:
     spans, start = [], None
-    for step, up in zip(steps, alarm):
-        if up and start is None:
+    for step, is_up in zip(steps, up):
+        if is_up and start is None:
             start = step
-        elif not up and start is not None:
+        elif not is_up and start is not None:
             spans.append((start, step))
             start = None
     if start is not None:
@@ -134,10 +134,10 @@ def draw(picture: ReplayPicture, title: str, true_oom_step: int | None = None):
     steps = picture.steps
     ax.plot(steps, picture.used, color="#9a9a9a", lw=0.4, alpha=0.7, label="memory used (samples)")
     ax.plot(steps, picture.floor, color="#009e73", lw=1.6, label="floor (resident memory)")
-    for i, (start, stop) in enumerate(_alarm_spans(steps, picture.reported)):  # the two signals, never one band
+    for i, (start, stop) in enumerate(_spans(steps, picture.reported)):  # the two signals, never one band
         ax.axvspan(start, stop, ymin=0.0, ymax=0.03, color="#e69f00", alpha=0.9, lw=0,
                    label="leak reported (warning)" if i == 0 else None)
-    for i, (start, stop) in enumerate(_alarm_spans(steps, picture.alarm)):
+    for i, (start, stop) in enumerate(_spans(steps, picture.oom_projected)):
         ax.axvspan(start, stop, color="#d55e00", alpha=0.08, lw=0, label="OOM projected (action alarm)" if i == 0 else None)
     if picture.trend_verdict is not None:
         _draw_trend(ax, picture.trend_verdict, picture.limit, steps[0], steps[-1])
@@ -178,7 +178,7 @@ def _title(name: str, picture: ReplayPicture) -> str:
 
 def summary_rows(name: str, samples: list[Sample], picture: ReplayPicture) -> list[tuple[str, str]]:
     final = picture.final_verdict
-    first_alarm = next((s for s, up in zip(picture.steps, picture.alarm) if up), None)
+    first_projected = next((s for s, up in zip(picture.steps, picture.oom_projected) if up), None)
     first_report = next((s for s, up in zip(picture.steps, picture.reported) if up), None)
     first_action = next(((s, a) for s, a in picture.actions if a.needs_checkpoint), None)
     return [
@@ -189,7 +189,7 @@ def summary_rows(name: str, samples: list[Sample], picture: ReplayPicture) -> li
         ("floor slope", f"{format_bytes(final.slope_bytes_per_step)}/step" if final else "n/a"),
         ("projected OOM step", f"{final.projected_oom_step:,}" if final and final.projected_oom_step else "none"),
         ("leak first reported", f"step {first_report:,}" if first_report is not None else "never"),
-        ("OOM first projected", f"step {first_alarm:,}" if first_alarm is not None else "never"),
+        ("OOM first projected", f"step {first_projected:,}" if first_projected is not None else "never"),
         ("first action", f"{first_action[1].value} at step {first_action[0]:,}" if first_action else "none"),
         ("explanation", final.explanation if final else ""),
     ]

@@ -26,14 +26,14 @@ How it reads memory (and why):
    and it is not levelling off (the newest quarters, extrapolated as a geometric slowdown, would
    not stop short of the limit: a cache that fills and stops; nor would a staircase whose lumps
    come further and further apart, `staircase_rise`). A suffix window that begins after
-   a level shift is its new baseline. The alarm (`leaking`) also needs the projected OOM within
+   a level shift is its new baseline. The OOM projection (status `oom_projected`) also needs it within
    `max_extrapolation` times the span the growth was seen over (a line is not extrapolated far
    beyond its evidence), and the candidate must hold for `confirm_closes` closes and
    `confirm_fraction` of its span without its slope falling by `max_slope_drop` (or for half the
    steps left to the projected OOM, when that is shorter: confirming past the OOM helps nobody).
    The leak report (`leak_detected`, a warning) is the other signal: a candidate that holds long
-   enough (`_leak_report`) however far its OOM. It raises only growth too far off for the alarm's
-   rule; growth near enough to project from is the alarm's to call, and is reported with it. Once
+   enough (`_leak_report`) however far its OOM. It raises only growth too far off for the projection's
+   rule; growth near enough to project from is the projection's to call, and is reported with it. Once
    up, it stays up while a candidate holds, whichever window shows it.
 5. The newest evidence wins. A window's median of slopes describes the window as a whole, so a
    candidate's newest buckets are compared with it (`trend.newest_evidence`): the rise of its
@@ -121,12 +121,12 @@ class DetectorConfig:
     decay_ratio: float = 0.4
     """The newest quarter must rise by at least this share of the fastest quarter (else: plateau)."""
     max_extrapolation: float = 2.0
-    """Alarm only when the projected OOM is within this many times the span the growth was seen over."""
+    """Project an OOM only when it lies within this many times the span the growth was seen over."""
     excursion_margin: float = 0.1
     """Samples rarely catch a transient at its very top: the excursion is taken this much larger
     (in the central projection, by at most half the room the measured peak leaves)."""
     confirm_closes: int = 3
-    """Consecutive bucket closes a leak candidate must survive before the alarm goes up ..."""
+    """Consecutive bucket closes a leak candidate must survive before an OOM is projected ..."""
     confirm_fraction: float = 0.25
     """... and for at least this share of its window's span in steps, ..."""
     max_slope_drop: float = 0.25
@@ -299,7 +299,7 @@ class LeakDetector:
         self._analysis: _Analysis | None = None
         self.status = Status.WARMING_UP  # the status of every verdict until the next analysis
         self.leak_detected = False  # the leak report of every verdict until the next analysis
-        self.rising_bytes_per_step = 0.0  # the alarm's pessimistic rate while it is up, else 0 (the limit rule's)
+        self.rising_bytes_per_step = 0.0  # the projection's pessimistic rate while an OOM is projected, else 0 (the limit rule's)
         self._projection: _Projection | None = None  # what verdicts share until the next close or limit change
 
     # -- per sample: a couple of comparisons --------------------------------------------------
@@ -310,7 +310,7 @@ class LeakDetector:
 
     def absorb(self, sample: Sample) -> None:
         """`update` without building the verdict: a replay asks for one only while `status` says an
-        alarm is up (the verdict is a pure function of the state this leaves and the sample)."""
+        OOM is projected (the verdict is a pure function of the state this leaves and the sample)."""
         step = sample.step
         if step < self._last_step:
             self.reset()  # steps went back: a restarted process appending to the same trace
@@ -404,7 +404,7 @@ class LeakDetector:
         analysis = self._analysis = self._analyse()
         self.status = analysis.status
         self.leak_detected = analysis.leak_detected
-        # Only a rise the alarm believes: a suspect one may be a compile cache or a ramp that stops.
+        # Only a rise the projection believes: a suspect one may be a compile cache or a ramp that stops.
         self.rising_bytes_per_step = analysis.trend.high if analysis.status is Status.OOM_PROJECTED else 0.0
         self._projection = None
 
@@ -528,7 +528,7 @@ class LeakDetector:
         return self._streak.held(trend, self.config, hold)
 
     def _leak_report(self, trend: Trend) -> bool:
-        """The other signal: a candidate that held as an alarm's would, however far its OOM.
+        """The other signal: a candidate that held as a projection's would, however far its OOM.
 
         A warning, never an action: the floor has risen steadily and confidently over the window, by
         at least `min_leak_share` of the limit (growth too small to matter in a run of any length is
@@ -573,7 +573,7 @@ class LeakDetector:
         return measured - min(self.config.excursion_margin * excursion, 0.5 * measured)
 
     def _too_far(self, trend: Trend, excursion: float) -> str:
-        """A reason not to alarm yet when the OOM lies far beyond the evidence; '' when it does not."""
+        """A reason not to project the OOM yet when the OOM lies far beyond the evidence; '' when it does not."""
         room = self._room(trend.level, excursion)
         if room == INF:
             return "no memory limit known"

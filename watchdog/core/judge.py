@@ -19,7 +19,7 @@ detector's `headroom_bytes`, the line every projection aims at), or within the c
 of it, is acted on from the first sample, whatever the detector says, warm-up included: memory
 over the budget is the one case that needs no trend. "Within the checkpoint margin" in bytes is
 what the floor could add in `checkpoint_margin_steps` at the pessimistic rate of the detector's
-alarm while it is up (`LeakDetector.rising_bytes_per_step`): a reading that close to the line may
+OOM projection while one is up (`LeakDetector.rising_bytes_per_step`): a reading that close to the line may
 not leave a checkpoint asked for now the time to finish. Any other rate is zero (warm-up, no
 growth, and growth the detector still doubts: a compile cache or a first ramp measured over a
 margin of hundreds of steps would put a healthy job at 60% of its limit "within reach" of it, six
@@ -126,9 +126,9 @@ class Judge:
         return verdict, self._act(verdict)
 
     def judge_quietly(self, sample: Sample) -> tuple[Verdict, Action] | None:
-        """`judge`, except that a sample judged while no alarm is up returns None and builds no verdict.
+        """`judge`, except that a sample judged while no OOM is projected returns None and builds no verdict.
 
-        The policy can only answer NONE to a verdict that is not `leaking`, and the detector's
+        The policy can only answer NONE to a verdict that is not `oom_projected`, and the detector's
         status changes only at its analyses, so such a sample needs the detector's bookkeeping and
         the policy's clock, not a verdict: every verdict and action after it is what `judge` gives
         (tests/test_replay.py), and `latest` builds the skipped verdict when asked. The replay's hot

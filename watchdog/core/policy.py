@@ -158,8 +158,8 @@ class ActionPolicy:
         return action
 
     def observe(self, step: int) -> None:
-        """`decide` on a verdict that is not `leaking` at `step`, without the verdict (always NONE):
-        a replay builds verdicts only while an alarm is up."""
+        """`decide` on a verdict that is not `oom_projected` at `step`, without the verdict (always NONE):
+        a replay builds verdicts only while an OOM is projected."""
         self._clock(step)
         self._confirmed = 0
 
