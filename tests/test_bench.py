@@ -102,7 +102,7 @@ def small_corpus(synthetic_corpus_0):
 def test_evaluate_scores_every_detector_on_the_same_traces(small_corpus):
     scores, outcomes = evaluate(small_corpus, detectors())
     assert [s.detector for s in scores] == [OURS, "threshold_90pct", "predict_linear_mixin",
-                                            "predict_linear_1h", "lbr_r2_0.8"]
+                                            "predict_linear_1h", "lbr_r2_0.8", "gpulse", "gpulse_leak_rule"]
     for s in scores:
         assert s.traces == len(small_corpus) and s.samples == sum(len(t.samples) for t in small_corpus)
         assert s.samples_per_second > 0

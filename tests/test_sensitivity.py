@@ -86,5 +86,35 @@ def test_the_command_prints_json_and_writes_the_picture(tmp_path, capsys):
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert report["seeds"] == 1 and report["steps"] == STEPS and len(report["rows"]) == 8
-    assert report["control"] == {"seeds": 1, "false_reports": 0}
+    assert report["control"] == {"seeds": 1, "false_reports": 0, "others_false_reports": {
+        "oracle": 0, "predict_linear_1h": 0, "gpulse_leak_rule": 0}}
+    cache = report["cache_control"]  # a cache that fills and stops: the oracle, which only knows ramps, reports it
+    assert cache["false_reports"] == 0 and cache["others_false_reports"]["oracle"] == 1
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+# -- the oracle and the baselines on the same jobs -------------------------------------------------
+
+def test_every_detector_is_measured_on_the_same_jobs_and_the_comparison_is_printed(small):
+    names = [name for name, _ in small.control.others]
+    assert names == ["oracle", "predict_linear_1h", "gpulse_leak_rule"]
+    assert all(reports.early == 0 for _, reports in small.control.others)  # no false report on the control
+    oracle = small.rows[-1].of("oracle")
+    assert oracle.reported == 1 and oracle.median_delay < small.rows[-1].median_delay  # it sees a 20% leak sooner
+    table = format_table(small)
+    assert "ours/oracle" in table and "false reports on the same jobs without a leak: hbm-watchdog 0/1, oracle 0/1" in table
+    assert json.loads(json.dumps(small.to_json()))["rows"][-1]["others"]["oracle"]["reported"] == 1
+
+
+def test_the_oracles_threshold_lies_above_every_leak_free_draw_it_was_set_on():
+    from watchdog.bench.oracle import Oracle, calibrate
+    from watchdog.bench.sensitivity import draw
+
+    leak_free = [draw(seed, 0.0)[:2] for seed in (100, 101, 102)]
+    threshold = calibrate(leak_free, ONSET)
+    highest = max(Oracle(ONSET, threshold).statistic(samples, model)[1].max() for samples, model in leak_free)
+    assert highest < threshold
+    assert all(Oracle(ONSET, threshold).first_report(samples, model) is None for samples, model in leak_free)
+    samples, model, _ = draw(100, 0.20)  # the same job with a leak: reported, after the onset
+    first = Oracle(ONSET, threshold).first_report(samples, model)
+    assert first is not None and ONSET <= first < STEPS

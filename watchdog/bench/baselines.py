@@ -9,6 +9,9 @@
 - `LinearBackwardRegression` (LBR, Jindal et al.): regress backward from the newest sample over
   windows of growing length (20%..100% of the history); a leak when some window rises with
   R² >= 0.8.
+- `Gpulse`: the leak rule of gpulse, a GPU memory monitor that shows a time to OOM, at its
+  published defaults (an OLS line over 5 minutes with R² >= 0.7 and >= 1 MB/s), with its spike
+  rule (+20% within 30 s).
 
 They are deliberately faithful, failure modes included: a threshold fires on one spike, a
 least-squares line over a window that contains a level shift or a filling cache points at an OOM
@@ -78,6 +81,7 @@ class _SlidingLeastSquares:
     sy: float = 0.0
     sxx: float = 0.0
     sxy: float = 0.0
+    syy: float = 0.0
 
     def add(self, x: float, y: float, sign: int = 1) -> None:
         if self.x0 is None:
@@ -88,6 +92,7 @@ class _SlidingLeastSquares:
         self.sy += sign * y
         self.sxx += sign * x * x
         self.sxy += sign * x * y
+        self.syy += sign * y * y
 
     def line(self) -> tuple[float, float] | None:
         """(slope, fitted value at the mean x) or None when the x values do not spread."""
@@ -98,6 +103,15 @@ class _SlidingLeastSquares:
         if spread <= 1e-12 * max(1.0, self.sxx):
             return None
         return (self.sxy - self.n * mean_x * mean_y) / spread, mean_y
+
+    def r_squared(self) -> float:
+        """The share of the window's variance the line explains (0 when y does not vary)."""
+        n = self.n
+        vx, vy = self.sxx - self.sx * self.sx / n, self.syy - self.sy * self.sy / n
+        if vx <= 0 or vy <= 0:
+            return 0.0
+        cxy = self.sxy - self.sx * self.sy / n
+        return cxy * cxy / (vx * vy)
 
     def value_at(self, x: float) -> float:
         slope, mean_y = self.line()  # type: ignore[misc]
@@ -153,6 +167,67 @@ class PredictLinear:
         return _verdict(sample, status, limit, explanation, slope_per_step=slope / steps_per_second
                         if steps_per_second > 0 else 0.0, slope_per_second=slope, level=now,
                         projected_oom_steps=projected_oom_steps, projected_oom_seconds=projected_oom_seconds)
+
+
+class Gpulse:
+    """gpulse's leak rule, from its published defaults: an ordinary least-squares line over the
+    newest `window_seconds` of samples (5 minutes, and a fit only once that much is seen) reports a
+    leak when R² >= 0.7 and the slope is at least 1 MB/s, showing a time to OOM; and its spike rule:
+    usage up 20% or more within 30 s. Either fires its alert. On the trace's own time axis."""
+
+    def __init__(self, window_seconds: float = 300.0, min_r2: float = 0.7, min_slope_bytes_per_second: float = 1e6,
+                 spike_share: float = 0.2, spike_seconds: float = 30.0, spikes: bool = True,
+                 memory_limit_bytes: int | None = None):
+        self.window_seconds = window_seconds
+        self.min_r2 = min_r2
+        self.min_slope = min_slope_bytes_per_second
+        self.spike_share = spike_share
+        self.spike_seconds = spike_seconds
+        self.spikes = spikes
+        self.memory_limit_bytes = memory_limit_bytes
+        self.reset()
+
+    def reset(self) -> None:
+        self._window: deque[Sample] = deque()
+        self._recent: deque[Sample] = deque()  # the spike rule's 30 s, lowest first (a monotonic queue)
+        self._fit = _SlidingLeastSquares()
+        self._started: float | None = None
+
+    def update(self, sample: Sample) -> Verdict:
+        now_t, used = sample.timestamp, sample.bytes_used
+        if self._started is None:
+            self._started = now_t
+        self._window.append(sample)
+        self._fit.add(now_t, used)
+        while self._window[0].timestamp <= now_t - self.window_seconds:
+            old = self._window.popleft()
+            self._fit.add(old.timestamp, old.bytes_used, sign=-1)
+        recent = self._recent
+        while recent and recent[-1].bytes_used >= used:
+            recent.pop()
+        recent.append(sample)
+        while recent[0].timestamp < now_t - self.spike_seconds:
+            recent.popleft()
+        limit = effective_limit(sample.bytes_limit, self.memory_limit_bytes)
+        line = self._fit.line()
+        if limit is None or line is None:
+            return _verdict(sample, Status.WARMING_UP, limit, "fewer than two samples")
+        lowest = recent[0].bytes_used
+        if self.spikes and lowest > 0 and used >= (1 + self.spike_share) * lowest:
+            return _verdict(sample, Status.OOM_PROJECTED, limit,
+                            f"spike: +{used / lowest - 1:.0%} within {self.spike_seconds:g} s", level=float(used))
+        slope = line[0]
+        if now_t - self._started < self.window_seconds or slope < self.min_slope or self._fit.r_squared() < self.min_r2:
+            return _verdict(sample, Status.HEALTHY, limit, "no leak: fit below R² 0.7 or 1 MB/s", level=float(used))
+        now = self._fit.value_at(now_t)
+        first = self._window[0]
+        span = now_t - first.timestamp
+        steps_per_second = (sample.step - first.step) / span if span > 0 else 0.0
+        seconds = max(limit - now, 0.0) / slope
+        return _verdict(sample, Status.OOM_PROJECTED, limit, f"leak: {slope / 1e6:.1f} MB/s, R² {self._fit.r_squared():.2f}",
+                        slope_per_step=slope / steps_per_second if steps_per_second > 0 else 0.0,
+                        slope_per_second=slope, level=now, projected_oom_seconds=seconds,
+                        projected_oom_steps=seconds * steps_per_second if steps_per_second > 0 else math.inf)
 
 
 class LinearBackwardRegression:
@@ -236,6 +311,8 @@ BASELINES: dict[str, BaselineFactory] = {
     "predict_linear_1h": lambda limit: PredictLinear(window_seconds=HOUR, horizon_seconds=4 * HOUR,
                                                      hold_seconds=0.25 * HOUR, memory_limit_bytes=limit),
     "lbr_r2_0.8": lambda limit: LinearBackwardRegression(memory_limit_bytes=limit),
+    "gpulse": lambda limit: Gpulse(memory_limit_bytes=limit),
+    "gpulse_leak_rule": lambda limit: Gpulse(spikes=False, memory_limit_bytes=limit),
 }
 
 BASELINE_NOTES = {  # what each baseline models, printed with the bench tables
@@ -243,4 +320,6 @@ BASELINE_NOTES = {  # what each baseline models, printed with the bench tables
     "predict_linear_mixin": "node-exporter mixin: predict_linear(x[6h], 24h) past the limit, >60% used, for: 1h",
     "predict_linear_1h": "the same rule rescaled for training jobs: [1h], 4h ahead, for: 15m",
     "lbr_r2_0.8": "linear backward regression, rising window with R² >= 0.8 (Jindal et al.)",
+    "gpulse": "gpulse's defaults: OLS over 5 min, R² >= 0.7 and >= 1 MB/s; or usage +20% within 30 s",
+    "gpulse_leak_rule": "gpulse's leak rule alone (its spike rule fires on a training step's sawtooth)",
 }

@@ -14,12 +14,22 @@ control: any report on them is false.
 Seed `s` draws the same job (limit, model, noise) for every leak size and for the control, so
 sizes differ only by the leak. Deterministic given the seeds. `measure` returns the figures,
 `render_png` draws them, `main` is the command line.
+
+The same jobs go through, for scale (`Row.others`):
+- `oracle`: told the onset and the jobs' noise (`bench/oracle.py`), calibrated on
+  `CALIBRATION_DRAWS` leak-free draws (seeds apart from the measured ones) to report on none;
+- `predict_linear_1h`: Prometheus `predict_linear` as a training job's alert rule would use it
+  (`bench/baselines.py`); its alert is its report;
+- `gpulse_leak_rule`: gpulse's leak rule at its defaults (OLS over 5 min, R² >= 0.7, >= 1 MB/s);
+  its spike rule is left out here, since it fires on a training step's sawtooth, leak or none (both
+  are in `hbm-watchdog bench`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -29,8 +39,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from watchdog.bench.baselines import BASELINES
 from watchdog.bench.corpus import _job, _limit
-from watchdog.bench.memory_model import GiB, KiB, LinearLeak, render
+from watchdog.bench.memory_model import GiB, KiB, LinearLeak, MemoryModel, SaturatingGrowth, render
+from watchdog.bench.oracle import Oracle, calibrate
+from watchdog.core.sample import Sample
+from watchdog.core.verdict import Status
 from watchdog.core.detector import DetectorConfig
 from watchdog.core.numbers import option, parse_positive
 from watchdog.core.replay import replay
@@ -43,6 +57,27 @@ DEFAULT_SEEDS = 8
 NOISE = "normal"
 HEADROOM = (0.30, 0.40)  # share of the limit the job's steady peak leaves: more than any leak in SIZES
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "deploy" / "img" / "leak_sensitivity.png"
+CALIBRATION_DRAWS = 32  # leak-free draws the oracle's threshold is set on
+CALIBRATION_SEED = 10_000  # their seeds start here, apart from any measured seed
+OTHERS = ("oracle", "predict_linear_1h", "gpulse_leak_rule")
+CACHE_SHARE = 0.05  # the second control: a cache that fills by this share of the limit from the onset, and stops
+CACHE_TAU_FRACTION = 0.1  # its time constant, as a share of the run (95% full after three of them)
+
+
+@dataclass(frozen=True)
+class Reports:
+    """One detector's first reports on one leak size's jobs."""
+
+    delays: tuple[int, ...]  # steps from onset to the first report, per seed reported at or after onset
+    early: int  # seeds reported before onset (on the control: every report, all false)
+
+    @property
+    def reported(self) -> int:
+        return len(self.delays)
+
+    @property
+    def median_delay(self) -> float | None:
+        return float(statistics.median(self.delays)) if self.delays else None
 
 
 @dataclass(frozen=True)
@@ -55,6 +90,10 @@ class Row:
     seeds: int
     delays: tuple[int, ...]  # steps from onset to the first leak report, one per seed reported at or after onset
     early: int  # seeds whose first report came before the onset (false reports; on the control, every report)
+    others: tuple[tuple[str, Reports], ...] = ()  # the oracle's and the baselines' on the same jobs
+
+    def of(self, name: str) -> Reports:
+        return dict(self.others)[name]
 
     @property
     def life_steps(self) -> int:
@@ -92,7 +131,18 @@ class Row:
             "median_delay_share_of_life": self.median_share_of_life,
             "min_delay_steps": min(self.delays, default=None), "max_delay_steps": max(self.delays, default=None),
             "delays": list(self.delays),
+            "others": {name: {"reported": r.reported, "early_reports": r.early, "median_delay_steps": r.median_delay,
+                              "median_delay_share_of_life": None if r.median_delay is None
+                              else r.median_delay / self.life_steps,
+                              "delay_vs_oracle": _ratio(self.median_delay, self.of("oracle").median_delay)
+                              if name == "oracle" else _ratio(r.median_delay, self.of("oracle").median_delay),
+                              "delays": list(r.delays)}
+                       for name, r in self.others},
         }
+
+
+def _ratio(ours: float | None, oracle: float | None) -> float | None:
+    return None if ours is None or not oracle else ours / oracle
 
 
 @dataclass(frozen=True)
@@ -104,59 +154,105 @@ class Sensitivity:
     seeds: int
     noise: str
     seconds: float
+    oracle_threshold: float = math.inf
+    cache: Row | None = None  # the same jobs with a cache that fills and stops: every report on them is false
 
     def to_json(self) -> dict:
         return {"steps": self.steps, "onset_step": self.onset_step, "seeds": self.seeds, "noise": self.noise,
                 "detector": "default DetectorConfig", "signal": "leak report (ReplayResult.first_leak_report_step)",
                 "min_leak_share": DetectorConfig().min_leak_share, "seconds": round(self.seconds, 2),
                 "rows": [r.to_json() for r in self.rows],
-                "control": {"seeds": self.control.seeds, "false_reports": self.control.early}}
+                "control": {"seeds": self.control.seeds, "false_reports": self.control.early,
+                            "others_false_reports": {name: r.early for name, r in self.control.others}},
+                "cache_control": None if self.cache is None else {
+                    "growth_share": self.cache.growth_share, "time_constant_steps": CACHE_TAU_FRACTION * self.steps,
+                    "false_reports": self.cache.early,
+                    "others_false_reports": {name: r.early for name, r in self.cache.others}},
+                "oracle_threshold": self.oracle_threshold}
 
 
-def first_report(seed: int, growth_share: float, steps: int = STEPS, onset_step: int | None = None,
-                 config: DetectorConfig | None = None) -> int | None:
-    """The step of the first leak report on seed `seed`'s job with a leak of `growth_share` (0: none)."""
+def draw(seed: int, growth_share: float, steps: int = STEPS, onset_step: int | None = None, *, cache: bool = False
+         ) -> tuple[list[Sample], MemoryModel, int]:
+    """Seed `seed`'s job with a leak of `growth_share` (0: none), or with a cache of that size that
+    fills from the onset and stops (`cache`): its samples, its model, its limit."""
     onset = int(steps * ONSET_FRACTION) if onset_step is None else onset_step
     rng = np.random.default_rng(seed)
     limit = _limit(rng)
     headroom = limit * rng.uniform(*HEADROOM)
     if growth_share >= HEADROOM[0]:
         raise ValueError(f"a leak of {growth_share:.0%} of the limit could run the job out of memory")
-    growth = (LinearLeak(onset, growth_share * limit / (steps - onset)),) if growth_share > 0 else ()
+    if growth_share <= 0:
+        growth: tuple = ()
+    elif cache:
+        growth = (SaturatingGrowth(onset, growth_share * limit, CACHE_TAU_FRACTION * steps),)
+    else:
+        growth = (LinearLeak(onset, growth_share * limit / (steps - onset)),)
     model = _job(rng, steps, limit, headroom, noise=NOISE, growth=growth)  # growth draws nothing: same job per seed
     trace = render(model, rng)
     assert trace.oom_step is None or trace.oom_step >= steps, "the sensitivity jobs must not run out of memory"
-    return replay(trace.samples, memory_limit_bytes=limit, detector_config=config).first_leak_report_step
+    return trace.samples, model, limit
+
+
+def first_report(seed: int, growth_share: float, steps: int = STEPS, onset_step: int | None = None,
+                 config: DetectorConfig | None = None) -> int | None:
+    """The step of the first leak report on seed `seed`'s job with a leak of `growth_share` (0: none)."""
+    samples, _, limit = draw(seed, growth_share, steps, onset_step)
+    return replay(samples, memory_limit_bytes=limit, detector_config=config).first_leak_report_step
+
+
+def oracle_for(steps: int = STEPS, onset_step: int | None = None, draws: int = CALIBRATION_DRAWS) -> Oracle:
+    """The oracle for these jobs, its threshold set on `draws` leak-free draws."""
+    onset = int(steps * ONSET_FRACTION) if onset_step is None else onset_step
+    leak_free = [draw(CALIBRATION_SEED + i, 0.0, steps, onset)[:2] for i in range(draws)]
+    return Oracle(onset, calibrate(leak_free, onset))
+
+
+def _baseline_first(name: str, samples: list[Sample], limit: int) -> int | None:
+    detector = BASELINES[name](limit)
+    for sample in samples:
+        if detector.update(sample).status is Status.OOM_PROJECTED:
+            return sample.step
+    return None
 
 
 def measure(sizes: Sequence[float] = SIZES, seeds: int = DEFAULT_SEEDS, steps: int = STEPS,
             progress: Callable[[], None] | None = None, config: DetectorConfig | None = None) -> Sensitivity:
-    """Replay every (size, seed) job and the no-leak control; `progress` is called after each replay."""
+    """Replay every (size, seed) job and the two controls (no leak; a cache that fills and stops);
+    `progress` is called after each job."""
     if seeds < 1:
         raise ValueError(f"seeds must be positive, got {seeds}")
     if not sizes or any(not 0 < s < HEADROOM[0] for s in sizes):
         raise ValueError(f"leak sizes must lie between 0 and {HEADROOM[0]:.0%} of the limit, got {list(sizes)}")
     onset = int(steps * ONSET_FRACTION)
     started = time.perf_counter()
+    oracle = oracle_for(steps, onset)
 
-    def row(share: float) -> Row:
-        delays, early = [], 0
+    def row(share: float, cache: bool = False) -> Row:
+        firsts: dict[str, list[int | None]] = {name: [] for name in ("ours", *OTHERS)}
         for seed in range(seeds):
-            first = first_report(seed, share, steps, onset, config)
+            samples, model, limit = draw(seed, share, steps, onset, cache=cache)
+            firsts["ours"].append(replay(samples, memory_limit_bytes=limit, detector_config=config).first_leak_report_step)
+            firsts["oracle"].append(oracle.first_report(samples, model))
+            for name in OTHERS[1:]:
+                firsts[name].append(_baseline_first(name, samples, limit))
             if progress:
                 progress()
-            if first is None:
-                continue
-            if share > 0 and first >= onset:
-                delays.append(first - onset)
-            else:
-                early += 1
-        return Row(growth_share=share, steps=steps, onset_step=onset, seeds=seeds, delays=tuple(delays), early=early)
+        reports = {name: _reports(found, 0.0 if cache else share, onset) for name, found in firsts.items()}
+        ours = reports.pop("ours")
+        return Row(growth_share=share, steps=steps, onset_step=onset, seeds=seeds, delays=ours.delays,
+                   early=ours.early, others=tuple(reports.items()))
 
     control = row(0.0)
+    cache = row(CACHE_SHARE, cache=True)
     rows = [row(share) for share in sorted(sizes)]
     return Sensitivity(rows=rows, control=control, steps=steps, onset_step=onset, seeds=seeds, noise=NOISE,
-                       seconds=time.perf_counter() - started)
+                       seconds=time.perf_counter() - started, oracle_threshold=oracle.threshold, cache=cache)
+
+
+def _reports(firsts: list[int | None], share: float, onset: int) -> Reports:
+    delays = tuple(first - onset for first in firsts if first is not None and share > 0 and first >= onset)
+    early = sum(1 for first in firsts if first is not None and not (share > 0 and first >= onset))
+    return Reports(delays, early)
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -186,7 +282,36 @@ def format_table(result: Sensitivity) -> str:
     lines.append(f"no leak (same seeds): {c.early}/{c.seeds} reported (false reports)")
     lines.append("growth = the floor's rise from onset to the end of the run, as a share of the limit; "
                  "delay = steps from onset to the first leak report; early = reports before onset")
+    if c.others:
+        lines += ["", *format_comparison(result)]
     return "\n".join(lines)
+
+
+def format_comparison(result: Sensitivity) -> list[str]:
+    """Median delay per leak size (reported n/N): ours, the oracle's, each baseline's, and ours / the oracle's."""
+    n = result.seeds
+    names = [name for name, _ in result.control.others]
+
+    def cell(reports: Reports) -> str:
+        median = reports.median_delay
+        return f"{'-' if median is None else f'{median:,.0f}'} ({reports.reported}/{n})"
+
+    header = f"{'growth':>7} {'hbm-watchdog':>16} " + " ".join(f"{name:>18}" for name in names) + f" {'ours/oracle':>12}"
+    lines = [f"Median steps from onset to the first report (reported/{n}); the oracle's threshold is set on "
+             f"{CALIBRATION_DRAWS} leak-free draws", header]
+    for r in result.rows:
+        ours = Reports(r.delays, r.early)
+        ratio = _ratio(ours.median_delay, r.of("oracle").median_delay)
+        lines.append(f"{_pct(r.growth_share):>7} {cell(ours):>16} "
+                     + " ".join(f"{cell(r.of(name)):>18}" for name in names)
+                     + f" {'-' if ratio is None else f'{ratio:.2f}x':>12}")
+    for label, control in (("without a leak", result.control),
+                           (f"with a cache of {_pct(CACHE_SHARE)} filling from the onset and stopping", result.cache)):
+        if control is not None:
+            lines.append(f"false reports on the same jobs {label}: "
+                         + ", ".join([f"hbm-watchdog {control.early}/{n}"]
+                                     + [f"{name} {r.early}/{n}" for name, r in control.others]))
+    return lines
 
 
 def render_png(result: Sensitivity, path: str | Path) -> Path:
@@ -220,6 +345,12 @@ def render_png(result: Sensitivity, path: str | Path) -> Path:
         for r, xi, top in zip(seen, x, med + hi):
             ax.annotate(f"{r.reported}/{n}", (xi, top), textcoords="offset points", xytext=(0, 6), ha="center",
                         fontsize=9, color="tab:blue" if r.reported == n else "tab:red")
+    oracle = [(r.growth_share * 100, r.of("oracle")) for r in result.rows if r.others and r.of("oracle").delays]
+    if oracle:
+        ax.plot([x for x, _ in oracle], [o.median_delay for _, o in oracle], color="0.45", linestyle="--", marker="s",
+                markersize=5, linewidth=1.2, zorder=2,
+                label=f"oracle, median: told the onset (also reports {result.cache.of('oracle').early}/{n} "
+                      f"filling caches)" if result.cache is not None else "oracle, median: told the onset")
     if missed:
         xm = [r.growth_share * 100 for r in missed]
         ax.scatter(xm, [life] * len(missed), marker="x", s=60, color="tab:red", zorder=3,
@@ -251,12 +382,12 @@ def render_png(result: Sensitivity, path: str | Path) -> Path:
     right.set_ylabel("% of the leak's life", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
     c = result.control
     ax.set_title(f"Leak rate vs steps to detection: {result.steps:,}-step jobs, {result.noise} noise, {n} seeds per "
                  f"size\nonset at step {result.onset_step:,}, no OOM in the run; "
                  f"same jobs without a leak: {c.early}/{c.seeds} reported", fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_figure(fig, out)
@@ -299,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
 
-    tick, close = _progress((len(SIZES) + 1) * args.seeds)
+    tick, close = _progress((len(SIZES) + 2) * args.seeds)
     try:
         result = measure(SIZES, args.seeds, progress=tick)
     finally:
@@ -308,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result.to_json()))
     else:
         print(format_table(result))
-        print(f"{(len(SIZES) + 1) * args.seeds} replays in {result.seconds:.1f} s")
+        print(f"{(len(SIZES) + 2) * args.seeds} replays in {result.seconds:.1f} s")
     if args.out is not None:
         path = render_png(result, args.out)
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
