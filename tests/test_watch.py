@@ -157,6 +157,22 @@ def run_daemon(tmp_path, reads: int, **reader_options) -> tuple[Daemon, Scripted
     return daemon, chips
 
 
+def test_a_trace_the_disk_refuses_is_counted_and_the_watch_goes_on(tmp_path, captured, monkeypatch):
+    """The daemon's trace is best-effort, as the sidecar's: a full disk costs trace rows, never the watch."""
+    from watchdog.core.sample import TraceWriter
+
+    def full_disk(self, sample):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TraceWriter, "write", full_disk)
+    daemon, _ = run_daemon(tmp_path, reads=300)
+    for name in ("tpu:0", "tpu:1"):
+        telemetry = daemon.telemetry[name]
+        assert telemetry.samples_total == 300 and telemetry.trace_errors_total >= 1
+    failures = captured.named("trace_write_failed")
+    assert failures and all(f["error"] == "No space left on device" for f in failures)
+
+
 def test_each_device_is_judged_on_its_own_and_the_leaking_one_is_named(tmp_path, captured):
     daemon, chips = run_daemon(tmp_path, reads=1500)
     assert set(daemon.devices) == {"tpu:0", "tpu:1"}
