@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from watchdog.core.judge import effective_limit
@@ -83,6 +83,17 @@ class _SlidingLeastSquares:
     sxy: float = 0.0
     syy: float = 0.0
 
+    samples: deque = field(default_factory=deque)  # what `slide` keeps in the window
+
+    def slide(self, sample: Sample, window_seconds: float) -> None:
+        """Add `sample` and drop the samples `window_seconds` or more older than it."""
+        samples = self.samples
+        samples.append(sample)
+        self.add(sample.timestamp, sample.bytes_used)
+        while samples[0].timestamp <= sample.timestamp - window_seconds:
+            old = samples.popleft()
+            self.add(old.timestamp, old.bytes_used, sign=-1)
+
     def add(self, x: float, y: float, sign: int = 1) -> None:
         if self.x0 is None:
             self.x0, self.y0 = x, y
@@ -132,16 +143,11 @@ class PredictLinear:
         self.reset()
 
     def reset(self) -> None:
-        self._window: deque[Sample] = deque()
         self._fit = _SlidingLeastSquares()
         self._pending_since: float | None = None
 
     def update(self, sample: Sample) -> Verdict:
-        self._window.append(sample)
-        self._fit.add(sample.timestamp, sample.bytes_used)
-        while self._window[0].timestamp <= sample.timestamp - self.window_seconds:
-            old = self._window.popleft()
-            self._fit.add(old.timestamp, old.bytes_used, sign=-1)
+        self._fit.slide(sample, self.window_seconds)
         limit = effective_limit(sample.bytes_limit, self.memory_limit_bytes)
         line = self._fit.line()
         if limit is None or line is None:
@@ -156,7 +162,7 @@ class PredictLinear:
             self._pending_since = sample.timestamp
         held = condition and sample.timestamp - self._pending_since >= self.hold_seconds  # type: ignore[operator]
 
-        first = self._window[0]
+        first = self._fit.samples[0]
         span = sample.timestamp - first.timestamp
         steps_per_second = (sample.step - first.step) / span if span > 0 else 0.0
         projected_oom_seconds = (limit - now) / slope if slope > 0 and now < limit else (0.0 if now >= limit else math.inf)
@@ -188,7 +194,6 @@ class Gpulse:
         self.reset()
 
     def reset(self) -> None:
-        self._window: deque[Sample] = deque()
         self._recent: deque[Sample] = deque()  # the spike rule's 30 s, lowest first (a monotonic queue)
         self._fit = _SlidingLeastSquares()
         self._started: float | None = None
@@ -197,11 +202,7 @@ class Gpulse:
         now_t, used = sample.timestamp, sample.bytes_used
         if self._started is None:
             self._started = now_t
-        self._window.append(sample)
-        self._fit.add(now_t, used)
-        while self._window[0].timestamp <= now_t - self.window_seconds:
-            old = self._window.popleft()
-            self._fit.add(old.timestamp, old.bytes_used, sign=-1)
+        self._fit.slide(sample, self.window_seconds)
         recent = self._recent
         while recent and recent[-1].bytes_used >= used:
             recent.pop()
@@ -220,7 +221,7 @@ class Gpulse:
         if now_t - self._started < self.window_seconds or slope < self.min_slope or self._fit.r_squared() < self.min_r2:
             return _verdict(sample, Status.HEALTHY, limit, "no leak: fit below R² 0.7 or 1 MB/s", level=float(used))
         now = self._fit.value_at(now_t)
-        first = self._window[0]
+        first = self._fit.samples[0]
         span = now_t - first.timestamp
         steps_per_second = (sample.step - first.step) / span if span > 0 else 0.0
         seconds = max(limit - now, 0.0) / slope
