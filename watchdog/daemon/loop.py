@@ -2,19 +2,20 @@
 
     wait for the target (--wait-seconds) -> attach: a new segment for every device
       every --interval seconds, tick k of the segment:
-        read every device -> Sample(step=k, timestamp=now) -> that device's Judge -> verdict, action
-        -> telemetry (Prometheus) and trace CSV
-        -> WARN: a log line; CHECKPOINT_*: the signal (once per tick, whichever device asked)
+        read every device -> Sample(step=k, timestamp=now) -> that device's station:
+          trace CSV, telemetry (Prometheus), Judge -> verdict, action, and its lines
+        -> CHECKPOINT_*: the signal (once per tick, whichever device asked)
         -> after a signal: the escalation ladder, sample by sample
     the target exits -> wait for it to come back (pattern, pidfile) -> attach again ...
 
 Each device goes through its own `Station` (`station/station.py`), the sidecar's path: a Judge,
 telemetry, a best-effort trace, and the same lines (`leak_detected`, `watchdog_action`,
 `restart_measured`) as in process. The daemon supplies the readings and carries out what a
-checkpoint action asks for: a signal, then the escalation ladder. A new segment (a restarted process) tells every Judge `restarted()`, numbers
-samples from 0 again (so the trace shows the new segment as steps going back, which every
-analysis command reads as a new process), and once the new process has warmed up measures what
-the restart gave back (`restart_measured`, like the sidecar's `reinit_measured`).
+checkpoint action asks for: a signal, then the escalation ladder. A new segment (a restarted
+process) tells every station `restarted()` and numbers samples from 0 again (so the trace shows
+the new segment as steps going back, which every analysis command reads as a new process); once
+the new process has warmed up, the station measures what the restart gave back
+(`restart_measured`, like the sidecar's `reinit_measured`).
 
 Failures of one reading (a vanished child, a permission error, a busy endpoint that raises or
 times out) are counted and logged once per kind; the loop carries on. A tick that the reading

@@ -3,9 +3,9 @@
 Training thread                          Sidecar thread
 ---------------                          --------------
 step(n):  remember n                     block on the mailbox
-          every N steps: post n          read memory -> Sample -> trace, history
-          hand over a pending action     detector -> Verdict -> policy -> Action
-                                         leak report up or down, WARN: log it
+          every N steps: post n          read memory -> Sample -> history
+          hand over a pending action     the station: trace, telemetry, Judge -> Verdict, Action,
+                                           and its lines (leak report up or down, watchdog_action)
                                          CHECKPOINT_*: queue it for step()
 
 `step()` is O(1): an attribute write, a modulo, a deque check, and every N steps one put on
@@ -62,10 +62,10 @@ from watchdog.runtime import xla_stats
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
-from watchdog.station.reports import ActionReport
-from watchdog.station.station import Station
 from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
                                       select_source)
+from watchdog.station.reports import ActionReport
+from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 from watchdog.station.trace_sink import TraceSink
 
