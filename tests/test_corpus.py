@@ -147,7 +147,7 @@ def test_the_corpus_is_deterministic_given_the_seed(corpus):
     assert all(a.samples == b.samples and a.oom_step == b.oom_step for a, b in zip(again, corpus))
     other = synthetic_trace(corpus[0].name, seed=1)  # the trace synthetic_corpus(1) would draw first
     assert other.samples != corpus[0].samples
-    assert all(synthetic_trace(t.name).samples == t.samples for t in corpus[::40])  # one trace is drawn as in the whole
+    assert all(synthetic_trace(t.name).samples == t.samples for t in (corpus[0], corpus[-1]))  # alone as in the whole
 
 
 def test_hard_negatives_and_growth_that_is_fair_to_alarm_on_are_marked(corpus):
