@@ -24,6 +24,9 @@ from watchdog.actions.checkpoint import CheckpointManager
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # it starts the trainer and the supervisor as processes, for a minute or more
 
 STEPS = 1200
+# One thread per trainer, in both runs: a tiny model gains nothing from more, and two of them on a
+# 2-core machine shared with other tests otherwise thrash (4x slower here).
+ENV = hbm_watchdog_env(OMP_NUM_THREADS="1")
 REINIT_AT, RESTART_AT, PREEMPT_AFTER = 300, 600, 900
 
 
@@ -37,7 +40,7 @@ def supervised(command: list[str], output) -> subprocess.Popen:
     """The supervisor and its children write to files: a pipe nobody reads while the test waits for a
     step would fill and stop the trainer."""
     return subprocess.Popen([sys.executable, "-m", "watchdog", "supervise", "--max-restarts", "3", "--backoff", "0",
-                             "--", *command], stdout=output, stderr=subprocess.STDOUT, cwd=REPO, env=hbm_watchdog_env())
+                             "--", *command], stdout=output, stderr=subprocess.STDOUT, cwd=REPO, env=ENV)
 
 
 def losses(log: str) -> dict[int, float]:
@@ -76,7 +79,7 @@ def preempt_when_past(job: subprocess.Popen, checkpoints, step: int, timeout: fl
 
 def test_a_run_with_a_reinit_a_restart_and_a_preemption_ends_bit_for_bit_where_one_without_them_ends(tmp_path):
     straight = subprocess.run(train_command(tmp_path / "straight"), capture_output=True, text=True, cwd=REPO,
-                              env=hbm_watchdog_env(), timeout=600)
+                              env=ENV, timeout=600)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     interrupted_dir = tmp_path / "interrupted"
