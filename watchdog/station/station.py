@@ -22,6 +22,7 @@ Not thread-safe: one thread drives a station (the sidecar's, or the daemon's loo
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Protocol
 
 from watchdog.core.judge import Judge, Recovery
@@ -107,4 +108,4 @@ def _recovery_fields(recovery: Recovery) -> dict[str, Any]:
 
 
 def _finite(value: float) -> float | None:
-    return round(value, 1) if value == value and abs(value) != float("inf") else None
+    return round(value, 1) if math.isfinite(value) else None
