@@ -20,6 +20,7 @@ import torch
 
 from conftest import REPO, hbm_watchdog_env, json_lines
 from watchdog.actions.checkpoint import CheckpointManager
+from watchdog.core import goodput
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # it starts the trainer and the supervisor as processes, for a minute or more
 
@@ -36,11 +37,11 @@ def train_command(checkpoints, *extra: str) -> list[str]:
             "--checkpoint-dir", str(checkpoints), "--depth", "1", "--width", "32", *extra]
 
 
-def supervised(command: list[str], output) -> subprocess.Popen:
+def supervised(command: list[str], output, job_file) -> subprocess.Popen:
     """The supervisor and its children write to files: a pipe nobody reads while the test waits for a
     step would fill and stop the trainer."""
     return subprocess.Popen([sys.executable, "-m", "watchdog", "supervise", "--max-restarts", "3", "--backoff", "0",
-                             "--", *command], stdout=output, stderr=subprocess.STDOUT, cwd=REPO, env=ENV)
+                             "--job-file", str(job_file), "--", *command], stdout=output, stderr=subprocess.STDOUT, cwd=REPO, env=ENV)
 
 
 def losses(log: str) -> dict[int, float]:
@@ -86,7 +87,8 @@ def test_a_run_with_a_reinit_a_restart_and_a_preemption_ends_bit_for_bit_where_o
     log_path = tmp_path / "interrupted.log"
     with open(log_path, "wb") as output:
         job = supervised(train_command(interrupted_dir, "--force-action", f"reinit@{REINIT_AT}",
-                                       "--force-action", f"restart@{RESTART_AT}", "--checkpoint-every", "100"), output)
+                                       "--force-action", f"restart@{RESTART_AT}", "--checkpoint-every", "100"), output,
+                         tmp_path / "job.jsonl")
         try:
             preempt_when_past(job, interrupted_dir, PREEMPT_AFTER)
             job.wait(timeout=600)
@@ -112,3 +114,14 @@ def test_a_run_with_a_reinit_a_restart_and_a_preemption_ends_bit_for_bit_where_o
     assert a["scheduler"] == b["scheduler"]
     straight_losses, interrupted_losses = losses(straight.stderr), losses(stderr)
     assert len(straight_losses) == STEPS and interrupted_losses == straight_losses
+
+    # Where the job's time went, across its three processes: every step kept once, none redone
+    # (every interruption saved at its step boundary), and the time adds up.
+    account = goodput.account(goodput.read(tmp_path / "job.jsonl"))
+    assert (account.processes, account.reinits, account.steps_kept, account.steps_redone) == (3, 1, STEPS, 0)
+    assert [a.kind for a in account.actions] == ["checkpoint_reinit", "checkpoint_restart"]
+    assert account.ended == "done" and 0 < account.goodput < 1
+    badput = account.badput_seconds
+    assert badput["startup"] > 0 and badput["checkpoint_save"] > 0 and badput["checkpoint_restore"] > 0
+    assert badput["reinit"] > 0 and badput["disruption"] > 0 and badput["redone"] == 0
+    assert "goodput: " in stderr  # supervise printed it at the end

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from watchdog import __version__
+from watchdog.core import goodput
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.sample import Sample, write_trace
@@ -22,7 +23,7 @@ from watchdog.runtime.sidecar import Watchdog
 from watchdog.station.telemetry import Telemetry
 
 MiB = 1 << 20
-ALLOWED_LABELS = {"device", "rank", "action", "version", "source", "le"}
+ALLOWED_LABELS = {"device", "rank", "action", "version", "source", "le", "cause"}
 
 
 def scrape(server) -> dict[tuple[str, frozenset], float]:
@@ -64,6 +65,12 @@ def leaking_telemetry() -> Telemetry:
         t.observe_checkpoint(seconds)
     # one memory (the rss source's case): the host's own figures ride on the device's series
     t.host_reading = HostReading(900 * MiB, 1024 * MiB, "cgroup", 880 * MiB, 20 * 1024 * MiB, oom_kills=0)
+    # the job's time so far: 10 s to start, 80 s of steps (5 s of them compiling), a 5 s save
+    t.goodput = goodput.account([
+        {"v": 1, "event": "process", "t": 10.0, "started": 0.0, "step": 0},
+        {"v": 1, "event": "span", "t": 10.0, "cause": "startup", "seconds": 10.0},
+        {"v": 1, "event": "steps", "t": 90.0, "first": 0, "last": 1200, "seconds": 80.0, "compile_seconds": 5.0},
+        {"v": 1, "event": "span", "t": 95.0, "cause": "checkpoint_save", "seconds": 5.0, "step": 1200}])
     return t
 
 
@@ -138,6 +145,10 @@ def test_every_design_metric_is_served_in_base_units_from_the_cache(served):
     assert value(samples, "hbmwatch_checkpoint_seconds_bucket", le="+Inf") == 3
     assert value(samples, "hbmwatch_checkpoint_seconds_count") == 3
     assert value(samples, "hbmwatch_checkpoint_seconds_sum") == pytest.approx(44.3)
+    assert value(samples, "hbmwatch_elapsed_seconds_total") == 95.0
+    assert value(samples, "hbmwatch_goodput_seconds_total") == 75.0
+    assert value(samples, "hbmwatch_badput_seconds_total", cause="startup") == 15.0
+    assert value(samples, "hbmwatch_badput_seconds_total", cause="checkpoint_save") == 5.0
     labels = {name for _, ls in samples for name, _ in ls}
     assert labels <= ALLOWED_LABELS
     assert all(dict(ls).get("device") == "xla:0" and dict(ls).get("rank") == "3" for _, ls in samples)

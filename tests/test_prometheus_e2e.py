@@ -30,8 +30,9 @@ QUIET_ON_A_HEALTHY_LOOP = {"HbmRestartLoop", "HbmTrainingStalled", "HbmSteadySta
 def stack(tmp_path):
     run = prometheus = None
     try:
-        run = local_stack.WatchedRun(local_stack.leaking_trainer_command(steps=20000),
-                                     env=local_stack.DEMO_ENV).start(timeout=90)
+        # a job file, as supervise gives its children: the goodput panels read what it accounts
+        env = dict(local_stack.DEMO_ENV, HBMWATCH_JOB_FILE=str(tmp_path / "job.jsonl"))
+        run = local_stack.WatchedRun(local_stack.leaking_trainer_command(steps=20000), env=env).start(timeout=90)
         prometheus = local_stack.Prometheus(tmp_path / "prometheus", [run.target]).start()
         yield run, prometheus
     finally:

@@ -231,6 +231,22 @@ def panels() -> list[dict]:
             overrides=[series_override("B", **{"color": {"mode": "fixed", "fixedColor": GREEN},
                                                "custom.fillOpacity": 0})]),
          {"x": 0, "y": 39, "w": 24, "h": 8}),
+        (timeseries(
+            "Goodput", "Share of the job's wall-clock time spent on training steps whose progress was kept, "
+            "across its processes and reinits (kept in the job file; absent without one).",
+            "percentunit", steps((RED, None), (ORANGE, 0.8), (GREEN, 0.9)),
+            targets((f"max by (job) (hbmwatch_goodput_seconds_total{{{SEL}}})"
+                     f" / max by (job) (hbmwatch_elapsed_seconds_total{{{SEL}}})", "goodput {{job}}")),
+            threshold_lines=True),
+         {"x": 0, "y": 47, "w": 8, "h": 8}),
+        (timeseries(
+            "Badput by cause", "The job's time not spent on kept progress: start-up and first compilation, "
+            "recompilation, checkpoint save and restore, reinit, evaluation, steps redone after a restart, time "
+            "between processes, and what no record explains.",
+            "s", steps((GREEN, None)),
+            targets((f"max by (cause) (hbmwatch_badput_seconds_total{{{SEL}}})", "{{cause}}")),
+            draw="bars"),
+         {"x": 8, "y": 47, "w": 16, "h": 8}),
     ]
     result = stats + [dict(panel, gridPos=grid) for panel, grid in layout]
     for number, panel in enumerate(result, start=1):

@@ -26,6 +26,7 @@ COMMANDS = {
     "report": ("watchdog.commands.report", "draw a trace: usage, floor, trend, projection, limit, actions"),
     "watch": ("watchdog.commands.watch", "a daemon that signals a job before its OOM, from outside its process"),
     "postmortem": ("watchdog.commands.postmortem", "read XLA's out-of-memory message: kind, sizes, Python lines"),
+    "goodput": ("watchdog.commands.goodput", "where a job's time went: goodput, badput by cause, what actions saved"),
 }
 
 

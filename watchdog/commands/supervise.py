@@ -9,6 +9,10 @@ anything but 0 or 42, what XLA's out-of-memory message in its output says, and w
 the child's watchdog keeps its flight record (`flight.json`), and supervise records every exit
 (`exits.jsonl`: time, run, status or signal, last step) and the end of the child's output
 (`output.log`).
+
+Every process of the job appends where its time went to one job file (`HBMWATCH_JOB_FILE`, set
+here for the children: `--job-file`, else a temporary one removed at the end); when the job ends,
+supervise prints its goodput (`core/goodput.py`), and `hbm-watchdog goodput FILE` reads a kept one.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from watchdog.actions.supervisor import DEFAULT_KILL_GRACE, ChildOutcome, describe, supervise
@@ -26,7 +33,9 @@ from watchdog.core.inputs import open_regular
 from watchdog.core.numbers import option, parse_count
 from watchdog.fileio import write_atomically
 from watchdog.logs import get_logger
+from watchdog.core import goodput
 from watchdog.runtime import flight_record
+from watchdog.runtime.job_ledger import JOB_FILE_ENV, start_job
 
 log = get_logger(__name__)
 
@@ -45,6 +54,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--postmortem-dir", metavar="DIR", type=Path,
                         help="keep the job's flight record, every exit and the end of its output here, for "
                              "`hbm-watchdog postmortem DIR` (and the post-mortem printed on a crash)")
+    parser.add_argument("--job-file", metavar="FILE", type=Path,
+                        help="keep the job's time accounting here (every process appends to it), for `hbm-watchdog "
+                             f"goodput FILE`; default: ${JOB_FILE_ENV} if set, else a temporary file, printed and removed")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
 
 
@@ -57,8 +69,39 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise InputError(f"--postmortem-dir {folder}: {exc.strerror or exc}") from None
         os.environ[flight_record.FLIGHT_RECORD_ENV] = str(folder / postmortem.FLIGHT_RECORD_NAME)  # the child's
-    return supervise(command, max_restarts=args.max_restarts, backoff=args.backoff, max_backoff=args.max_backoff,
-                     kill_grace=args.kill_grace, on_exit=lambda outcome, run: _after_exit(outcome, run, folder))
+    named = args.job_file or (Path(os.environ[JOB_FILE_ENV]) if os.environ.get(JOB_FILE_ENV) else None)
+    with tempfile.TemporaryDirectory(prefix="hbm-watchdog-job-") if named is None else nullcontext() as folder_:
+        job_file = _start_job_file(named or Path(folder_) / f"job{goodput.SUFFIX}")
+        status = supervise(command, max_restarts=args.max_restarts, backoff=args.backoff,
+                           max_backoff=args.max_backoff, kill_grace=args.kill_grace,
+                           on_exit=lambda outcome, run: _after_exit(outcome, run, folder))
+        _print_goodput(job_file)
+        return status
+
+
+def _start_job_file(path: Path) -> Path:
+    """The job file the children append to (`--job-file`, `HBMWATCH_JOB_FILE`, else a temporary one
+    removed at the end), a job line starting it."""
+    try:
+        start_job(path)
+    except OSError as exc:
+        raise InputError(f"--job-file {path}: {exc.strerror or exc}") from None
+    except InputError as exc:
+        raise InputError(f"--job-file: {exc}") from None
+    os.environ[JOB_FILE_ENV] = str(path)  # the children's
+    return path
+
+
+def _print_goodput(job_file: Path) -> None:
+    """The job's goodput, when its processes recorded any (a command that is not our trainer does not)."""
+    try:
+        records = goodput.read(job_file)
+    except InputError as exc:
+        log.warning("job_goodput_unreadable", error=str(exc))
+        return
+    account = goodput.account(records)
+    if account.processes:  # a summary, printed as the trainer's is, --quiet or not
+        print(account.block(), file=sys.stderr, flush=True)
 
 
 def _after_exit(outcome: ChildOutcome, run: int, folder: Path | None) -> None:

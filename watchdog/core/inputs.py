@@ -74,3 +74,37 @@ def _kind_at(path: str | os.PathLike[str], follow_symlinks: bool) -> str | None:
         return kind_of(os.stat(path, follow_symlinks=follow_symlinks).st_mode)
     except OSError:
         return None
+
+
+class LineTooLong(ValueError):
+    """A file's last line is longer than its format allows: not a file of that format."""
+
+
+def drop_torn_tail(path: str | os.PathLike[str], max_line_chars: int, *, header: bool = False) -> bytes:
+    """Cut off a last line its writer never finished (no newline), so an append starts on a line of
+    its own; returns the fragment cut (empty: nothing was torn, or no file).
+
+    A line-per-record file (a trace, a job file) killed mid-write keeps a fragment that carries
+    nothing to keep. `header`: the file's first line is a header, kept even without its newline
+    (it is ended instead). LineTooLong when the last line is longer than `max_line_chars`.
+    """
+    if not os.path.exists(path):
+        return b""
+    with open_regular(path, "rb+") as handle:
+        end = handle.seek(0, os.SEEK_END)
+        if end == 0:
+            return b""
+        handle.seek(end - 1)
+        if handle.read(1) in (b"\n", b"\r"):
+            return b""
+        start = max(0, end - 4 * max_line_chars)
+        handle.seek(start)
+        tail = handle.read()
+        cut = max(tail.rfind(b"\n"), tail.rfind(b"\r"))
+        if cut < 0 and start > 0:
+            raise LineTooLong(path)
+        if cut < 0 and header:
+            handle.write(b"\n")  # the header alone, its newline missing: end it
+            return b""
+        handle.truncate(start + cut + 1)
+        return tail[cut + 1:]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from watchdog.core.errors import InputError, TraceFormatError
-from watchdog.core.inputs import NotARegularFile, open_regular
+from watchdog.core.inputs import LineTooLong, NotARegularFile, drop_torn_tail, open_regular
 from watchdog.core.numbers import MAX_SIZE, MAX_STEP, whole_number
 
 TRACE_HEADER = ("step", "timestamp", "bytes_used", "bytes_limit", "peak_bytes_used")
@@ -242,28 +242,14 @@ class TraceWriter:
         The fragment is a row that was never complete (its last field may be cut short and still
         parse), so it carries nothing to keep; it is logged, not silently dropped.
         """
-        if not self.path.exists():
-            return
-        with open_regular(self.path, "rb+") as handle:
-            end = handle.seek(0, os.SEEK_END)
-            if end == 0:
-                return
-            handle.seek(end - 1)
-            if handle.read(1) in (b"\n", b"\r"):
-                return
-            start = max(0, end - 4 * MAX_LINE_CHARS)
-            handle.seek(start)
-            tail = handle.read()
-            cut = max(tail.rfind(b"\n"), tail.rfind(b"\r"))
-            if cut < 0:
-                if start > 0:
-                    raise TraceFormatError(str(self.path), 0, f"last line longer than {MAX_LINE_CHARS} "
-                                           "characters: not a trace CSV; refusing to append")
-                handle.write(b"\n")  # the header alone, its newline missing: end it
-                return
-            handle.truncate(start + cut + 1)
-        _log.warning("%s: cut off a torn last row before appending (its writer stopped mid-row): %r",
-                     self.path, tail[cut + 1:cut + 81].decode("utf-8", "replace"))
+        try:
+            fragment = drop_torn_tail(self.path, MAX_LINE_CHARS, header=True)
+        except LineTooLong:
+            raise TraceFormatError(str(self.path), 0, f"last line longer than {MAX_LINE_CHARS} "
+                                   "characters: not a trace CSV; refusing to append") from None
+        if fragment:
+            _log.warning("%s: cut off a torn last row before appending (its writer stopped mid-row): %r",
+                         self.path, fragment[:80].decode("utf-8", "replace"))
 
     def write(self, sample: Sample) -> None:
         self._writer.writerow(sample.to_row(self._with_phase))

@@ -192,6 +192,7 @@ class TelemetryCollector:
         buckets = [(_bucket_label(b), float(c)) for b, c in zip(bounds, counts)] + [("+Inf", float(count))]
         histogram.add_metric(labels, buckets, total)
         yield histogram
+        yield from _goodput_counters(t, labels)
 
 
 def merge_families(sources: list) -> Iterator[Metric]:
@@ -204,6 +205,30 @@ def merge_families(sources: list) -> Iterator[Metric]:
             else:
                 families[family.name] = family
     yield from families.values()
+
+
+def _goodput_counters(t: Telemetry, labels: list[str]) -> Iterator[Metric]:
+    """The job's time, across its processes and reinits (core/goodput.py), where a job file is kept.
+
+    Job totals, not this process's: a new process starts from what the job file holds (a reset
+    to Prometheus, as any restart). The share is goodput over elapsed; badput is by cause."""
+    account = t.goodput
+    if account is None:
+        return
+    for name, doc, value in (
+            ("elapsed_seconds", "Wall-clock seconds of the job so far, every process and the gaps between them.",
+             account.elapsed_seconds),
+            ("goodput_seconds", "Seconds of training steps whose progress the job kept.", account.productive_seconds)):
+        family = CounterMetricFamily(PREFIX + name, doc, labels=BASE_LABELS)
+        family.add_metric(labels, max(0.0, value))
+        yield family
+    badput = CounterMetricFamily(PREFIX + "badput_seconds", "Seconds of the job not spent on kept training "
+                                 "progress, by cause (start-up, recompilation, checkpoint save and restore, reinit, "
+                                 "evaluation, steps redone, time between processes, other).",
+                                 labels=(*BASE_LABELS, "cause"))
+    for cause, seconds in account.badput_seconds.items():
+        badput.add_metric([*labels, cause], max(0.0, seconds))
+    yield badput
 
 
 def _host_gauges(t: Telemetry, labels: list[str]) -> Iterator[Metric]:

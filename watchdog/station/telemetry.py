@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from watchdog.core.goodput import Account
 from watchdog.core.readings import DeviceMemory, HostReading
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
@@ -66,6 +67,7 @@ class Telemetry:
     checkpoint_size_bytes: int | None = None  # the newest checkpoint's size: what the next one needs
     host_reading: HostReading | None = None  # the host's series only: its newest reading in full
     host_series: Telemetry | None = None  # the device's: the host's series, served beside it
+    goodput: Account | None = None  # the job's time so far, where a job file is kept (runtime/job_ledger.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count_action(self, action: Action) -> None:

@@ -56,6 +56,8 @@ from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.forensics.follower import LeakFollower
 from watchdog.station.reports import ActionReport, RunSummary
+from watchdog.runtime import job_ledger
+from watchdog.runtime.job_ledger import JobLedger
 from watchdog.runtime.sidecar import REINITIALISED, RESTART_REQUESTED, Watchdog, log_acted
 from watchdog.runtime.sources import release_host_memory
 from watchdog.station.telemetry import Telemetry
@@ -430,6 +432,9 @@ class Trainer:
         self.forced = dict(config.forced_actions)
         self.state: TrainerState | None = None
         self.watchdog = None
+        self.ledger: JobLedger | None = None  # where this process's time goes, for the job's goodput
+        self._restore_seconds = 0.0
+        self._saved_at: int | None = None  # the step of the newest checkpoint this process saved
         self.reinits = 0
         self.restarts_so_far = 0
         self._stop_signal: int | None = None
@@ -446,20 +451,24 @@ class Trainer:
         self.state = self._start_state()
         first_step = self.state.step
         self.watchdog = self._start_watchdog()
+        self.ledger = self._open_ledger(first_step)
         self._check_disk()
         progress = Progress(self.config.steps, first_step, self.config.log_every, self.config.progress_bar)
         previous_handlers = self._catch_stop_signals()
-        exit_code, loss = EXIT_OK, None
+        exit_code, loss, finished = EXIT_OK, None, False
         started = time.perf_counter()
         try:
             while self.state.step < self.config.steps:
                 step = self.state.step
                 loss = self._one_step(step)
+                if self.ledger is not None:
+                    self.ledger.step_done(self.state.step)
                 if self._follower.baseline_due:  # after one step, so the optimizer state is in the baseline
                     self._follower.take_baseline(step)
                 proposal = self._ask(step)
                 if proposal is None and self._evaluation_due(step):
-                    proposal = self._evaluate(step)
+                    with self._timed("eval", step):
+                        proposal = self._evaluate(step)
                 if self._stop_signal is not None:  # preempted: save and exit 42, every process at the same step
                     proposal = Action.CHECKPOINT_RESTART
                 action = self._coordinator.agree(proposal, step)
@@ -467,6 +476,8 @@ class Trainer:
                 report = None
                 if suspects is not None:
                     report = self._report(step, action, suspects)
+                if action is not None and action.needs_checkpoint and self._stop_signal is None:
+                    self._record_action(action, report)
                 if action is Action.CHECKPOINT_RESTART:
                     interrupted = self._stop_signal == signal.SIGINT
                     if self._stop_signal is not None:
@@ -487,11 +498,16 @@ class Trainer:
                 if exit_code != EXIT_OK:
                     break
             else:
-                if self.state.step > first_step or self.checkpoints.latest_step() is None:
+                saved_now = self._saved_at == self.state.step  # a periodic save at the last step: not twice
+                if (self.state.step > first_step or self.checkpoints.latest_step() is None) and not saved_now:
                     if not self._save():  # the finished state is not on disk: redo it from the last one
                         exit_code = EXIT_RESTART_REQUESTED
+            finished = True
         finally:
             elapsed = time.perf_counter() - started
+            if self.ledger is not None:
+                self.ledger.end(_ENDINGS.get(exit_code, "restart") if finished else "error",
+                                self.state.step if self.state is not None else first_step)
             progress.close()
             self._follower.close()
             self._restore_signals(previous_handlers)
@@ -518,6 +534,7 @@ class Trainer:
 
     def _start_state(self) -> TrainerState:
         self.restarts_so_far = _restarts_so_far_from_env()
+        started = time.perf_counter()
         loaded = self.strategy.open_run(self.checkpoints, self.config, writer=self.replica.rank == 0)
         if loaded is None:
             seed_everything(self.config.seed, self.device)
@@ -528,6 +545,7 @@ class Trainer:
         self.restarts_so_far = max(self.restarts_so_far, int(payload.get("restarts_so_far", 0)))
         self.reinits = int(payload.get("reinits", 0))
         self._sync()
+        self._restore_seconds = time.perf_counter() - started
         log.info("resumed", step=state.step, restarts_so_far=self.restarts_so_far,
                  checkpoint_dir=str(self.checkpoints.directory))
         return state
@@ -542,6 +560,38 @@ class Trainer:
         if self.on_watchdog_started is not None:
             self.on_watchdog_started(watchdog)
         return watchdog
+
+    def _open_ledger(self, first_step: int) -> JobLedger | None:
+        """The job file, written by rank 0 (the replicas run in lockstep), beside the trace or where
+        supervise said (`HBMWATCH_JOB_FILE`)."""
+        trace = self.config.watchdog.trace_file if self.config.watchdog is not None else None
+        path = job_ledger.path_for(trace)
+        if path is None or self.replica.rank != 0:
+            return None
+        compile_seconds = lambda: None  # noqa: E731 - off XLA nothing compiles
+        if self.device.type == "xla":
+            from watchdog.runtime import xla_stats
+
+            compile_seconds = xla_stats.compile_seconds
+        telemetry = self.watchdog.telemetry if self.watchdog is not None else self.telemetry
+        ledger = JobLedger(path, checkpoint_every=self.config.checkpoint_every, compile_seconds=compile_seconds,
+                           telemetry=telemetry)
+        ledger.begin(first_step, restore_seconds=self._restore_seconds)
+        return ledger
+
+    def _timed(self, cause: str, step: int):
+        """A span of the job's time that is not training steps (see runtime/job_ledger.py)."""
+        return self.ledger.span(cause, step) if self.ledger is not None else nullcontext()
+
+    def _record_action(self, action: Action, report: ActionReport | None) -> None:
+        """The action, with the OOM it was taken against in training steps, for what it saved."""
+        if self.ledger is None:
+            return
+        verdict = report.verdict if report is not None else None
+        projected = None
+        if verdict is not None and verdict.projected_oom_step is not None and math.isfinite(verdict.projected_oom_step):
+            projected = self.state.step + max(0, round(verdict.projected_oom_step - verdict.step))
+        self.ledger.action(action.value, self.state.step, projected)
 
     def _one_step(self, step: int) -> torch.Tensor:
         state = self.state
@@ -673,6 +723,14 @@ class Trainer:
         False when the disk refused it (logged with path, bytes needed and bytes free; the older
         checkpoints are intact). Every rank gets the same answer.
         """
+        with self._timed("checkpoint_save", self.state.step):
+            saved = self._write_checkpoint(restart)
+        if saved:  # every rank agreed on it
+            self._saved_at = self.state.step
+        self._check_disk()
+        return saved
+
+    def _write_checkpoint(self, restart: bool) -> bool:
         started = time.perf_counter()
         saved = True
         # Sharded: every process writes its own shards (a collective save). Else one writer, rank 0:
@@ -694,7 +752,6 @@ class Trainer:
         saved = agree_on_action(None if saved else Action.CHECKPOINT_RESTART) is None
         if saved and self.watchdog is not None:
             self.watchdog.observe_checkpoint(time.perf_counter() - started)
-        self._check_disk()
         return saved
 
     def _check_disk(self) -> None:
@@ -717,6 +774,13 @@ class Trainer:
         if not self._save():
             self.reinits -= 1
             return False
+        with self._timed("reinit", step):
+            self._rebuild(step)
+        if self.watchdog is not None:
+            self.watchdog.reinit_finished()
+        return True
+
+    def _rebuild(self, step: int) -> None:
         self.state = self._loader = None
         self._follower.rebuilt()
         gc.collect()
@@ -729,9 +793,6 @@ class Trainer:
         del loaded
         self._sync()
         log.warning("reinitialised", step=step, reinits=self.reinits)
-        if self.watchdog is not None:
-            self.watchdog.reinit_finished()
-        return True
 
     # -- signals --
 
@@ -750,6 +811,9 @@ class Trainer:
     def _restore_signals(previous: dict) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+_ENDINGS = {EXIT_OK: "done", EXIT_INTERRUPTED: "interrupted"}  # else a restart was asked for (exit 42)
 
 
 def _restarts_so_far_from_env() -> int:

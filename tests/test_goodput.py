@@ -1,0 +1,286 @@
+"""Goodput: a job's time accounted across its processes and reinits (core/goodput.py), the job
+file each process appends to (runtime/job_ledger.py), `hbm-watchdog goodput`, and the series on
+/metrics. A whole supervised job with a reinit, a restart and a preemption is in
+tests/test_exact_resume.py."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.core import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from watchdog.commands.cli import main
+from watchdog.core import goodput
+from watchdog.core.errors import InputError
+from watchdog.runtime.job_ledger import JobLedger, start_job
+from watchdog.station.exporter import TelemetryCollector
+from watchdog.station.telemetry import Telemetry
+
+
+def rec(event: str, t: float, **fields) -> dict:
+    return {"v": goodput.VERSION, "event": event, "t": t, **fields}
+
+
+def crashed_and_resumed_job() -> list[dict]:
+    """Process 1 starts at 0 s, trains steps 0-150 with a checkpoint at 100, is killed at about 40 s;
+    process 2 starts at 50 s from checkpoint 100 and finishes at 200."""
+    return [
+        rec("process", 5.0, started=0.0, step=0, checkpoint_every=100),
+        rec("span", 5.0, cause="startup", seconds=5.0, step=0),
+        rec("steps", 25.0, first=0, last=100, seconds=20.0, compile_seconds=4.0),
+        rec("span", 26.0, cause="checkpoint_save", seconds=1.0, step=100),
+        rec("steps", 36.0, first=100, last=150, seconds=10.0, compile_seconds=0.0),
+        # killed here: nothing more from process 1
+        rec("process", 56.0, started=50.0, step=100, checkpoint_every=100),
+        rec("span", 56.0, cause="checkpoint_restore", seconds=2.0, step=100),
+        rec("span", 56.0, cause="startup", seconds=4.0, step=100),
+        rec("steps", 80.0, first=100, last=200, seconds=24.0, compile_seconds=3.0),
+        rec("span", 81.0, cause="checkpoint_save", seconds=1.0, step=200),
+        rec("end", 81.0, how="done", step=200),
+    ]
+
+
+def test_steps_past_the_checkpoint_a_new_process_resumed_from_are_redone_and_every_second_is_accounted():
+    account = goodput.account(crashed_and_resumed_job())
+    assert account.elapsed_seconds == 81.0 and account.processes == 2 and account.restarts == 1
+    assert account.steps_kept == 200 and account.steps_redone == 50
+    assert account.productive_seconds == pytest.approx(16.0 + 21.0)  # compile time taken out
+    badput = account.badput_seconds
+    assert badput["redone"] == pytest.approx(10.0)
+    assert badput["startup"] == pytest.approx(5.0 + 4.0 + 4.0 + 3.0)  # both starts, each with its first compile
+    assert badput["disruption"] == pytest.approx(50.0 - 36.0)  # from process 1's last line to process 2's start
+    assert badput["checkpoint_save"] == 2.0 and badput["checkpoint_restore"] == 2.0
+    assert account.productive_seconds + sum(badput.values()) == pytest.approx(account.elapsed_seconds)
+    assert account.goodput == pytest.approx(37.0 / 81.0) and account.ended == "done"
+
+
+def test_a_reinit_action_costs_its_save_its_rebuild_and_the_compile_after_it_against_a_crash_at_its_oom():
+    records = [
+        rec("process", 2.0, started=0.0, step=0, checkpoint_every=500),
+        rec("span", 2.0, cause="startup", seconds=2.0, step=0),
+        rec("steps", 12.0, first=0, last=500, seconds=10.0, compile_seconds=1.0),  # 9 s for 500 steps
+        rec("span", 13.0, cause="checkpoint_save", seconds=1.0, step=500),
+        rec("steps", 17.5, first=500, last=700, seconds=4.5, compile_seconds=0.9),
+        rec("action", 17.5, kind="checkpoint_reinit", step=700, projected_oom_step=900),
+        rec("span", 18.0, cause="checkpoint_save", seconds=0.5, step=700),
+        rec("span", 19.0, cause="reinit", seconds=1.0, step=700),
+        rec("steps", 25.0, first=700, last=1000, seconds=6.0, compile_seconds=0.5),
+        rec("end", 25.0, how="done", step=1000),
+    ]
+    account = goodput.account(records)
+    (action,) = account.actions
+    assert account.reinits == 1 and account.badput_seconds["reinit"] == pytest.approx(1.5)
+    assert account.badput_seconds["recompilation"] == pytest.approx(0.9)
+    assert action.cost_seconds == pytest.approx(0.5 + 1.0 + 0.5)
+    # a crash at 900 resumes from the periodic checkpoint at 500: 400 steps lost, plus a restart
+    # (none measured in this job: its own start-up, 2 s)
+    per_step = account.productive_seconds / account.steps_kept
+    assert action.crash_lost_steps == 400
+    assert action.crash_cost_seconds == pytest.approx(400 * per_step + 2.0)
+    assert account.watchdog_saved_seconds == pytest.approx(action.crash_cost_seconds - 2.0)
+    assert "saved about" in account.block()
+
+
+def test_a_restart_action_costs_its_save_and_the_restart_it_asked_for_and_a_drill_saves_nothing():
+    records = [
+        rec("job", 0.0),
+        rec("process", 3.0, started=1.0, step=0, checkpoint_every=0),
+        rec("span", 3.0, cause="startup", seconds=2.0, step=0),
+        rec("steps", 13.0, first=0, last=100, seconds=10.0, compile_seconds=0.0),
+        rec("action", 13.0, kind="checkpoint_restart", step=100, projected_oom_step=None),
+        rec("span", 14.0, cause="checkpoint_save", seconds=1.0, step=100),
+        rec("end", 14.0, how="restart", step=100),
+        rec("process", 20.0, started=16.0, step=100, checkpoint_every=0),
+        rec("span", 20.0, cause="checkpoint_restore", seconds=1.0, step=100),
+        rec("span", 20.0, cause="startup", seconds=3.0, step=100),
+        rec("steps", 30.0, first=100, last=200, seconds=10.0, compile_seconds=0.0),
+        rec("end", 30.0, how="done", step=200),
+    ]
+    account = goodput.account(records)
+    (action,) = account.actions
+    assert account.elapsed_seconds == 30.0  # from the job line, before the first process
+    assert action.cost_seconds == pytest.approx(1.0 + 2.0 + 3.0 + 1.0)  # save, gap, start-up, restore
+    assert action.crash_cost_seconds is None and action.saved_seconds is None
+    assert "nothing to save" in account.block()
+    assert account.badput_seconds["other"] == pytest.approx(1.0)  # the supervisor's start, before the child
+
+
+def test_only_the_newest_job_in_a_file_is_accounted():
+    first = crashed_and_resumed_job()
+    later = [rec("job", 100.0), rec("process", 101.0, started=100.5, step=0),
+             rec("steps", 111.0, first=0, last=10, seconds=10.0), rec("end", 111.0, how="done", step=10)]
+    account = goodput.account(first + later)
+    assert account.processes == 1 and account.steps_kept == 10 and account.elapsed_seconds == 11.0
+
+
+RECORD = st.one_of(
+    st.builds(lambda s, st_, r: ("process", {"started": s, "step": st_, "restore": r}),
+              st.floats(0, 5), st.integers(0, 300), st.floats(0, 2)),
+    st.builds(lambda c, s: ("span", {"cause": c, "seconds": s}),
+              st.sampled_from(sorted(goodput.SPAN_CAUSES - {"startup", "checkpoint_restore"})), st.floats(0, 3)),
+    st.builds(lambda n, s, c: ("steps", {"n": n, "seconds": s, "compile": c}),
+              st.integers(1, 100), st.floats(0, 20), st.floats(0, 25)),
+    st.builds(lambda k, ahead: ("action", {"kind": k, "ahead": ahead}),
+              st.sampled_from(["checkpoint_reinit", "checkpoint_restart"]), st.one_of(st.none(), st.integers(0, 400))),
+)
+
+
+def job_from(plan) -> list[dict]:
+    """Well-formed records on a clock that only moves forward, as the writer produces them."""
+    t, step, records = 0.0, 0, []
+    for kind, fields in plan:
+        if kind == "process":
+            t += fields["started"]
+            step = min(step, fields["step"])  # a process resumes from a checkpoint at or before the newest step
+            records.append(rec("process", t, started=t, step=step, checkpoint_every=50))
+            records.append(rec("span", t + fields["restore"], cause="checkpoint_restore", seconds=fields["restore"]))
+            t += fields["restore"]
+        elif not records:
+            continue
+        elif kind == "span":
+            t += fields["seconds"]
+            records.append(rec("span", t, cause=fields["cause"], seconds=fields["seconds"], step=step))
+        elif kind == "steps":
+            t += fields["seconds"]
+            records.append(rec("steps", t, first=step, last=step + fields["n"], seconds=fields["seconds"],
+                               compile_seconds=fields["compile"]))
+            step += fields["n"]
+        else:
+            oom = None if fields["ahead"] is None else step + fields["ahead"]
+            records.append(rec("action", t, kind=fields["kind"], step=step, projected_oom_step=oom))
+    return records
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(RECORD, max_size=30))
+def test_goodput_and_the_causes_always_add_up_to_the_elapsed_time(plan):
+    records = job_from(plan)
+    account = goodput.account(records)
+    total = account.productive_seconds + sum(account.badput_seconds.values())
+    assert total == pytest.approx(account.elapsed_seconds, abs=1e-6)
+    assert account.productive_seconds >= -1e-9 and all(
+        s >= -1e-9 for cause, s in account.badput_seconds.items() if cause != "other")
+    assert account.badput_seconds["other"] == pytest.approx(0.0, abs=1e-6)  # a writer's records explain every second
+    last = max((r["last"] for r in records if r["event"] == "steps"), default=0)
+    newest_start = max((r["step"] for r in records if r["event"] == "process"), default=0)
+    assert account.steps_kept <= max(last, newest_start)
+    assert all(a.cost_seconds >= 0 for a in account.actions)
+    json.dumps(account.fields())  # serialisable as `goodput --json` prints it
+
+
+# ---- the file ---------------------------------------------------------------------------------
+
+def test_a_torn_last_line_is_skipped_and_any_other_bad_line_is_a_one_line_error():
+    good = json.dumps(rec("end", 1.0, how="done", step=0)) + "\n"
+    assert len(list(goodput.parse_lines([good, '{"v": 1, "ev']))) == 1
+    with pytest.raises(InputError, match=r"job:2: not a JSON line"):
+        list(goodput.parse_lines([good, "step,timestamp\n", good], "job"))
+    with pytest.raises(InputError, match="not a job record of version 1"):
+        list(goodput.parse_lines(['{"v": 9, "event": "end"}\n'], "job"))
+    with pytest.raises(InputError, match="longer than"):
+        list(goodput.parse_lines(["{" + " " * goodput.MAX_LINE_CHARS + "}\n"], "job"))
+
+
+def test_the_ledger_partitions_a_process_into_steps_and_spans_and_the_next_process_continues_the_file(tmp_path):
+    path = tmp_path / "run.csv.job.jsonl"
+    start_job(path)
+    telemetry = Telemetry()
+    compiled = [1.0]  # XLA's total compile time in this process, read by the ledger
+    ledger = JobLedger(path, checkpoint_every=2, flush_seconds=3600, compile_seconds=lambda: compiled[0],
+                       telemetry=telemetry)
+    ledger.begin(0)
+    compiled[0] = 1.25  # the first step compiles
+    for step in range(1, 3):
+        ledger.step_done(step)
+    with ledger.span("checkpoint_save", 2):
+        pass
+    ledger.action("checkpoint_restart", 2, projected_oom_step=40)
+    ledger.end("restart", 2)
+    with path.open("a") as handle:
+        handle.write('{"v": 1, "event": "steps", "fi')  # a process killed mid-line
+    second = JobLedger(path, flush_seconds=3600)  # the torn line is cut before the next process appends
+    second.begin(2, restore_seconds=0.1)
+    second.step_done(3)
+    second.end("done", 3)
+    records = goodput.read(path)
+    assert [r["event"] for r in records] == ["job", "process", "span", "steps", "span", "action", "end",
+                                             "process", "span", "span", "steps", "end"]
+    first_steps = records[3]
+    assert (first_steps["first"], first_steps["last"], first_steps["compile_seconds"]) == (0, 2, 0.25)
+    account = goodput.account(records)
+    assert account.processes == 2 and account.steps_kept == 3 and account.ended == "done"
+    assert telemetry.goodput is not None and telemetry.goodput.steps_kept == 2  # the live account, first process
+
+
+def test_a_job_file_that_cannot_be_written_never_reaches_training(tmp_path, events):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    ledger = JobLedger(blocked / "job.jsonl")  # its folder is a file: every write fails
+    ledger.begin(0)
+    ledger.step_done(1)
+    ledger.end("done", 1)
+    assert len(events.named("job_file_write_failed")) == 1
+    assert ledger.account().steps_kept == 1  # kept in memory, for /metrics
+
+
+def test_the_job_series_are_served_by_cause_and_absent_without_a_job_file():
+    telemetry = Telemetry(device="xla:0")
+
+    def served():
+        registry = CollectorRegistry()
+        registry.register(TelemetryCollector(telemetry))
+        text = generate_latest(registry).decode()
+        return {(s.name, s.labels.get("cause")): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    assert not any(name.startswith("hbmwatch_goodput") for name, _ in served())
+    telemetry.goodput = goodput.account(crashed_and_resumed_job())
+    samples = served()
+    assert samples[("hbmwatch_goodput_seconds_total", None)] == pytest.approx(37.0)
+    assert samples[("hbmwatch_elapsed_seconds_total", None)] == 81.0
+    assert samples[("hbmwatch_badput_seconds_total", "redone")] == pytest.approx(10.0)
+    assert {cause for name, cause in samples if name == "hbmwatch_badput_seconds_total"} == set(goodput.CAUSES)
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+def test_goodput_reads_the_job_file_beside_a_trace_and_says_where_the_time_went(tmp_path, capsys):
+    trace = tmp_path / "run.csv"
+    trace.write_text("step,timestamp,bytes_used,bytes_limit,peak_bytes_used,phase\n")
+    with open(goodput.path_beside(trace), "w") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in crashed_and_resumed_job())
+    assert main(["goodput", str(trace), "--json"]) == 0
+    fields = json.loads(capsys.readouterr().out)
+    assert fields["goodput"] == round(37 / 81, 4) and fields["steps_redone"] == 50
+    assert set(fields["badput_seconds"]) == set(goodput.CAUSES)
+    assert main(["goodput", goodput.path_beside(trace)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("goodput: 45.7% of 81.0 s elapsed") and "steps redone after a restart" in text
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file, and no job file beside it"),
+    ("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n", "no job file beside this trace"),
+    ("", "no process recorded"),
+])
+def test_goodput_refuses_what_is_not_a_job_in_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / ("run.csv" if content and content.startswith("step") else "job.jsonl")
+    if content is not None:
+        path.write_text(content)
+    assert main(["goodput", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_infinite_or_missing_numbers_in_a_record_are_read_as_nothing_not_as_time():
+    records = crashed_and_resumed_job()
+    records.insert(3, rec("span", 26.0, cause="eval", seconds=math.inf, step=100))
+    records.insert(3, rec("span", 26.0, cause="eval", step=100))
+    account = goodput.account(records)
+    assert account.badput_seconds["eval"] == 0.0

@@ -1,0 +1,179 @@
+"""The job file: this process's share of the job's time, appended as it goes, for goodput.
+
+Every process of a job (each one a supervisor starts, and the reinits inside them) appends to one
+file: `HBMWATCH_JOB_FILE` (supervise sets it), else `<trace>.job.jsonl` beside the trace. The
+records and their accounting are `core/goodput.py`'s; this module only measures and writes:
+
+- `begin`: the process's start (its creation time, so imports and the runtime's start count),
+  the step it starts from, the checkpoint restore it did, and its start-up;
+- `step_done`: training steps, written as one stretch every `flush_seconds` (and before any span)
+  with the compile time XLA spent inside it, so a crash loses at most that stretch's record;
+- `span`: a checkpoint save, a reinit, an evaluation: timed, written when it ends;
+- `action`, `end`: what the watchdog did, with the OOM it projected, and how the process ended.
+
+Times partition the process: each stretch of steps runs from the end of the previous record to
+the step boundary, so steps and spans never overlap (spans do not nest). A write error is
+telemetry's, never training's: the file is dropped for the rest of the process and said once.
+The newest account goes to the telemetry (`Telemetry.goodput`), for `/metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from watchdog.core import goodput
+from watchdog.core.errors import InputError
+from watchdog.core.inputs import LineTooLong, drop_torn_tail, open_regular
+from watchdog.logs import get_logger
+
+log = get_logger(__name__)
+
+JOB_FILE_ENV = "HBMWATCH_JOB_FILE"
+FLUSH_SECONDS = 30.0
+
+
+def path_for(trace_file: str | os.PathLike | None) -> Path | None:
+    """`HBMWATCH_JOB_FILE`, else beside the trace, else none (no trace: no job file)."""
+    override = os.environ.get(JOB_FILE_ENV)
+    if override:
+        return Path(override)
+    return Path(goodput.path_beside(trace_file)) if trace_file is not None else None
+
+
+def process_started() -> float:
+    """This process's creation time (Unix seconds): start-up counts from there, imports included."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - without psutil, start-up counts from the ledger's creation
+        return time.time()
+
+
+def start_job(path: Path) -> None:
+    """Mark a new job in `path` (supervise, at its start): the account reads from the newest mark."""
+    try:
+        drop_torn_tail(path, goodput.MAX_LINE_CHARS)
+    except LineTooLong:
+        raise InputError(f"job file {path}: not a job file (a line longer than {goodput.MAX_LINE_CHARS} "
+                         "characters); refusing to append") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open_regular(path, "a", encoding="utf-8", what="job file ") as handle:
+        handle.write(json.dumps({"v": goodput.VERSION, "event": "job", "t": time.time()}) + "\n")
+
+
+class JobLedger:
+    def __init__(self, path: Path, *, checkpoint_every: int = 0, flush_seconds: float = FLUSH_SECONDS,
+                 compile_seconds: Callable[[], float | None] = lambda: None, telemetry: Any = None,
+                 started: float | None = None):
+        """`compile_seconds`: XLA's total compile time so far in this process (None off XLA).
+        `telemetry`: given, its `goodput` is set to the job's account at every write."""
+        self.path = path
+        self.checkpoint_every = checkpoint_every
+        self.flush_seconds = flush_seconds
+        self._compile_seconds = compile_seconds
+        self._telemetry = telemetry
+        self._started = process_started() if started is None else started
+        self._records = self._earlier_records()
+        self._handle = None
+        self._broken = False
+        self._mark = self._mark_compile = 0.0
+        self._first = self._last = 0  # the pending stretch of steps: [first, last)
+
+    # -- what the trainer tells it --
+
+    def begin(self, step: int, *, restore_seconds: float = 0.0) -> None:
+        """The process is ready to train from `step` (after restoring a checkpoint in `restore_seconds`)."""
+        now = time.time()
+        self._write("process", pid=os.getpid(), started=self._started, step=step,
+                    checkpoint_every=self.checkpoint_every)
+        if restore_seconds > 0:
+            self._write("span", cause="checkpoint_restore", seconds=restore_seconds, step=step)
+        self._write("span", cause="startup", seconds=max(0.0, now - self._started - restore_seconds), step=step)
+        self._restart_clock(step)
+
+    def step_done(self, steps_completed: int) -> None:
+        self._last = steps_completed
+        if time.perf_counter() - self._mark >= self.flush_seconds:
+            self._flush_steps()
+
+    @contextmanager
+    def span(self, cause: str, step: int) -> Iterator[None]:
+        """Time what runs inside as `cause` (checkpoint_save, reinit, eval); the steps before it are written first."""
+        self._flush_steps()
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._write("span", cause=cause, seconds=time.perf_counter() - started, step=step)
+            self._restart_clock(self._last)
+
+    def action(self, kind: str, step: int, projected_oom_step: int | None) -> None:
+        self._flush_steps()
+        self._write("action", kind=kind, step=step, projected_oom_step=projected_oom_step)
+
+    def end(self, how: str, step: int) -> None:
+        self._flush_steps()
+        self._write("end", how=how, step=step)
+        self.close()
+
+    def account(self) -> goodput.Account:
+        return goodput.account(self._records)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            try:
+                self._handle.close()
+            except OSError:
+                pass
+            self._handle = None
+
+    # -- inside --
+
+    def _restart_clock(self, step: int) -> None:
+        self._mark, self._mark_compile = time.perf_counter(), self._compile_seconds() or 0.0
+        self._first = self._last = step
+
+    def _flush_steps(self) -> None:
+        now, compiled = time.perf_counter(), self._compile_seconds() or 0.0
+        if self._last > self._first:
+            self._write("steps", first=self._first, last=self._last, seconds=now - self._mark,
+                        compile_seconds=max(0.0, compiled - self._mark_compile))
+            self._mark, self._mark_compile, self._first = now, compiled, self._last
+
+    def _earlier_records(self) -> list[dict]:
+        """What earlier processes of the job wrote (for a live account); a file that is not a job
+        file is the user's error, a torn last line is cut off."""
+        try:
+            drop_torn_tail(self.path, goodput.MAX_LINE_CHARS)
+        except LineTooLong:
+            raise InputError(f"job file {self.path}: not a job file (a line longer than "
+                             f"{goodput.MAX_LINE_CHARS} characters); refusing to append") from None
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise InputError(f"job file {self.path}: {exc.strerror or exc}") from None
+        return goodput.read(self.path) if self.path.exists() else []
+
+    def _write(self, event: str, **fields: Any) -> None:
+        record = {"v": goodput.VERSION, "event": event, "t": time.time(), **fields}
+        self._records.append(record)
+        if self._telemetry is not None:
+            self._telemetry.goodput = self.account()
+        if self._broken:
+            return
+        try:
+            if self._handle is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._handle = open_regular(self.path, "a", encoding="utf-8")
+            self._handle.write(json.dumps(record) + "\n")
+            self._handle.flush()
+        except (OSError, InputError) as exc:
+            self._broken = True
+            log.error("job_file_write_failed", path=str(self.path), error=str(exc),
+                      note="training goes on; goodput for this process stays in memory and on /metrics")
