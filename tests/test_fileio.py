@@ -239,6 +239,8 @@ ALLOWED = {  # (file, what the line says): why it is not a whole file written ar
     ("watchdog/core/sample.py", 'open(self.path, "a"'): "the trace CSV: appended in place, at the user's path",
     ("deploy/prometheus/local_stack.py", 'open(self.workdir / "prometheus.log", "wb")'):
         "the child Prometheus's log stream, in the run's own work folder",
+    ("watchdog/bench/endurance.py", 'open(folder / "job.log", "wb")'):
+        "the supervised job's output stream, in the endurance run's own folder",
 }
 
 

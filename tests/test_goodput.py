@@ -284,3 +284,27 @@ def test_infinite_or_missing_numbers_in_a_record_are_read_as_nothing_not_as_time
     records.insert(3, rec("span", 26.0, cause="eval", step=100))
     account = goodput.account(records)
     assert account.badput_seconds["eval"] == 0.0
+
+
+def test_a_reinit_escalated_to_a_restart_before_its_oom_counts_that_crash_once_at_the_restart():
+    records = [
+        rec("process", 1.0, started=0.0, step=0, checkpoint_every=0),
+        rec("steps", 11.0, first=0, last=1000, seconds=10.0),
+        rec("action", 11.0, kind="checkpoint_reinit", step=1000, projected_oom_step=1300),
+        rec("span", 11.5, cause="checkpoint_save", seconds=0.5, step=1000),
+        rec("span", 12.0, cause="reinit", seconds=0.5, step=1000),
+        rec("steps", 12.1, first=1000, last=1010, seconds=0.1),
+        rec("action", 12.1, kind="checkpoint_restart", step=1010, projected_oom_step=1300),
+        rec("span", 12.6, cause="checkpoint_save", seconds=0.5, step=1010),
+        rec("end", 12.6, how="restart", step=1010),
+    ]
+    reinit, restart = goodput.account(records).actions
+    assert reinit.escalated_at == 1010 and reinit.crash_cost_seconds is None and reinit.cost_seconds == 1.0
+    assert restart.escalated_at is None and restart.crash_lost_steps == 1300  # no checkpoint before it: from 0
+    assert "the action at step 1010 answered the same OOM" in goodput.account(records).block()
+
+
+def test_supervise_refuses_a_job_file_that_is_not_a_regular_file_in_one_line(capsys):
+    assert main(["supervise", "--job-file", "/dev/null", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "--job-file" in err and "not a regular file" in err and err.count("\n") == 1

@@ -166,6 +166,18 @@ def test_a_reinit_that_gave_nothing_back_is_followed_by_a_restart_without_waitin
     assert policy.decide(verdict(1_005, projected_oom_steps=25.0, window=500.0)) is Action.CHECKPOINT_RESTART
 
 
+def test_with_the_restart_budget_spent_a_reinit_that_gave_nothing_back_keeps_the_cooldown():
+    """Seen in `bench --endurance`: three preemptions had spent the budget, and a reinit that freed too
+    little was followed by another every sample (15 steps apart), five in a row."""
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=150,
+                                       max_restarts=3), restarts_so_far=3)
+    watched(policy, 1_000)
+    assert policy.decide(verdict(1_000, projected_oom_steps=30.0, window=500.0)) is Action.CHECKPOINT_REINIT
+    assert not policy.reinit_finished(floor_before_bytes=2e9, floor_after_bytes=2e9)
+    assert policy.decide(verdict(1_015, projected_oom_steps=25.0, window=500.0)) is Action.NONE
+    assert policy.decide(verdict(1_150, projected_oom_steps=25.0, window=500.0)) is Action.CHECKPOINT_REINIT
+
+
 def test_a_reinit_that_worked_keeps_the_cooldown():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=150))
     watched(policy, 1_000)

@@ -50,12 +50,20 @@ def test_format_bytes_is_signed_and_binary():
     ({"history_size": 0}, "history_size"),
     ({"rank": -1}, "rank"),
     ({"source": "replay"}, "replay_trace"),
+    ({"restarts_so_far": -1}, "restarts_so_far"),
+    ({"watchdog_restarts": -2}, "watchdog_restarts"),
+    ({"watchdog_restarts": True}, "watchdog_restarts"),
 ])
 def test_bad_config_names_the_field(kwargs, field):
     with pytest.raises(ConfigError) as err:
         WatchdogConfig(**kwargs)
     assert err.value.field == field
     assert str(err.value).startswith(field)
+
+
+def test_the_restart_budget_counts_the_watchdogs_own_restarts_where_the_host_knows_them():
+    assert WatchdogConfig(restarts_so_far=4).restart_budget_spent == 4  # a host that cannot tell
+    assert WatchdogConfig(restarts_so_far=4, watchdog_restarts=1).restart_budget_spent == 1  # 3 preemptions
 
 
 def test_default_config_is_valid():

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from watchdog.core.errors import InputError
-from watchdog.core.numbers import option, parse_positive, parse_seed
+from watchdog.core.numbers import option, parse_count, parse_positive, parse_seed
 
 ANCHORS = (
     "PrecogMF: F1 0.857 with 0 false positives (Jindal et al. 2021, offline, labelled cloud VMs)",
@@ -46,6 +47,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also list per-trace outcomes (JSON) or the traces the first detector got wrong (tables)")
     parser.add_argument("--step-cost", action="store_true",
                         help="instead: measure what Watchdog.step() costs the training thread")
+    parser.add_argument("--endurance", action="store_true",
+                        help="instead: a whole supervised job with leaks that force actions and seeded SIGTERM "
+                             "preemptions; steps, actions, goodput, memory against the budget (minutes)")
+    parser.add_argument("--endurance-steps", type=option(parse_positive), default=80_000, metavar="N",
+                        help="the endurance job's steps (default 80000)")
+    parser.add_argument("--endurance-dir", type=Path, metavar="DIR",
+                        help="keep the endurance job's files here: its job file, trace, log and checkpoints "
+                             "(default: a temporary folder, removed)")
+    parser.add_argument("--preemptions", type=option(parse_count), default=3, metavar="N",
+                        help="SIGTERM preemptions in the endurance job, at --seed's random steps (default 3, at most 8)")
 
 
 def _selected(spec: str | None) -> list[str] | None:
@@ -92,6 +103,12 @@ def run(args: argparse.Namespace) -> int:
         from watchdog.bench.step_cost import main as step_cost_main
 
         return step_cost_main()
+    if args.endurance:
+        from watchdog.bench.endurance import run_from_cli
+
+        if args.preemptions > 8:
+            raise InputError(f"--preemptions {args.preemptions}: at most 8")
+        return run_from_cli(args.endurance_steps, args.preemptions, args.seed, args.json, args.endurance_dir)
     names = _selected(args.detectors)
     from watchdog.bench.corpus import corpus_summary
     from watchdog.bench.evaluate import detectors, evaluate

@@ -38,7 +38,12 @@ class WatchdogConfig:
     stall_check_seconds: float = 5.0
     rank: int = 0
     restarts_so_far: int = 0
-    """Restarts this job has already had (from the checkpoint); the policy's budget counts it."""
+    """Restarts this job has already had, for any reason (`hbmwatch_restarts_total`)."""
+    watchdog_restarts: int | None = None
+    """Of those, the restarts the watchdog itself asked for (the trainer's checkpoints count them):
+    what the policy's restart budget counts. A preemption or a crash restart is not the watchdog's
+    to spend, and counting them left a job preempted `max_restarts` times unable to restart out of
+    a leak a reinit cannot free. None: every restart counts (a host that does not know which)."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     recompilation: RecompilationConfig = field(default_factory=RecompilationConfig)
@@ -78,14 +83,23 @@ class WatchdogConfig:
                 raise ConfigError(name, f"must be a positive number of seconds, got {value!r}")
         if not isinstance(self.rank, int) or self.rank < 0:
             raise ConfigError("rank", f"must be a non-negative integer, got {self.rank!r}")
-        if not isinstance(self.restarts_so_far, int) or self.restarts_so_far < 0:
-            raise ConfigError("restarts_so_far", f"must be a non-negative integer, got {self.restarts_so_far!r}")
+        for name in ("restarts_so_far", "watchdog_restarts"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
+        if self.restarts_so_far is None:
+            raise ConfigError("restarts_so_far", "must be a non-negative integer, got None")
         if self.source == "replay" and self.replay_trace is None:
             raise ConfigError("replay_trace", "is required when source is 'replay'")
         if self.trace_file is not None:
             object.__setattr__(self, "trace_file", Path(self.trace_file))
         if self.replay_trace is not None:
             object.__setattr__(self, "replay_trace", Path(self.replay_trace))
+
+    @property
+    def restart_budget_spent(self) -> int:
+        """The restarts the policy's budget counts: the watchdog's own, where the host knows them."""
+        return self.restarts_so_far if self.watchdog_restarts is None else self.watchdog_restarts
 
 
 def _positive_int(name: str, value: object) -> None:

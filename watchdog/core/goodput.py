@@ -60,6 +60,7 @@ class ActionEstimate:
     cost_seconds: float
     crash_lost_steps: int | None
     crash_cost_seconds: float | None
+    escalated_at: int | None = None  # a later action answered the same OOM before it came (its crash counts there)
 
     @property
     def saved_seconds(self) -> float | None:
@@ -68,7 +69,8 @@ class ActionEstimate:
     def fields(self) -> dict[str, Any]:
         return {"kind": self.kind, "step": self.step, "projected_oom_step": self.projected_oom_step,
                 "cost_seconds": _round(self.cost_seconds), "crash_lost_steps": self.crash_lost_steps,
-                "crash_cost_seconds": _round(self.crash_cost_seconds), "saved_seconds": _round(self.saved_seconds)}
+                "crash_cost_seconds": _round(self.crash_cost_seconds), "saved_seconds": _round(self.saved_seconds),
+                "escalated_at": self.escalated_at}
 
 
 @dataclass(frozen=True)
@@ -140,9 +142,13 @@ class Account:
                              f"{_duration(self.watchdog_cost_seconds)}; none had an OOM in sight (drills): "
                              "nothing to save")
             for a in self.actions:
-                crash = ("no OOM was in sight" if a.crash_cost_seconds is None else
-                         f"a crash at step {a.projected_oom_step} would have lost {a.crash_lost_steps} steps and a "
-                         f"restart, about {_duration(a.crash_cost_seconds)}")
+                if a.escalated_at is not None:
+                    crash = f"the action at step {a.escalated_at} answered the same OOM"
+                elif a.crash_cost_seconds is None:
+                    crash = "no OOM was in sight"
+                else:
+                    crash = (f"a crash at step {a.projected_oom_step} would have lost {a.crash_lost_steps} steps "
+                             f"and a restart, about {_duration(a.crash_cost_seconds)}")
                 lines.append(f"  step {a.step}: {a.kind} cost {_duration(a.cost_seconds)}; {crash}")
         return "\n".join(lines)
 
@@ -217,7 +223,7 @@ class _Process:
     restore: float = 0.0
     gap_before: float = 0.0
     compile_cause: str = "startup"  # what the next stretch's compile time is: the first graphs, a reinit's, or recompilation
-    saves: list[int] = field(default_factory=list)  # steps checkpointed in this process
+    saves: list[int] = field(default_factory=list)  # steps checkpointed in this process, not for an action
 
 
 @dataclass
@@ -275,7 +281,9 @@ def account(records: Iterable[dict[str, Any]]) -> Account:
             elif cause == "checkpoint_restore":
                 process.restore += seconds
             elif cause == "checkpoint_save":
-                process.saves.append(_count(record.get("step")))
+                newest = actions[-1] if actions and actions[-1].process == len(processes) - 1 else None
+                if newest is None or newest.waiting_for != "checkpoint_save":  # an action's save: not without it
+                    process.saves.append(_count(record.get("step")))
             elif cause == "reinit":
                 reinits += 1
                 process.compile_cause = "reinit"  # a rebuilt state's first steps may compile again
@@ -353,15 +361,19 @@ def _estimates(actions: list[_PendingAction], processes: list[_Process], kept: l
     restarts = [p.gap_before + p.startup + p.restore for p in processes[1:]]
     restart_cost = (sum(restarts) / len(restarts)) if restarts else processes[0].startup + processes[0].restore
     estimates = []
-    for a in actions:
+    for index, a in enumerate(actions):
         lost = crash_cost = None
-        if a.projected_oom_step is not None and a.projected_oom_step >= a.step:
+        # An action followed by another before the OOM it projected (a reinit that did not free
+        # enough, escalated to a restart) did not avert that crash alone: it is counted once, at the last.
+        later = next((b.step for b in actions[index + 1:] if a.projected_oom_step is not None
+                      and b.step <= a.projected_oom_step), None)
+        if later is None and a.projected_oom_step is not None and a.projected_oom_step >= a.step:
             resumable = [s for s in a.checkpoints_before if s <= a.step]
             if a.checkpoint_every:
                 resumable.append(a.projected_oom_step // a.checkpoint_every * a.checkpoint_every)
             lost = a.projected_oom_step - max(resumable, default=0)
             crash_cost = lost * per_step + restart_cost
-        estimates.append(ActionEstimate(a.kind, a.step, a.projected_oom_step, a.cost, lost, crash_cost))
+        estimates.append(ActionEstimate(a.kind, a.step, a.projected_oom_step, a.cost, lost, crash_cost, later))
     return tuple(estimates)
 
 

@@ -17,7 +17,9 @@ The ladder, one verdict at a time:
 - after any checkpoint action, nothing more for `cooldown_steps` (the save and rebuild take time
   and the detector needs fresh samples), unless the reinit gave nothing back: then the restart
   comes at the next confirmed verdict inside the horizon (waiting out the cooldown let a leak of
-  4 MiB/step grow 600 MiB into the OOM the action was for).
+  4 MiB/step grow 600 MiB into the OOM the action was for), while the restart budget lasts.
+- the restart budget counts the restarts the watchdog asked for (`WatchdogConfig.watchdog_restarts`,
+  from the trainer's checkpoints), not the job's preemptions or crash restarts.
 
 The limit rule (`limit_reached`, called by the `Judge` instead of `decide`): memory at or over the
 limit, or within the checkpoint margin of it, gets the checkpoint action at once, from the first
@@ -189,8 +191,10 @@ class ActionPolicy:
         recovered = floor_before_bytes - floor_after_bytes
         needed = self.config.min_recovery * self._growth_at_action
         self._escalate = recovered <= 0 or recovered < needed
-        if self._escalate:
+        if self._escalate and self.restarts_so_far < self.config.max_restarts:
             # The cooldown waits for a rebuild to show its effect; this one showed it has none, and
             # the leak goes on growing into the OOM the action was for: the restart is not held back.
+            # With the restart budget spent, the next action could only be another such reinit:
+            # the cooldown holds (one reinit per sample was what lifting it gave, 15 steps apart).
             self._quiet_until = -math.inf
         return not self._escalate

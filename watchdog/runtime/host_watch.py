@@ -51,7 +51,7 @@ class HostWatch:
         if not judged:
             return
         judge = Judge(config.detector, dataclasses.replace(config.policy, prefer_restart=True),
-                      memory_limit_bytes=self.memory.limit_bytes, restarts_so_far=config.restarts_so_far)
+                      memory_limit_bytes=self.memory.limit_bytes, restarts_so_far=config.restart_budget_spent)
         telemetry.device, telemetry.source, telemetry.rank = HOST, f"host-{self.memory.domain}", config.rank
         telemetry.restarts_total = config.restarts_so_far
         trace = None

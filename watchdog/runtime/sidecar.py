@@ -96,7 +96,7 @@ class Watchdog:
         self.telemetry.restarts_total = self.config.restarts_so_far
         self.station = Station(Judge(self.config.detector, self.config.policy,
                                      memory_limit_bytes=self.config.memory_limit_bytes,
-                                     restarts_so_far=self.config.restarts_so_far), self.telemetry, memory=DEVICE)
+                                     restarts_so_far=self.config.restart_budget_spent), self.telemetry, memory=DEVICE)
         self.history: deque[Sample] = deque(maxlen=self.config.history_size)
         self.last_recovery: Recovery | None = None  # what the last reinit gave back (the terminal's action block)
         self._source = source

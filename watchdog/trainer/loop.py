@@ -57,6 +57,7 @@ from watchdog.logs import get_logger
 from watchdog.forensics.follower import LeakFollower
 from watchdog.station.reports import ActionReport, RunSummary
 from watchdog.runtime import job_ledger
+from watchdog.runtime.footprint import retained_bytes
 from watchdog.runtime.job_ledger import JobLedger
 from watchdog.runtime.sidecar import REINITIALISED, RESTART_REQUESTED, Watchdog, log_acted
 from watchdog.runtime.sources import release_host_memory
@@ -224,7 +225,7 @@ def _lr_schedule(config: TrainConfig) -> Callable[[int], float]:
 
 
 def checkpoint_payload(state: TrainerState, config: TrainConfig, device: torch.device, *,
-                       restarts_so_far: int, reinits: int) -> dict:
+                       restarts_so_far: int, reinits: int, watchdog_restarts: int = 0) -> dict:
     return {
         "format": CHECKPOINT_FORMAT,
         "step": state.step,
@@ -234,6 +235,7 @@ def checkpoint_payload(state: TrainerState, config: TrainConfig, device: torch.d
         "scheduler": state.scheduler.state_dict(),
         "rng": capture_rng_state(device),
         "restarts_so_far": restarts_so_far,
+        "watchdog_restarts": watchdog_restarts,  # restarts the watchdog asked for: its budget counts only these
         "reinits": reinits,
         "model_config": dataclasses.asdict(config.model),
         "seed": config.seed,
@@ -436,7 +438,8 @@ class Trainer:
         self._restore_seconds = 0.0
         self._saved_at: int | None = None  # the step of the newest checkpoint this process saved
         self.reinits = 0
-        self.restarts_so_far = 0
+        self.restarts_so_far = 0  # every restart of the job (supervise's count, or the checkpoint's)
+        self.watchdog_restarts = 0  # those the watchdog asked for: what its restart budget counts
         self._stop_signal: int | None = None
         # What is leaking: driven here rather than inside the watchdog, since an action may come from
         # the ranks' agreement or be forced, not only from this rank's watchdog.
@@ -456,6 +459,7 @@ class Trainer:
         progress = Progress(self.config.steps, first_step, self.config.log_every, self.config.progress_bar)
         previous_handlers = self._catch_stop_signals()
         exit_code, loss, finished = EXIT_OK, None, False
+        footprint_at_start = None  # what the watchdog itself holds, after the first step (runtime/footprint.py)
         started = time.perf_counter()
         try:
             while self.state.step < self.config.steps:
@@ -463,6 +467,8 @@ class Trainer:
                 loss = self._one_step(step)
                 if self.ledger is not None:
                     self.ledger.step_done(self.state.step)
+                if footprint_at_start is None and self.watchdog is not None:
+                    footprint_at_start = retained_bytes(self.watchdog)
                 if self._follower.baseline_due:  # after one step, so the optimizer state is in the baseline
                     self._follower.take_baseline(step)
                 proposal = self._ask(step)
@@ -514,6 +520,10 @@ class Trainer:
             if self.watchdog is not None:
                 self.watchdog.drain()
                 self.watchdog.stop()
+                if footprint_at_start is not None:
+                    log.info("watchdog_footprint", first_step=first_step, step=self.state.step if self.state else None,
+                             retained_bytes_at_start=footprint_at_start,
+                             retained_bytes_at_end=retained_bytes(self.watchdog))
         final_loss = float(loss.item()) if loss is not None else None
         verdict = self.watchdog.verdict if self.watchdog is not None else None
         result = TrainResult(
@@ -543,6 +553,8 @@ class Trainer:
             return state
         state, payload = loaded
         self.restarts_so_far = max(self.restarts_so_far, int(payload.get("restarts_so_far", 0)))
+        # a checkpoint from before this count: every restart it records was the watchdog's to spend
+        self.watchdog_restarts = int(payload.get("watchdog_restarts", payload.get("restarts_so_far", 0)))
         self.reinits = int(payload.get("reinits", 0))
         self._sync()
         self._restore_seconds = time.perf_counter() - started
@@ -554,6 +566,7 @@ class Trainer:
         if self.config.watchdog is None:
             return None
         config = dataclasses.replace(self.config.watchdog, restarts_so_far=self.restarts_so_far,
+                                     watchdog_restarts=self.watchdog_restarts,
                                      rank=self.replica.rank)
         # The loop follows the leak itself and reports every action; the watchdog shares its censuses.
         watchdog = Watchdog(config, telemetry=self.telemetry, reports_actions=True, follower=self._follower).start()
@@ -737,7 +750,8 @@ class Trainer:
         # the replicas' states are identical.
         if self.strategy.sharded_checkpoints or self.replica.rank == 0:
             payload = checkpoint_payload(self.state, self.config, self.device,
-                                         restarts_so_far=self.restarts_so_far + int(restart), reinits=self.reinits)
+                                         restarts_so_far=self.restarts_so_far + int(restart), reinits=self.reinits,
+                                         watchdog_restarts=self.watchdog_restarts + int(restart))
             try:
                 self.checkpoints.save(payload, self.state.step)
                 leaks.after_save(self.config.leaks, self.state.step)
