@@ -308,3 +308,20 @@ def test_supervise_refuses_a_job_file_that_is_not_a_regular_file_in_one_line(cap
     assert main(["supervise", "--job-file", "/dev/null", "--", "true"]) == 2
     err = capsys.readouterr().err
     assert "--job-file" in err and "not a regular file" in err and err.count("\n") == 1
+
+
+def test_an_action_against_an_oom_past_the_jobs_last_step_saved_nothing():
+    """Seen in `bench --endurance`: a restart 133 steps before the end of an 80,000-step job, against
+    an OOM projected at step 82,777."""
+    records = [
+        rec("process", 1.0, started=0.0, step=0),
+        rec("steps", 11.0, first=0, last=990, seconds=10.0),
+        rec("action", 11.0, kind="checkpoint_reinit", step=990, projected_oom_step=1200),
+        rec("span", 11.5, cause="checkpoint_save", seconds=0.5, step=990),
+        rec("span", 12.0, cause="reinit", seconds=0.5, step=990),
+        rec("steps", 12.1, first=990, last=1000, seconds=0.1),
+        rec("end", 12.1, how="done", step=1000),
+    ]
+    (action,) = goodput.account(records).actions
+    assert action.job_ended_first and action.crash_cost_seconds is None and action.cost_seconds == 1.0
+    assert "the job ended before the OOM it projected at step 1200" in goodput.account(records).block()

@@ -178,6 +178,26 @@ def test_with_the_restart_budget_spent_a_reinit_that_gave_nothing_back_keeps_the
     assert policy.decide(verdict(1_150, projected_oom_steps=25.0, window=500.0)) is Action.CHECKPOINT_REINIT
 
 
+def test_a_reinit_that_leaves_more_behind_than_the_previous_one_escalates_to_a_restart():
+    """Two leaks, one in the state and one outside it: each reinit frees the first, and what it
+    leaves rises by the second. Seen in `bench --endurance` as nine reinits ratcheting toward the budget."""
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=150))
+    watched(policy, 1_000)
+    assert policy.decide(verdict(1_000, projected_oom_steps=30.0, window=500.0, slope=100_000)) is Action.CHECKPOINT_REINIT
+    assert policy.reinit_finished(floor_before_bytes=1.1e9, floor_after_bytes=1.0e9)  # freed 100 MB
+    assert policy.decide(verdict(2_000, projected_oom_steps=30.0, window=500.0, slope=100_000)) is Action.CHECKPOINT_REINIT
+    assert not policy.reinit_finished(floor_before_bytes=1.07e9, floor_after_bytes=1.03e9)  # +30 MB left, 40 freed
+    assert policy.decide(verdict(2_005, projected_oom_steps=25.0, window=500.0, slope=100_000)) is Action.CHECKPOINT_RESTART
+
+
+def test_reinits_that_leave_the_same_behind_are_no_ratchet():
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=150))
+    watched(policy, 1_000)
+    for step, after in ((1_000, 1.0e9), (2_000, 1.005e9), (3_000, 1.004e9)):
+        assert policy.decide(verdict(step, projected_oom_steps=30.0, window=500.0, slope=100_000)) is Action.CHECKPOINT_REINIT
+        assert policy.reinit_finished(floor_before_bytes=after + 1e8, floor_after_bytes=after)
+
+
 def test_a_reinit_that_worked_keeps_the_cooldown():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=150))
     watched(policy, 1_000)

@@ -245,3 +245,12 @@ def test_a_path_too_long_to_look_up_is_one_line_not_a_traceback(flag, capsys):
     assert main(["train", flag, "9" * 400]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and flag in err and "File name too long" in err
+
+
+def test_the_watchdogs_restarts_in_a_row_start_over_after_the_window():
+    from watchdog.trainer.loop import restarts_in_a_row
+
+    assert restarts_in_a_row(0, None, 9_842, window=2_000) == 1
+    assert restarts_in_a_row(1, 9_842, 19_807, window=2_000) == 1  # 10k steps of progress: not a loop
+    assert restarts_in_a_row(1, 1_000, 1_300, window=2_000) == 2  # the leak refilled at once: a loop
+    assert restarts_in_a_row(3, 1_000, 90_000, window=0) == 4  # no window: every restart counts

@@ -40,8 +40,8 @@ class WatchdogConfig:
     restarts_so_far: int = 0
     """Restarts this job has already had, for any reason (`hbmwatch_restarts_total`)."""
     watchdog_restarts: int | None = None
-    """Of those, the restarts the watchdog itself asked for (the trainer's checkpoints count them):
-    what the policy's restart budget counts. A preemption or a crash restart is not the watchdog's
+    """Of those, the restarts the watchdog itself asked for, in a row (the trainer's checkpoints
+    count them, starting over after `policy.restart_window_steps`): what the restart budget counts. A preemption or a crash restart is not the watchdog's
     to spend, and counting them left a job preempted `max_restarts` times unable to restart out of
     a leak a reinit cannot free. None: every restart counts (a host that does not know which)."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)

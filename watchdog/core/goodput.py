@@ -61,6 +61,7 @@ class ActionEstimate:
     crash_lost_steps: int | None
     crash_cost_seconds: float | None
     escalated_at: int | None = None  # a later action answered the same OOM before it came (its crash counts there)
+    job_ended_first: bool = False  # the job finished before the step of the OOM it projected: no crash to avoid
 
     @property
     def saved_seconds(self) -> float | None:
@@ -70,7 +71,7 @@ class ActionEstimate:
         return {"kind": self.kind, "step": self.step, "projected_oom_step": self.projected_oom_step,
                 "cost_seconds": _round(self.cost_seconds), "crash_lost_steps": self.crash_lost_steps,
                 "crash_cost_seconds": _round(self.crash_cost_seconds), "saved_seconds": _round(self.saved_seconds),
-                "escalated_at": self.escalated_at}
+                "escalated_at": self.escalated_at, "job_ended_first": self.job_ended_first}
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,8 @@ class Account:
             for a in self.actions:
                 if a.escalated_at is not None:
                     crash = f"the action at step {a.escalated_at} answered the same OOM"
+                elif a.job_ended_first:
+                    crash = f"the job ended before the OOM it projected at step {a.projected_oom_step}: nothing saved"
                 elif a.crash_cost_seconds is None:
                     crash = "no OOM was in sight"
                 else:
@@ -322,7 +325,8 @@ def account(records: Iterable[dict[str, Any]]) -> Account:
     elapsed = max(0.0, (last_t if last_t is not None else processes[-1].last_t) - job_start)
     productive = sum(chunk.seconds for chunk in kept)
     badput["other"] = elapsed - productive - sum(badput[c] for c in CAUSES if c != "other")
-    estimates = _estimates(actions, processes, kept)
+    finished_at = _count(records[-1].get("step")) if ended == "done" and records[-1]["event"] == "end" else None
+    estimates = _estimates(actions, processes, kept, finished_at)
     return Account(elapsed_seconds=elapsed, productive_seconds=productive, badput_seconds=badput,
                    steps_kept=sum(c.last - c.first for c in kept), steps_redone=steps_redone,
                    processes=len(processes), reinits=reinits, actions=estimates, ended=ended)
@@ -354,8 +358,8 @@ def _charge(actions: list[_PendingAction], cause: str, seconds: float) -> None:
                           "reinit": "reinit_compile"}.get(cause)
 
 
-def _estimates(actions: list[_PendingAction], processes: list[_Process], kept: list[_Chunk]
-               ) -> tuple[ActionEstimate, ...]:
+def _estimates(actions: list[_PendingAction], processes: list[_Process], kept: list[_Chunk],
+               finished_at: int | None) -> tuple[ActionEstimate, ...]:
     steps = sum(c.last - c.first for c in kept)
     per_step = sum(c.seconds for c in kept) / steps if steps else 0.0
     restarts = [p.gap_before + p.startup + p.restore for p in processes[1:]]
@@ -367,13 +371,16 @@ def _estimates(actions: list[_PendingAction], processes: list[_Process], kept: l
         # enough, escalated to a restart) did not avert that crash alone: it is counted once, at the last.
         later = next((b.step for b in actions[index + 1:] if a.projected_oom_step is not None
                       and b.step <= a.projected_oom_step), None)
-        if later is None and a.projected_oom_step is not None and a.projected_oom_step >= a.step:
+        ended_first = finished_at is not None and a.projected_oom_step is not None and \
+            a.projected_oom_step > finished_at
+        if later is None and not ended_first and a.projected_oom_step is not None and a.projected_oom_step >= a.step:
             resumable = [s for s in a.checkpoints_before if s <= a.step]
             if a.checkpoint_every:
                 resumable.append(a.projected_oom_step // a.checkpoint_every * a.checkpoint_every)
             lost = a.projected_oom_step - max(resumable, default=0)
             crash_cost = lost * per_step + restart_cost
-        estimates.append(ActionEstimate(a.kind, a.step, a.projected_oom_step, a.cost, lost, crash_cost, later))
+        estimates.append(ActionEstimate(a.kind, a.step, a.projected_oom_step, a.cost, lost, crash_cost, later,
+                                        ended_first))
     return tuple(estimates)
 
 

@@ -225,7 +225,8 @@ def _lr_schedule(config: TrainConfig) -> Callable[[int], float]:
 
 
 def checkpoint_payload(state: TrainerState, config: TrainConfig, device: torch.device, *,
-                       restarts_so_far: int, reinits: int, watchdog_restarts: int = 0) -> dict:
+                       restarts_so_far: int, reinits: int, watchdog_restarts: int = 0,
+                       watchdog_restart_step: int | None = None) -> dict:
     return {
         "format": CHECKPOINT_FORMAT,
         "step": state.step,
@@ -235,7 +236,8 @@ def checkpoint_payload(state: TrainerState, config: TrainConfig, device: torch.d
         "scheduler": state.scheduler.state_dict(),
         "rng": capture_rng_state(device),
         "restarts_so_far": restarts_so_far,
-        "watchdog_restarts": watchdog_restarts,  # restarts the watchdog asked for: its budget counts only these
+        "watchdog_restarts": watchdog_restarts,  # restarts the watchdog asked for in a row: its budget counts these
+        "watchdog_restart_step": watchdog_restart_step,
         "reinits": reinits,
         "model_config": dataclasses.asdict(config.model),
         "seed": config.seed,
@@ -439,7 +441,8 @@ class Trainer:
         self._saved_at: int | None = None  # the step of the newest checkpoint this process saved
         self.reinits = 0
         self.restarts_so_far = 0  # every restart of the job (supervise's count, or the checkpoint's)
-        self.watchdog_restarts = 0  # those the watchdog asked for: what its restart budget counts
+        self.watchdog_restarts = 0  # those the watchdog asked for, in a row: what its restart budget counts
+        self.watchdog_restart_step: int | None = None  # the training step of its newest restart
         self._stop_signal: int | None = None
         # What is leaking: driven here rather than inside the watchdog, since an action may come from
         # the ranks' agreement or be forced, not only from this rank's watchdog.
@@ -555,6 +558,8 @@ class Trainer:
         self.restarts_so_far = max(self.restarts_so_far, int(payload.get("restarts_so_far", 0)))
         # a checkpoint from before this count: every restart it records was the watchdog's to spend
         self.watchdog_restarts = int(payload.get("watchdog_restarts", payload.get("restarts_so_far", 0)))
+        restart_step = payload.get("watchdog_restart_step")
+        self.watchdog_restart_step = None if restart_step is None else int(restart_step)
         self.reinits = int(payload.get("reinits", 0))
         self._sync()
         self._restore_seconds = time.perf_counter() - started
@@ -751,7 +756,7 @@ class Trainer:
         if self.strategy.sharded_checkpoints or self.replica.rank == 0:
             payload = checkpoint_payload(self.state, self.config, self.device,
                                          restarts_so_far=self.restarts_so_far + int(restart), reinits=self.reinits,
-                                         watchdog_restarts=self.watchdog_restarts + int(restart))
+                                         **self._watchdog_restarts_after(restart))
             try:
                 self.checkpoints.save(payload, self.state.step)
                 leaks.after_save(self.config.leaks, self.state.step)
@@ -767,6 +772,14 @@ class Trainer:
         if saved and self.watchdog is not None:
             self.watchdog.observe_checkpoint(time.perf_counter() - started)
         return saved
+
+    def _watchdog_restarts_after(self, restart: bool) -> dict:
+        """The watchdog's restarts in a row and the newest one's step, as the checkpoint records them."""
+        count, step = self.watchdog_restarts, self.watchdog_restart_step
+        if restart:
+            window = self.config.watchdog.policy.restart_window_steps if self.config.watchdog else 0
+            count, step = restarts_in_a_row(count, step, self.state.step, window), self.state.step
+        return {"watchdog_restarts": count, "watchdog_restart_step": step}
 
     def _check_disk(self) -> None:
         """Free space against the newest checkpoint's size: logged when short, exported always."""
@@ -825,6 +838,14 @@ class Trainer:
     def _restore_signals(previous: dict) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def restarts_in_a_row(count: int, previous_step: int | None, step: int, window: int) -> int:
+    """The watchdog's restarts in a row once it restarts at `step`: one more, or one again when its
+    previous restart was `window` steps or more before (progress, not a loop; 0: never again)."""
+    if window and previous_step is not None and step - previous_step >= window:
+        return 1
+    return count + 1
 
 
 _ENDINGS = {EXIT_OK: "done", EXIT_INTERRUPTED: "interrupted"}  # else a restart was asked for (exit 42)
