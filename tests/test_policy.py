@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -150,7 +151,8 @@ def test_healthy_and_suspect_verdicts_never_act():
 
 @pytest.mark.parametrize("field, value", [("checkpoint_margin_steps", -1), ("max_restarts", -1),
                                           ("confirm_verdicts", 0), ("horizon_fraction", math.nan),
-                                          ("min_recovery", 2.0), ("first_ramp_reach", -1.0)])
+                                          ("min_recovery", 2.0), ("first_ramp_reach", -1.0), ("last_step", -1),
+                                          ("restart_window_steps", -1)])
 def test_config_errors_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"policy.{field}"):
         PolicyConfig(**{field: value})
@@ -196,6 +198,26 @@ def test_reinits_that_leave_the_same_behind_are_no_ratchet():
     for step, after in ((1_000, 1.0e9), (2_000, 1.005e9), (3_000, 1.004e9)):
         assert policy.decide(verdict(step, projected_oom_steps=30.0, window=500.0, slope=100_000)) is Action.CHECKPOINT_REINIT
         assert policy.reinit_finished(floor_before_bytes=after + 1e8, floor_after_bytes=after)
+
+
+def test_an_oom_projected_past_the_runs_last_step_is_a_warning_not_a_checkpoint():
+    """Seen in `bench --endurance`: a restart 133 steps before the end of an 80,000-step run,
+    against an OOM projected 2,777 steps past it."""
+    ends = PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=150, last_step=80_000)
+    policy = ActionPolicy(ends)
+    watched(policy, 79_800)
+    assert policy.decide(verdict(79_867, projected_oom_steps=300.0, window=2_000.0)) is Action.WARN
+    policy = ActionPolicy(ends)
+    watched(policy, 79_500)
+    assert policy.decide(verdict(79_600, projected_oom_steps=300.0, window=2_000.0)) is Action.CHECKPOINT_REINIT
+    unknown = ActionPolicy(replace(ends, last_step=None))  # a host that does not know where the run ends
+    watched(unknown, 79_800)
+    assert unknown.decide(verdict(79_867, projected_oom_steps=300.0, window=2_000.0)) is Action.CHECKPOINT_REINIT
+
+
+def test_memory_at_the_limit_is_acted_on_however_near_the_runs_end():
+    policy = ActionPolicy(PolicyConfig(last_step=1_000))
+    assert policy.limit_reached(verdict(999, projected_oom_steps=0.0)) is Action.CHECKPOINT_REINIT
 
 
 def test_a_reinit_that_worked_keeps_the_cooldown():

@@ -29,14 +29,15 @@ def events(records, name):
 @pytest.mark.long
 def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(tmp_path, run_cli):
     trace = tmp_path / "trace.csv"
-    out = run_cli(*TRAIN, "--inject-leak", "tensors:4MiB/step", "--steps", "400", "--metrics-port", "0", "--trace-file", str(trace),
+    out = run_cli(*TRAIN, "--inject-leak", "tensors:4MiB/step", "--steps", "600", "--metrics-port", "0", "--trace-file", str(trace),
                   "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert out.returncode == 0, out.stderr[-4000:]
     records = json_lines(out.stderr)
     assert re.search(r"^metrics: http://127\.0\.0\.1:\d+/metrics$", out.stdout, re.M)
-    assert "steps 400/400 (this run from 0), reinits 1," in out.stdout
+    # the OOM comes about 450 steps in, inside the run; the next one, after the reinit, would come past its end
+    assert "steps 600/600 (this run from 0), reinits 1," in out.stdout
 
-    [action] = events(records, "watchdog_action")
+    [action] = [a for a in events(records, "watchdog_action") if a["action"] != "warn"]  # the next OOM only warns
     assert action["action"] == "checkpoint_reinit"
     # At the action: what is leaking and what holds it. The action also armed a capture of creation
     # sites; it runs on the rebuilt state, and the census after it says where the leak is made.
@@ -57,7 +58,7 @@ def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(tmp_path, r
     assert min(after) < before[-1] - 2**30  # resident memory really came down
 
     losses = {r["step"]: r["loss"] for r in events(records, "train_progress")}
-    assert sorted(losses) == list(range(9, 400, 10))
+    assert sorted(losses) == list(range(9, 600, 10))
     pre = [losses[s] for s in losses if reinit["step"] - 50 <= s < reinit["step"]]
     post = [losses[s] for s in losses if reinit["step"] <= s < reinit["step"] + 30]
     assert losses[9] > 2.5 > max(pre)  # it had learnt something ...

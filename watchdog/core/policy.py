@@ -8,6 +8,8 @@ The ladder, one verdict at a time:
 - `leaking`, fewer than `confirm_verdicts` in a row -> NONE: one noisy verdict never acts
 - confirmed, OOM far (the pessimistic projection leaves more than the action horizon)
                                          -> WARN, at most once per cooldown
+- confirmed, OOM past the run's last step (`last_step`, where the host knows it) -> WARN as above:
+    the run finishes first
 - confirmed, OOM within the action horizon -> CHECKPOINT_REINIT (save, rebuild in process)
     ... or CHECKPOINT_RESTART (save, exit 42) when `prefer_restart` is set, or when the last
     reinit did not bring the floor back down (`reinit_finished`), while the restart budget
@@ -84,6 +86,10 @@ class PolicyConfig:
     first_ramp_reach: float = 0.5
     """Before the first checkpoint action, a climb is acted on only once its pessimistic projection
     reaches no further ahead than this share of the steps it was seen over (or is imminent)."""
+    last_step: int | None = None
+    """The step the run ends at, where the host knows it (the trainer does): an OOM projected past
+    it, even pessimistically, is a warning, not a checkpoint action, since the run finishes first
+    (`bench --endurance` restarted 133 steps before the end against an OOM 2,777 steps past it)."""
 
     def __post_init__(self) -> None:
         for name in ("checkpoint_margin_steps", "max_restarts", "cooldown_steps", "restart_window_steps"):
@@ -96,6 +102,9 @@ class PolicyConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 0 or not math.isfinite(value):
                 raise ConfigError(f"policy.{name}", f"must be a non-negative number, got {value!r}")
+        if self.last_step is not None and (not isinstance(self.last_step, int) or isinstance(self.last_step, bool)
+                                           or self.last_step < 0):
+            raise ConfigError("policy.last_step", f"must be a non-negative integer or None, got {self.last_step!r}")
         if not 0 <= self.min_recovery <= 1:
             raise ConfigError("policy.min_recovery", f"must be between 0 and 1, got {self.min_recovery!r}")
 
@@ -143,12 +152,17 @@ class ActionPolicy:
         self._confirmed += 1
         if self._confirmed < self.config.confirm_verdicts or verdict.step < self._quiet_until:
             return Action.NONE
-        if verdict.projected_oom_steps_pessimistic > self.action_horizon_steps(step, verdict.window_steps):
+        if verdict.projected_oom_steps_pessimistic > self.action_horizon_steps(step, verdict.window_steps) \
+                or self._run_ends_first(verdict):
             if verdict.step < self._warned_until:
                 return Action.NONE
             self._warned_until = verdict.step + self.config.cooldown_steps
             return Action.WARN
         return self._checkpoint(verdict)
+
+    def _run_ends_first(self, verdict: Verdict) -> bool:
+        last = self.config.last_step
+        return last is not None and verdict.step + verdict.projected_oom_steps_pessimistic > last
 
     def limit_reached(self, verdict: Verdict) -> Action:
         """`decide` for a verdict of the limit rule (memory at or over the limit, or within the

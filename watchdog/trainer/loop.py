@@ -570,8 +570,11 @@ class Trainer:
     def _start_watchdog(self):
         if self.config.watchdog is None:
             return None
+        policy = self.config.watchdog.policy
+        if policy.last_step is None:  # an OOM projected past the run's end is the next run's: a warning
+            policy = dataclasses.replace(policy, last_step=watch_step(self.config, self.config.steps))
         config = dataclasses.replace(self.config.watchdog, restarts_so_far=self.restarts_so_far,
-                                     watchdog_restarts=self.watchdog_restarts,
+                                     watchdog_restarts=self.watchdog_restarts, policy=policy,
                                      rank=self.replica.rank)
         # The loop follows the leak itself and reports every action; the watchdog shares its censuses.
         watchdog = Watchdog(config, telemetry=self.telemetry, reports_actions=True, follower=self._follower).start()
