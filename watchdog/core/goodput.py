@@ -284,13 +284,13 @@ def account(records: Iterable[dict[str, Any]]) -> Account:
             elif cause == "checkpoint_restore":
                 process.restore += seconds
             elif cause == "checkpoint_save":
-                newest = actions[-1] if actions and actions[-1].process == len(processes) - 1 else None
+                newest = _newest_of(actions, len(processes) - 1)
                 if newest is None or newest.waiting_for != "checkpoint_save":  # an action's save: not without it
                     process.saves.append(_count(record.get("step")))
             elif cause == "reinit":
                 reinits += 1
                 process.compile_cause = "reinit"  # a rebuilt state's first steps may compile again
-            _charge([a for a in actions[-1:] if a.process == len(processes) - 1], cause, seconds)
+            _charge(_newest_of(actions, len(processes) - 1), cause, seconds)
         elif event == "steps":
             first, last = _count(record.get("first")), _count(record.get("last"))
             seconds, compile_seconds = max(0.0, _number(record.get("seconds"))), max(0.0, _number(
@@ -299,8 +299,7 @@ def account(records: Iterable[dict[str, Any]]) -> Account:
             process = processes[-1]
             badput[process.compile_cause] += compile_seconds
             if process.compile_cause == "reinit":
-                _charge([a for a in actions[-1:] if a.process == len(processes) - 1], "reinit_compile",
-                        compile_seconds)
+                _charge(_newest_of(actions, len(processes) - 1), "reinit_compile", compile_seconds)
             process.compile_cause = "recompilation"
             if last > first:
                 kept.append(_Chunk(first, last, seconds - compile_seconds))
@@ -318,8 +317,7 @@ def account(records: Iterable[dict[str, Any]]) -> Account:
             processes[-1].last_t = max(processes[-1].last_t, t)
             last_t = t if last_t is None else max(last_t, t)
     for index, process in enumerate(processes[1:]):  # a restart's cost runs until the next process trains
-        asked = [a for a in actions if a.process == index]
-        _charge(asked, "restart", process.gap_before + process.startup + process.restore)
+        _charge(_newest_of(actions, index), "restart", process.gap_before + process.startup + process.restore)
     if not processes:
         return Account(0.0, 0.0, badput, 0, 0, 0, 0)
     elapsed = max(0.0, (last_t if last_t is not None else processes[-1].last_t) - job_start)
@@ -348,9 +346,13 @@ def _redo_past(kept: list[_Chunk], resumed_from: int, badput: dict[str, float]) 
     return redone
 
 
-def _charge(actions: list[_PendingAction], cause: str, seconds: float) -> None:
-    """Add a measured span to the newest action, if it is waiting for this one."""
-    action = actions[-1] if actions else None
+def _newest_of(actions: list[_PendingAction], process: int) -> _PendingAction | None:
+    """The newest action the process at index `process` took, if any."""
+    return next((a for a in reversed(actions) if a.process == process), None)
+
+
+def _charge(action: _PendingAction | None, cause: str, seconds: float) -> None:
+    """Add a measured span to `action`, if it is waiting for this one."""
     if action is None or action.waiting_for != cause:
         return
     action.cost += seconds

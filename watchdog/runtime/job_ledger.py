@@ -55,13 +55,19 @@ def process_started() -> float:
         return time.time()
 
 
-def start_job(path: Path) -> None:
-    """Mark a new job in `path` (supervise, at its start): the account reads from the newest mark."""
+def _cut_torn_line(path: Path) -> None:
+    """Cut off a last line its writer never finished, before appending; a file whose last line is
+    longer than any record is not a job file (InputError)."""
     try:
         drop_torn_tail(path, goodput.MAX_LINE_CHARS)
     except LineTooLong:
         raise InputError(f"job file {path}: not a job file (a line longer than {goodput.MAX_LINE_CHARS} "
                          "characters); refusing to append") from None
+
+
+def start_job(path: Path) -> None:
+    """Mark a new job in `path` (supervise, at its start): the account reads from the newest mark."""
+    _cut_torn_line(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open_regular(path, "a", encoding="utf-8", what="job file ") as handle:
         handle.write(json.dumps({"v": goodput.VERSION, "event": "job", "t": time.time()}) + "\n")
@@ -150,10 +156,7 @@ class JobLedger:
         """What earlier processes of the job wrote (for a live account); a file that is not a job
         file is the user's error, a torn last line is cut off."""
         try:
-            drop_torn_tail(self.path, goodput.MAX_LINE_CHARS)
-        except LineTooLong:
-            raise InputError(f"job file {self.path}: not a job file (a line longer than "
-                             f"{goodput.MAX_LINE_CHARS} characters); refusing to append") from None
+            _cut_torn_line(self.path)
         except FileNotFoundError:
             pass
         except OSError as exc:
