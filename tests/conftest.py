@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -22,6 +23,13 @@ if os.environ.get("CI"):
     hypothesis.settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The suite starts several hundred Python processes, each importing watchdog, and every xdist
+# worker rewrites the test modules' asserts. With PYTHONDONTWRITEBYTECODE set (container images
+# often set it), each of them compiles all of that from source again: about 0.3 s per child and
+# 8 s per worker here. The caches go to the checkout's own (git-ignored) __pycache__ folders.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Every torch_xla program in the suite, in process or in a child (they inherit the environment),
 # compiles with the XLA CPU backend's optimisation level 1 instead of its default 2. Compiling
@@ -145,6 +153,19 @@ def pytest_collection_modifyitems(config, items):
         items[:] = _long_runs_at_each_share_start(long_runs, items[len(long_runs):], workers)
 
 
+FAST_LANE = "not slow"
+_WHOLLY_SLOW = re.compile(r"^pytestmark\s*=\s*(\[[^\]]*)?pytest\.mark\.slow\b", re.M)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """In the fast lane, a test module marked slow as a whole is not even imported: its imports
+    (transformers alone is 4 s) would cost every worker that time for tests it then deselects."""
+    if (config.getoption("markexpr", "").strip() == FAST_LANE and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and _WHOLLY_SLOW.search(collection_path.read_text())):
+        return True
+    return None
+
+
 def _group(item) -> int:
     if item.get_closest_marker("long") is not None:
         return 0
@@ -240,6 +261,21 @@ def real_corpus_shipped():
     from watchdog.bench.realtraces import real_corpus
 
     return tuple(real_corpus())
+
+
+@pytest.fixture
+def corpora_built_once(monkeypatch, synthetic_corpus_0, real_corpus_shipped):
+    """`hbm-watchdog bench`, run in process, gets this worker's corpora for the default seed and
+    data instead of drawing them again (about 12 s of the fast lane); other arguments draw as usual.
+    What the command does with a corpus is unchanged; test_corpus.py checks the drawing itself."""
+    from watchdog.bench import corpus, realtraces
+
+    draw_synthetic, draw_real = corpus.synthetic_corpus, realtraces.real_corpus
+    monkeypatch.setattr(corpus, "synthetic_corpus",
+                        lambda seed: list(synthetic_corpus_0) if seed == 0 else draw_synthetic(seed))
+    monkeypatch.setattr(realtraces, "real_corpus",
+                        lambda path=None, seed=0: (list(real_corpus_shipped) if path is None and seed == 0
+                                                   else draw_real(path, seed)))
 
 
 # ------------------------------------------------------------------ the watch daemon, in process

@@ -137,7 +137,7 @@ def test_bench_refuses_a_bad_repeat_or_seed_in_one_line(capsys, args, message):
     assert len(err) == 1 and message in err[0] and args[0] in err[0]
 
 
-def test_bench_json_is_one_object_with_a_table_per_corpus(capsys):
+def test_bench_json_is_one_object_with_a_table_per_corpus(capsys, corpora_built_once):
     rc = main(["bench", "--json", "--corpus", "synthetic", "--detectors", "threshold_90pct", "--repeat", "1"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -153,7 +153,7 @@ def test_bench_json_is_one_object_with_a_table_per_corpus(capsys):
         assert key in row
 
 
-def test_bench_prints_an_aligned_table_and_the_anchors(capsys):
+def test_bench_prints_an_aligned_table_and_the_anchors(capsys, corpora_built_once):
     rc = main(["bench", "--corpus", "real", "--detectors", "threshold_90pct,lbr_r2_0.8", "--repeat", "1"])
     out = capsys.readouterr().out
     assert rc == 0

@@ -329,7 +329,8 @@ def test_sigterm_while_waiting_for_the_target_ends_the_daemon_cleanly():
 def test_a_clean_job_runs_thousands_of_samples_with_no_signal_and_a_flat_footprint(tmp_path):
     """A clean torch_xla script of the same shape as the leaking one, supervised, watched every
     20 ms with Prometheus scraping: no signal, and the daemon's threads, descriptors and resident
-    memory the same after 1,000 samples as after 4,000."""
+    memory the same after 500 samples as after 2,000 (1,000 and 4,000 before issue 23: the same
+    checks on half the samples, 40 s less of the suite)."""
     state, trace = tmp_path / "state", tmp_path / "watch.csv"
     job = subprocess.Popen([sys.executable, "-m", "watchdog", "supervise", "--", sys.executable,
                             str(JOBS / "leaky_xla.py"), "--state", str(state), "--steps", "1000000", "--leak-mib", "0",
@@ -343,7 +344,7 @@ def test_a_clean_job_runs_thousands_of_samples_with_no_signal_and_a_flat_footpri
         me = psutil.Process(watch.pid)
         rows = lambda: sum(1 for _ in open(trace)) - 1 if trace.exists() else 0  # noqa: E731
         footprint = []
-        for mark in (1000, 4000):
+        for mark in (500, 2000):
             wait_for(lambda: rows() >= mark, 600, f"{mark} samples")
             # Measured before the scrape: a scrape's own socket may still be open just after it (CI
             # once counted 10 descriptors against 9), and it is not the daemon's footprint.
@@ -367,14 +368,14 @@ def test_a_clean_job_runs_thousands_of_samples_with_no_signal_and_a_flat_footpri
         [e for e in events if "signal" in e["event"] or e["event"] == "watchdog_action"]
     assert any(e["event"] == "watch_stopped" and e["signal"] == "SIGTERM" for e in events)
     samples = load_trace(trace)
-    assert len(samples) >= 4000 and all(s.bytes_used < 3 << 30 for s in samples)
+    assert len(samples) >= 2000 and all(s.bytes_used < 3 << 30 for s in samples)
     families = {f.name: f for f in text_string_to_metric_families(scraped)}
     assert families["hbmwatch_watched_pid"].samples[0].value > 0
     assert families["hbmwatch_leak_detected"].samples[0].value == 0
-    assert families["hbmwatch_samples"].samples[0].value >= 4000
+    assert families["hbmwatch_samples"].samples[0].value >= 2000
     (threads0, fds0, rss0, cpu0, t0), (threads1, fds1, rss1, cpu1, t1) = footprint
     assert threads1 == threads0 and fds1 == fds0, footprint
-    assert rss1 - rss0 < 4 * MiB, f"daemon RSS grew {(rss1 - rss0) / MiB:.1f} MiB over 3,000 samples"
+    assert rss1 - rss0 < 4 * MiB, f"daemon RSS grew {(rss1 - rss0) / MiB:.1f} MiB over 1,500 samples"
     cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / (t1 - t0)
     print(f"\ndaemon: {threads1} threads, {fds1} fds, RSS {rss1 / MiB:.1f} MiB (+{(rss1 - rss0) / 1024:.0f} KiB "
-          f"over 3,000 samples), CPU {cpu:.1%} of one core at one sample per 20 ms")
+          f"over 1,500 samples), CPU {cpu:.1%} of one core at one sample per 20 ms")
