@@ -47,6 +47,12 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAGS}".strip()
 
 
+# The trainer's model for the end-to-end runs of hundreds of steps: one transformer block instead
+# of two. On PJRT CPU a step's cost is mostly tracing its ops, so one block runs about twice the
+# steps per second; what the watchdog sees (resident memory, the injected leak per step) is the same.
+ONE_BLOCK = ["--depth", "1"]
+
+
 def settled_rss() -> int:
     """This process's resident memory once garbage is collected and freed pages are handed back:
     the base of an in-process test's budget, so an earlier test's garbage freed mid-test does not

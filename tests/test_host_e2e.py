@@ -16,13 +16,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, hbm_watchdog_env, json_lines
+from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, json_lines
 
 from watchdog.core.sample import Sample, labelled_trace_path, load_trace, write_trace
 
 GiB, MiB = 1 << 30, 1 << 20
 BUDGET = 2816 * MiB  # about 1 GiB of torch_xla process plus ~450 steps of a 4 MiB/step leak
-TRAIN = ["train", "--sample-every", "5", "--log-every", "50", "--host-memory-limit", str(BUDGET)]
+TRAIN = ["train", *ONE_BLOCK, "--sample-every", "5", "--log-every", "50", "--host-memory-limit", str(BUDGET)]
 
 
 def events(records, name):
@@ -132,7 +132,7 @@ def test_inside_a_memory_cgroup_the_leak_is_acted_on_before_the_kernels_oom_kill
             procs.write_text(str(os.getpid()))
 
         out = subprocess.run(
-            [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--sample-every", "5",
+            [sys.executable, "-m", "watchdog", "--log-format", "json", "train", *ONE_BLOCK, "--sample-every", "5",
              "--log-every", "50", "--inject-leak", "host:4MiB/step", "--steps", "600", "--trace-file", str(trace),
              "--checkpoint-dir", str(tmp_path / "ckpt")],
             capture_output=True, text=True, timeout=300, cwd=REPO, env=hbm_watchdog_env(), preexec_fn=join_the_group)

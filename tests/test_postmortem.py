@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, hbm_watchdog_env
+from conftest import ONE_BLOCK, REPO, hbm_watchdog_env
 from test_oom_message import COMPILE_HBM
 
 from watchdog import Watchdog, WatchdogConfig
@@ -116,7 +116,7 @@ def test_a_trainer_killed_by_sigkill_gets_a_post_mortem_with_its_trend_and_suspe
     """SIGKILL mid-run, as the kernel's OOM killer sends it: no shutdown, no traceback. The flight
     record on disk is whole, and the post-mortem names the stop, the trend and the suspects."""
     trace = tmp_path / "run" / "trace.csv"
-    command = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--steps", "5000",
+    command = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", *ONE_BLOCK, "--steps", "5000",
                "--inject-leak", "tensors:1MiB/step", "--memory-limit", "16GiB", "--sample-every", "5",
                "--trace-file", str(trace), "--checkpoint-dir", str(tmp_path / "ckpt")]
     job = subprocess.Popen(command, cwd=REPO, env=hbm_watchdog_env(), stdout=subprocess.DEVNULL,

@@ -20,7 +20,7 @@ import termios
 import time
 
 import pytest
-from conftest import REPO, hbm_watchdog_env
+from conftest import ONE_BLOCK, REPO, hbm_watchdog_env
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def screen_lines(output: bytes) -> list[str]:
 @pytest.mark.long
 def test_a_leak_caught_reads_well_on_a_terminal(tmp_path):
     code, output = run_on_a_pty([
-        sys.executable, "-m", "watchdog", "train", "--steps", "420", "--inject-leak", "tensors:4MiB/step",
+        sys.executable, "-m", "watchdog", "train", *ONE_BLOCK, "--steps", "420", "--inject-leak", "tensors:4MiB/step",
         "--memory-limit", "2.75GiB", "--sample-every", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
         "--trace-file", str(tmp_path / "trace.csv")])
     lines = screen_lines(output)

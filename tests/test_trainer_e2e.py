@@ -13,12 +13,12 @@ import re
 import sys
 
 import pytest
-from conftest import json_lines
+from conftest import ONE_BLOCK, json_lines
 
 from watchdog.core.sample import load_trace
 
 LIMIT = 2816 << 20  # 2.75 GiB: about 1 GiB of torch_xla process plus ~450 steps of a 4 MiB/step leak
-TRAIN = ["train", "--memory-limit", str(LIMIT), "--sample-every", "5", "--log-every", "10"]
+TRAIN = ["train", *ONE_BLOCK, "--memory-limit", str(LIMIT), "--sample-every", "5", "--log-every", "10"]
 
 
 def events(records, name):
@@ -70,7 +70,7 @@ def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(tmp_path, r
 def test_a_leak_far_from_any_oom_is_reported_with_its_holder_and_creation_site_and_never_acted_on(tmp_path, run_cli):
     # 2 MiB/step against 8 GiB: thousands of steps from the OOM, so the report's to call, not the action path's.
     # (At 1 MiB/step a loaded machine's resident-memory noise once kept the report past step 500.)
-    out = run_cli("train", "--memory-limit", "8GiB", "--sample-every", "2", "--log-every", "100", "--steps", "500",
+    out = run_cli("train", *ONE_BLOCK, "--memory-limit", "8GiB", "--sample-every", "2", "--log-every", "100", "--steps", "500",
                   "--inject-leak", "tensors:2MiB/step", "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert out.returncode == 0, out.stderr[-4000:]
     records = json_lines(out.stderr)
@@ -94,7 +94,7 @@ def test_global_leak_escalates_to_restart_under_supervise_and_finishes(tmp_path,
     # second detection's worth of steps: sample more often and act with a longer horizon.
     limit = 3328 << 20  # 3.25 GiB
     trace, ckpt = tmp_path / "trace.csv", tmp_path / "ckpt"
-    child = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--steps", "600",
+    child = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", *ONE_BLOCK, "--steps", "600",
              "--inject-leak", "global:4MiB/step", "--memory-limit", str(limit), "--sample-every", "2",
              "--log-every", "20", "--checkpoint-margin-steps", "100", "--action-cooldown-steps", "20",
              "--trace-file", str(trace), "--checkpoint-dir", str(ckpt)]
