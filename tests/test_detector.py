@@ -230,7 +230,7 @@ def test_any_flat_noisy_trace_never_yields_an_action(seed, jitter, transient, ev
     assert result.first_leak_report_step is None and result.first_action_step is None
 
 
-@pytest.mark.slow  # pure, but 250,000 updates under tracemalloc (~5 s): the whole suite's, not the inner loop's
+@pytest.mark.slow  # pure, but 250,000 updates under tracemalloc (~7 s): the whole suite's, not the inner loop's
 def test_detector_memory_stays_flat_over_a_quarter_million_samples():
     """Bounded history: after the first buckets fill, 200,000 more samples (two more doublings of
     the bucket width) allocate nothing lasting. A million took 15-37 s of the suite for the same
