@@ -193,10 +193,9 @@ def _group(item) -> int:
         return 0
     if item.get_closest_marker("slow") is not None:
         return 1
-    # The bench corpora are over a million objects that stay alive for the rest of the worker's
-    # session: every later garbage collection and census (`gc.get_objects`, `gc.get_referrers`
-    # in `watchdog.forensics`) would walk them, and the forensics tests took 3-5 s each instead of
-    # 1. The tests that use them go last, when nothing is left to slow down.
+    # The bench corpora (1.5 million samples, alive for the rest of the worker's session) are built
+    # after `pytest_collection_finish` froze the rest, so collections and censuses walk them: the
+    # tests that use them go last, when nothing is left to slow down.
     return 3 if _uses_a_corpus(item) else 2
 
 
