@@ -50,7 +50,8 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 # The trainer's model for the end-to-end runs of hundreds of steps: one transformer block instead
 # of two. On PJRT CPU a step's cost is mostly tracing its ops, so one block runs about twice the
-# steps per second; what the watchdog sees (resident memory, the injected leak per step) is the same.
+# steps per second. The injected leak per step is the same; resident memory after compiling is about
+# 45 MB lower (1.00 against 1.05 GB), which moves a 4 MiB/step run's OOM about 11 steps later.
 ONE_BLOCK = ["--depth", "1"]
 
 
