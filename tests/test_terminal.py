@@ -71,7 +71,7 @@ def screen_lines(output: bytes) -> list[str]:
 def test_a_leak_caught_reads_well_on_a_terminal(tmp_path):
     """The run must outlast its OOM, or the watchdog rightly only warns (the run ends first): from
     about 0.97 GB of resident memory, 4 MiB a step fills the 2.75 GiB budget near step 465, and at
-    420 steps one CI run was warned and never checkpointed. At 540 steps the OOM falls inside the
+    420 steps one loaded run was warned and never checkpointed. At 540 steps the OOM falls inside the
     run for any start above 0.7 GB."""
     code, output = run_on_a_pty([
         sys.executable, "-m", "watchdog", "train", *ONE_BLOCK, "--steps", "540", "--inject-leak", "tensors:4MiB/step",

@@ -185,10 +185,11 @@ def test_our_trainer_without_its_watchdog_is_preempted_before_its_budget_and_com
 
     The trainer has no step sleep, so its leak in seconds follows the machine's speed: 1 MiB a step
     is ~24 MiB/s on a quiet machine here (B ~55 s after the start), a few MiB/s under load. Under
-    a loaded suite the first signal came at steps 836 and 1,029, 250-330 MB below B (the trainer
-    starts at 1.0-1.3 GB): 1,400 steps reach the signal even from 0.75 GB, and the run after the
-    restart outlives the daemon's warm-up (its start-up alone takes longer), so what the restart
-    gave back is measured. (At 1,900 steps one of those two runs was signalled twice.)"""
+    a loaded suite the first signal came at steps 836 and 1,029, 250-330 MB below B (the memory the
+    leak grew from, the signal's reading less 1 MiB a step, was 1.0-1.3 GB): 1,400 steps reach the
+    signal even from 0.75 GB, and the run after the restart outlives the daemon's warm-up (its
+    start-up alone takes longer), so what the restart gave back is measured. (At 1,900 steps one of
+    those two runs was signalled twice.)"""
     budget, steps = int(2.25 * GiB), 1400
     ckpt = tmp_path / "ckpt"
     job = [sys.executable, "-m", "watchdog", "--log-format", "json", "train", "--no-watchdog", "--steps", str(steps),
