@@ -62,13 +62,17 @@ PEAK_BELOW = ("import resource, subprocess, sys\n"
 
 
 def watch_supervised_job(tmp_path: Path, job: list[str], pattern: str, budget: int, *watch_args: str,
-                         timeout: float = 900) -> Run:
+                         timeout: float = 900, torch_default_threads: bool = False) -> Run:
     env = hbm_watchdog_env()
+    if torch_default_threads:  # the job's own process tree only; the daemon keeps the suite's setting
+        job_env = {name: value for name, value in env.items() if name != "OMP_NUM_THREADS"}
+    else:
+        job_env = env
     out, err, log = (open(tmp_path / name, "w+") for name in ("job.out", "job.err", "watch.err"))
     trace = tmp_path / "watch.csv"
     peak_file = tmp_path / "peak"
     supervisor = subprocess.Popen([sys.executable, "-c", PEAK_BELOW, str(peak_file), *SUPERVISE, *job],
-                                  stdout=out, stderr=err, cwd=REPO, env=env)
+                                  stdout=out, stderr=err, cwd=REPO, env=job_env)
     daemon = subprocess.Popen([*WATCH, "--cmd-pattern", pattern, "--memory-limit", str(budget),
                                "--trace-file", str(trace), "--wait-seconds", "60", "--grace-seconds", "60",
                                *watch_args],
@@ -147,14 +151,16 @@ def check_resumed(run: Run, steps: int) -> list[int]:
     return [pid for _, pid in starts]
 
 
-def protect_script(tmp_path: Path, script: str, state_flag: str, steps: int, budget: int, step_seconds: float) -> None:
+def protect_script(tmp_path: Path, script: str, state_flag: str, steps: int, budget: int, step_seconds: float,
+                   torch_default_threads: bool = False) -> None:
     """A job script of tests/jobs (leaks 1 MiB per step, saves on SIGTERM, exits 42) under
     `supervise`, the daemon beside it; the pattern is the script's own state file, unique to the test."""
     state = tmp_path / "state"
     job = [sys.executable, str(JOBS / script), state_flag, str(state), "--steps", str(steps), "--leak-mib", "1",
            "--step-seconds", str(step_seconds)]
     run = watch_supervised_job(tmp_path, job, re.escape(str(state)), budget,
-                               "--interval", "0.1", "--checkpoint-seconds", "3", "--warmup-seconds", "20")
+                               "--interval", "0.1", "--checkpoint-seconds", "3", "--warmup-seconds", "20",
+                               torch_default_threads=torch_default_threads)
     check_protected(run, budget, check_resumed(run, steps))
 
 
@@ -175,9 +181,15 @@ def test_a_leaking_lightning_fit_is_preempted_before_its_budget_and_completes(tm
     judges nothing for the 20 s of warm-up and needs 16 buckets of 8 samples (12.8 s) after it.
     The first signal comes near step 750: a run after it as long as the one before climbs back to
     the same memory and is signalled again as it ends (a loaded machine saw that at 1,500 steps),
-    so the job stops 1,300 steps in, about 200 MiB short of that point."""
+    so the job stops 1,300 steps in, about 200 MiB short of that point.
+
+    The job runs with torch's default thread count, as it was sized, not the suite's one thread
+    (tests/conftest.py): with one thread its steps come nearer the 20 MiB/s bound, and the one
+    fresh-clone run of it there was signalled 168 MiB below B (not the ~245 seen alone) and some
+    job process's kernel peak reached 1,793 MiB, 1.4 MB over B, above every sample of the daemon
+    (1,641 MiB at most). Where that last rise came from is not yet known."""
     protect_script(tmp_path, "leaky_lightning.py", "--checkpoint", steps=1300, budget=int(1.75 * GiB),
-                   step_seconds=0.05)
+                   step_seconds=0.05, torch_default_threads=True)
 
 
 def test_our_trainer_without_its_watchdog_is_preempted_before_its_budget_and_completes(tmp_path):
