@@ -1,15 +1,14 @@
-"""The oracle: how soon any detector could report a leak on the sensitivity jobs, for scale.
+"""The oracles: how soon any detector could report a leak on the sensitivity jobs, for scale.
 
-It is told what no deployed detector knows:
+Both are told what no deployed detector knows:
 - the leak's onset step;
 - the job's schedule (which readings fall in an evaluation or a checkpoint, from the model);
-- the job's noise, as leak-free draws of the same jobs: its threshold is the highest statistic
-  those draws ever reach (`calibrate`), so its false-report rate is the one asked of ours: none on
-  leak-free jobs.
+- the job's noise, as draws of the same jobs without a leak: the threshold is the highest statistic
+  those draws ever reach (`calibrate`), so the false-report rate is the one asked of ours: none.
 
-Its test is the matched filter for a ramp that starts at a known step. The floor of each bucket
-of training readings (their lowest: a reading taken mid-step carries activations on top) is
-compared with the mean floor before the onset; after it, the statistic at bucket k is
+`Oracle` tests for a ramp against nothing. The floor of each bucket of training readings (their
+lowest: a reading taken mid-step carries activations on top) is compared with the mean floor
+before the onset; after it, the statistic at bucket k is
 
     z_k = sum_i (f_i - mu0) (t_i - t0) / (sigma * sqrt(sum_i (t_i - t0)^2))
 
@@ -19,6 +18,20 @@ jobs' floors also wander (fragmentation drift, correlated over thousands of step
 does not whiten it, and pays for it in its threshold, as every detector does. A detector that
 modelled the wander could beat it; none of ours or the baselines does.
 
+`Oracle` reports whatever rises after the onset, so it also reports a cache that fills and stops.
+Ours must not, and cannot know that growth will go on. `CacheAwareOracle` is held to that: it is
+also told the shape of the job's caches (`size * (1 - exp(-(t - t0) / tau))` from the onset, tau up
+to a longest one) and is calibrated on such caches as well as on leak-free draws. Its statistic is
+the generalised likelihood ratio of a ramp from t0 against the best of those caches, a level
+shift and nothing included:
+
+    D_k = (G_ramp - max(0, max_tau G_tau)) / sigma^2,   G_x = max(0, sum_i r_i x_i)^2 / sum_i x_i^2
+
+where r_i = f_i - mu0 and G_x is how much the least-squares fit of `a * x` (a >= 0) lowers the
+sum of squares. A ramp starts out looking like a slow cache, so this oracle can only report once
+the floor has kept rising for longer than the caches it was told of take to fill: the delay that
+telling a leak from a cache costs on this noise, whatever the detector.
+
 Pure numpy; deterministic given the seeds.
 """
 
@@ -26,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -36,45 +50,108 @@ BUCKET_SAMPLES = 8  # readings per bucket (the detector's own bucket size, in re
 
 
 @dataclass(frozen=True)
-class Oracle:
+class Rise:
+    """The bucket floors after the onset, as the oracles see them."""
+
+    last_steps: np.ndarray  # each bucket's last step: when its statistic is known
+    elapsed: np.ndarray  # steps from the onset to each bucket's centre
+    above: np.ndarray  # each floor above the mean floor before the onset, bytes
+    sigma: float  # the floors' spread before the onset, bytes
+
+
+def rise_after(onset_step: int, samples: list[Sample], model: MemoryModel) -> Rise | None:
+    """The floors of the buckets of training readings that begin at or after `onset_step`, against
+    those before it; None when there are too few before it or none after."""
+    steps = np.fromiter((s.step for s in samples), dtype=np.int64, count=len(samples))
+    used = np.fromiter((s.bytes_used for s in samples), dtype=np.float64, count=len(samples))
+    evals, checkpoints = _phase_masks(model, steps)
+    training = ~(evals | checkpoints) & (steps >= model.state_step)
+    steps, used = steps[training], used[training]
+    width = BUCKET_SAMPLES * model.sample_every
+    bucket = steps // width
+    ends, starts = np.unique(bucket, return_index=True)
+    floors = np.minimum.reduceat(used, starts)
+    centres = (ends + 0.5) * width
+    last_steps = np.append(steps[starts[1:] - 1], steps[-1])
+    before = (centres < onset_step) & (centres >= onset_step / 4)  # skip the start (allocations settling)
+    after = (ends * width) >= onset_step
+    if before.sum() < 4 or not after.any():
+        return None
+    mu0, sigma = floors[before].mean(), floors[before].std(ddof=1)
+    return Rise(last_steps[after], centres[after] - onset_step, floors[after] - mu0, max(float(sigma), 1.0))
+
+
+def _gain(above: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    """At each bucket, how much fitting `a * shape` (a >= 0) to the floors so far lowers their sum of squares."""
+    fit = np.maximum(np.cumsum(above * shape), 0.0)
+    return fit * fit / np.maximum(np.cumsum(shape * shape), 1e-300)
+
+
+class _Reports:
+    """What both oracles share: a report at the first bucket whose statistic reaches the threshold."""
+
+    threshold: float
+
+    def statistic(self, samples: list[Sample], model: MemoryModel) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def first_report(self, samples: list[Sample], model: MemoryModel) -> int | None:
+        steps, value = self.statistic(samples, model)
+        over = np.flatnonzero(value >= self.threshold)
+        return int(steps[over[0]]) if over.size else None
+
+
+_NONE = (np.array([], dtype=np.int64), np.array([]))
+
+
+@dataclass(frozen=True)
+class Oracle(_Reports):
+    """The matched filter for a ramp from the onset: reports any rise, caches included."""
+
     onset_step: int
     threshold: float  # z at or above which it reports (from `calibrate`)
 
     def statistic(self, samples: list[Sample], model: MemoryModel) -> tuple[np.ndarray, np.ndarray]:
-        """(bucket end steps, z) for every bucket closed after the onset."""
-        steps = np.fromiter((s.step for s in samples), dtype=np.int64, count=len(samples))
-        used = np.fromiter((s.bytes_used for s in samples), dtype=np.float64, count=len(samples))
-        evals, checkpoints = _phase_masks(model, steps)
-        training = ~(evals | checkpoints) & (steps >= model.state_step)
-        steps, used = steps[training], used[training]
-        width = BUCKET_SAMPLES * model.sample_every
-        bucket = steps // width
-        ends, starts = np.unique(bucket, return_index=True)
-        floors = np.minimum.reduceat(used, starts)
-        centres = (ends + 0.5) * width
-        last_steps = np.append(steps[starts[1:] - 1], steps[-1])
-        t0 = self.onset_step
-        before = (centres < t0) & (centres >= t0 / 4)  # skip the start (allocations settling)
-        after = (ends * width) >= t0  # buckets that begin at or after the onset
-        if before.sum() < 4 or not after.any():
-            return np.array([], dtype=np.int64), np.array([])
-        mu0, sigma = floors[before].mean(), floors[before].std(ddof=1)
-        dt = centres[after] - t0
-        z = np.cumsum((floors[after] - mu0) * dt) / (max(sigma, 1.0) * np.sqrt(np.cumsum(dt * dt)))
-        return last_steps[after], z
-
-    def first_report(self, samples: list[Sample], model: MemoryModel) -> int | None:
-        steps, z = self.statistic(samples, model)
-        over = np.flatnonzero(z >= self.threshold)
-        return int(steps[over[0]]) if over.size else None
+        """(bucket last steps, z) for every bucket that begins after the onset."""
+        rise = rise_after(self.onset_step, samples, model)
+        if rise is None:
+            return _NONE
+        t = rise.elapsed
+        return rise.last_steps, np.cumsum(rise.above * t) / (rise.sigma * np.sqrt(np.cumsum(t * t)))
 
 
-def calibrate(leak_free: list[tuple[list[Sample], MemoryModel]], onset_step: int) -> float:
-    """The lowest threshold no leak-free draw ever reaches: the highest z seen on them, just above."""
+@dataclass(frozen=True)
+class CacheAwareOracle(_Reports):
+    """A ramp from the onset against every cache filling from it with a time constant up to
+    `time_constants`' longest (a level shift and nothing included): reports a leak, not a cache."""
+
+    onset_step: int
+    threshold: float  # D at or above which it reports (from `calibrate`)
+    time_constants: tuple[float, ...]  # the caches it is told of, in steps
+
+    def statistic(self, samples: list[Sample], model: MemoryModel) -> tuple[np.ndarray, np.ndarray]:
+        """(bucket last steps, D) for every bucket that begins after the onset."""
+        rise = rise_after(self.onset_step, samples, model)
+        if rise is None:
+            return _NONE
+        t = rise.elapsed
+        best_cache = np.zeros_like(t)
+        for tau in self.time_constants:
+            best_cache = np.maximum(best_cache, _gain(rise.above, -np.expm1(-t / tau)))
+        return rise.last_steps, (_gain(rise.above, t) - best_cache) / rise.sigma ** 2
+
+
+def cache_time_constants(longest: float, count: int = 16) -> tuple[float, ...]:
+    """Time constants from 1/64 of `longest` up to it, evenly spaced in log: the shortest is a level shift."""
+    return tuple(float(tau) for tau in np.geomspace(longest / 64, longest, count))
+
+
+def calibrate(null: Iterable[tuple[list[Sample], MemoryModel]], probe: _Reports) -> float:
+    """The lowest threshold no draw in `null` ever reaches: the highest statistic `probe` sees on
+    them, just above (and above 0, so a floor that never rises is never reported)."""
     highest = -math.inf
-    probe = Oracle(onset_step, math.inf)
-    for samples, model in leak_free:
-        _, z = probe.statistic(samples, model)
-        if z.size:
-            highest = max(highest, float(z.max()))
+    for samples, model in null:
+        _, value = probe.statistic(samples, model)
+        if value.size:
+            highest = max(highest, float(value.max()))
     return math.nextafter(max(highest, 0.0), math.inf)

@@ -17,7 +17,11 @@ sizes differ only by the leak. Deterministic given the seeds. `measure` returns 
 
 The same jobs go through, for scale (`Row.others`):
 - `oracle`: told the onset and the jobs' noise (`bench/oracle.py`), calibrated on
-  `CALIBRATION_DRAWS` leak-free draws (seeds apart from the measured ones) to report on none;
+  `CALIBRATION_DRAWS` leak-free draws (seeds apart from the measured ones) to report on none; it
+  reports caches too;
+- `cache_aware_oracle`: the same, also told the caches' shape and calibrated on as many draws with
+  the second control's cache (a different seed each) to report on none of them either: the
+  delay that telling a leak from a cache costs, which ours must pay;
 - `predict_linear_1h`: Prometheus `predict_linear` as a training job's alert rule would use it
   (`bench/baselines.py`); its alert is its report;
 - `gpulse_leak_rule`: gpulse's leak rule at its defaults (OLS over 5 min, R² >= 0.7, >= 1 MB/s);
@@ -42,7 +46,7 @@ import numpy as np
 from watchdog.bench.baselines import BASELINES
 from watchdog.bench.corpus import _job, _limit
 from watchdog.bench.memory_model import GiB, KiB, LinearLeak, MemoryModel, SaturatingGrowth, render
-from watchdog.bench.oracle import Oracle, calibrate
+from watchdog.bench.oracle import CacheAwareOracle, Oracle, cache_time_constants, calibrate
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Status
 from watchdog.core.detector import DetectorConfig
@@ -59,7 +63,8 @@ HEADROOM = (0.30, 0.40)  # share of the limit the job's steady peak leaves: more
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "deploy" / "img" / "leak_sensitivity.png"
 CALIBRATION_DRAWS = 32  # leak-free draws the oracle's threshold is set on
 CALIBRATION_SEED = 10_000  # their seeds start here, apart from any measured seed
-OTHERS = ("oracle", "predict_linear_1h", "gpulse_leak_rule")
+ORACLES = ("oracle", "cache_aware_oracle")
+OTHERS = (*ORACLES, "predict_linear_1h", "gpulse_leak_rule")
 CACHE_SHARE = 0.05  # the second control: a cache that fills by this share of the limit from the onset, and stops
 CACHE_TAU_FRACTION = 0.1  # its time constant, as a share of the run (95% full after three of them)
 
@@ -131,11 +136,10 @@ class Row:
             "median_delay_share_of_life": self.median_share_of_life,
             "min_delay_steps": min(self.delays, default=None), "max_delay_steps": max(self.delays, default=None),
             "delays": list(self.delays),
+            "ours_vs": {name: _ratio(self.median_delay, r.median_delay) for name, r in self.others if name in ORACLES},
             "others": {name: {"reported": r.reported, "early_reports": r.early, "median_delay_steps": r.median_delay,
                               "median_delay_share_of_life": None if r.median_delay is None
                               else r.median_delay / self.life_steps,
-                              "delay_vs_oracle": _ratio(self.median_delay, self.of("oracle").median_delay)
-                              if name == "oracle" else _ratio(r.median_delay, self.of("oracle").median_delay),
                               "delays": list(r.delays)}
                        for name, r in self.others},
         }
@@ -154,7 +158,7 @@ class Sensitivity:
     seeds: int
     noise: str
     seconds: float
-    oracle_threshold: float = math.inf
+    oracle_thresholds: tuple[tuple[str, float], ...] = ()
     cache: Row | None = None  # the same jobs with a cache that fills and stops: every report on them is false
 
     def to_json(self) -> dict:
@@ -168,7 +172,7 @@ class Sensitivity:
                     "growth_share": self.cache.growth_share, "time_constant_steps": CACHE_TAU_FRACTION * self.steps,
                     "false_reports": self.cache.early,
                     "others_false_reports": {name: r.early for name, r in self.cache.others}},
-                "oracle_threshold": self.oracle_threshold}
+                "oracle_thresholds": dict(self.oracle_thresholds)}
 
 
 def draw(seed: int, growth_share: float, steps: int = STEPS, onset_step: int | None = None, *, cache: bool = False
@@ -200,11 +204,17 @@ def first_report(seed: int, growth_share: float, steps: int = STEPS, onset_step:
     return replay(samples, memory_limit_bytes=limit, detector_config=config).first_leak_report_step
 
 
-def oracle_for(steps: int = STEPS, onset_step: int | None = None, draws: int = CALIBRATION_DRAWS) -> Oracle:
-    """The oracle for these jobs, its threshold set on `draws` leak-free draws."""
+def oracles_for(steps: int = STEPS, onset_step: int | None = None, draws: int = CALIBRATION_DRAWS
+                ) -> dict[str, Oracle | CacheAwareOracle]:
+    """The two oracles for these jobs: `oracle`'s threshold set on `draws` leak-free draws,
+    `cache_aware_oracle`'s on those and as many with the second control's cache."""
     onset = int(steps * ONSET_FRACTION) if onset_step is None else onset_step
     leak_free = [draw(CALIBRATION_SEED + i, 0.0, steps, onset)[:2] for i in range(draws)]
-    return Oracle(onset, calibrate(leak_free, onset))
+    caches = [draw(CALIBRATION_SEED + draws + i, CACHE_SHARE, steps, onset, cache=True)[:2] for i in range(draws)]
+    taus = cache_time_constants(CACHE_TAU_FRACTION * steps)
+    return {"oracle": Oracle(onset, calibrate(leak_free, Oracle(onset, math.inf))),
+            "cache_aware_oracle": CacheAwareOracle(
+                onset, calibrate(leak_free + caches, CacheAwareOracle(onset, math.inf, taus)), taus)}
 
 
 def _baseline_first(name: str, samples: list[Sample], limit: int) -> int | None:
@@ -225,15 +235,16 @@ def measure(sizes: Sequence[float] = SIZES, seeds: int = DEFAULT_SEEDS, steps: i
         raise ValueError(f"leak sizes must lie between 0 and {HEADROOM[0]:.0%} of the limit, got {list(sizes)}")
     onset = int(steps * ONSET_FRACTION)
     started = time.perf_counter()
-    oracle = oracle_for(steps, onset)
+    oracles = oracles_for(steps, onset)
 
     def row(share: float, cache: bool = False) -> Row:
         firsts: dict[str, list[int | None]] = {name: [] for name in ("ours", *OTHERS)}
         for seed in range(seeds):
             samples, model, limit = draw(seed, share, steps, onset, cache=cache)
             firsts["ours"].append(replay(samples, memory_limit_bytes=limit, detector_config=config).first_leak_report_step)
-            firsts["oracle"].append(oracle.first_report(samples, model))
-            for name in OTHERS[1:]:
+            for name, oracle in oracles.items():
+                firsts[name].append(oracle.first_report(samples, model))
+            for name in OTHERS[len(ORACLES):]:
                 firsts[name].append(_baseline_first(name, samples, limit))
             if progress:
                 progress()
@@ -246,7 +257,8 @@ def measure(sizes: Sequence[float] = SIZES, seeds: int = DEFAULT_SEEDS, steps: i
     cache = row(CACHE_SHARE, cache=True)
     rows = [row(share) for share in sorted(sizes)]
     return Sensitivity(rows=rows, control=control, steps=steps, onset_step=onset, seeds=seeds, noise=NOISE,
-                       seconds=time.perf_counter() - started, oracle_threshold=oracle.threshold, cache=cache)
+                       seconds=time.perf_counter() - started, cache=cache,
+                       oracle_thresholds=tuple((name, o.threshold) for name, o in oracles.items()))
 
 
 def _reports(firsts: list[int | None], share: float, onset: int) -> Reports:
@@ -296,15 +308,17 @@ def format_comparison(result: Sensitivity) -> list[str]:
         median = reports.median_delay
         return f"{'-' if median is None else f'{median:,.0f}'} ({reports.reported}/{n})"
 
-    header = f"{'growth':>7} {'hbm-watchdog':>16} " + " ".join(f"{name:>18}" for name in names) + f" {'ours/oracle':>12}"
-    lines = [f"Median steps from onset to the first report (reported/{n}); the oracle's threshold is set on "
-             f"{CALIBRATION_DRAWS} leak-free draws", header]
+    header = (f"{'growth':>7} {'hbm-watchdog':>16} " + " ".join(f"{name:>18}" for name in names)
+              + "".join(f" {'ours/' + name:>24}" for name in ORACLES))
+    lines = [f"Median steps from onset to the first report (reported/{n}); the oracles' thresholds are set on "
+             f"{CALIBRATION_DRAWS} leak-free draws (and, for the cache-aware one, {CALIBRATION_DRAWS} with a cache)",
+             header]
     for r in result.rows:
         ours = Reports(r.delays, r.early)
-        ratio = _ratio(ours.median_delay, r.of("oracle").median_delay)
+        ratios = [_ratio(ours.median_delay, r.of(name).median_delay) for name in ORACLES]
         lines.append(f"{_pct(r.growth_share):>7} {cell(ours):>16} "
                      + " ".join(f"{cell(r.of(name)):>18}" for name in names)
-                     + f" {'-' if ratio is None else f'{ratio:.2f}x':>12}")
+                     + "".join(f" {'-' if ratio is None else f'{ratio:.2f}x':>24}" for ratio in ratios))
     for label, control in (("without a leak", result.control),
                            (f"with a cache of {_pct(CACHE_SHARE)} filling from the onset and stopping", result.cache)):
         if control is not None:
@@ -345,12 +359,16 @@ def render_png(result: Sensitivity, path: str | Path) -> Path:
         for r, xi, top in zip(seen, x, med + hi):
             ax.annotate(f"{r.reported}/{n}", (xi, top), textcoords="offset points", xytext=(0, 6), ha="center",
                         fontsize=9, color="tab:blue" if r.reported == n else "tab:red")
-    oracle = [(r.growth_share * 100, r.of("oracle")) for r in result.rows if r.others and r.of("oracle").delays]
-    if oracle:
-        ax.plot([x for x, _ in oracle], [o.median_delay for _, o in oracle], color="0.45", linestyle="--", marker="s",
-                markersize=5, linewidth=1.2, zorder=2,
-                label=f"oracle, median: told the onset (also reports {result.cache.of('oracle').early}/{n} "
-                      f"filling caches)" if result.cache is not None else "oracle, median: told the onset")
+    caches = result.cache
+    for name, style, told in (("oracle", "--", "told the onset"),
+                              ("cache_aware_oracle", ":", "also told the caches' shape")):
+        points = [(r.growth_share * 100, r.of(name)) for r in result.rows
+                  if name in dict(r.others) and r.of(name).delays]
+        if points:
+            also = "" if caches is None else f" (reports {caches.of(name).early}/{n} filling caches)"
+            ax.plot([x for x, _ in points], [o.median_delay for _, o in points], color="0.45", linestyle=style,
+                    marker="s" if name == "oracle" else "D", markersize=5, linewidth=1.2, zorder=2,
+                    label=f"{name.replace('_', '-')}, median: {told}{also}")
     if missed:
         xm = [r.growth_share * 100 for r in missed]
         ax.scatter(xm, [life] * len(missed), marker="x", s=60, color="tab:red", zorder=3,
