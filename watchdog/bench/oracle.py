@@ -30,7 +30,7 @@ shift and nothing included:
 where r_i = f_i - mu0 and G_x is how much the least-squares fit of `a * x` (a >= 0) lowers the
 sum of squares. A ramp starts out looking like a slow cache, so this oracle can only report once
 the floor has kept rising for longer than the caches it was told of take to fill: the delay that
-telling a leak from a cache costs on this noise, whatever the detector.
+telling a leak from such a cache costs on this noise even when the caches' shape is known.
 
 Pure numpy; deterministic given the seeds.
 """
@@ -88,20 +88,26 @@ def _gain(above: np.ndarray, shape: np.ndarray) -> np.ndarray:
 
 
 class _Reports:
-    """What both oracles share: a report at the first bucket whose statistic reaches the threshold."""
+    """What both oracles share: a statistic over the floors after the onset (`_of`), and a report at
+    the first bucket whose statistic reaches the threshold."""
 
+    onset_step: int
     threshold: float
 
-    def statistic(self, samples: list[Sample], model: MemoryModel) -> tuple[np.ndarray, np.ndarray]:
+    def _of(self, rise: Rise) -> np.ndarray:
         raise NotImplementedError
+
+    def statistic(self, samples: list[Sample], model: MemoryModel) -> tuple[np.ndarray, np.ndarray]:
+        """(bucket last steps, statistic) for every bucket that begins after the onset."""
+        rise = rise_after(self.onset_step, samples, model)
+        if rise is None:
+            return np.array([], dtype=np.int64), np.array([])
+        return rise.last_steps, self._of(rise)
 
     def first_report(self, samples: list[Sample], model: MemoryModel) -> int | None:
         steps, value = self.statistic(samples, model)
         over = np.flatnonzero(value >= self.threshold)
         return int(steps[over[0]]) if over.size else None
-
-
-_NONE = (np.array([], dtype=np.int64), np.array([]))
 
 
 @dataclass(frozen=True)
@@ -111,13 +117,10 @@ class Oracle(_Reports):
     onset_step: int
     threshold: float  # z at or above which it reports (from `calibrate`)
 
-    def statistic(self, samples: list[Sample], model: MemoryModel) -> tuple[np.ndarray, np.ndarray]:
-        """(bucket last steps, z) for every bucket that begins after the onset."""
-        rise = rise_after(self.onset_step, samples, model)
-        if rise is None:
-            return _NONE
+    def _of(self, rise: Rise) -> np.ndarray:
+        """z at each bucket."""
         t = rise.elapsed
-        return rise.last_steps, np.cumsum(rise.above * t) / (rise.sigma * np.sqrt(np.cumsum(t * t)))
+        return np.cumsum(rise.above * t) / (rise.sigma * np.sqrt(np.cumsum(t * t)))
 
 
 @dataclass(frozen=True)
@@ -129,16 +132,13 @@ class CacheAwareOracle(_Reports):
     threshold: float  # D at or above which it reports (from `calibrate`)
     time_constants: tuple[float, ...]  # the caches it is told of, in steps
 
-    def statistic(self, samples: list[Sample], model: MemoryModel) -> tuple[np.ndarray, np.ndarray]:
-        """(bucket last steps, D) for every bucket that begins after the onset."""
-        rise = rise_after(self.onset_step, samples, model)
-        if rise is None:
-            return _NONE
+    def _of(self, rise: Rise) -> np.ndarray:
+        """D at each bucket."""
         t = rise.elapsed
         best_cache = np.zeros_like(t)
         for tau in self.time_constants:
             best_cache = np.maximum(best_cache, _gain(rise.above, -np.expm1(-t / tau)))
-        return rise.last_steps, (_gain(rise.above, t) - best_cache) / rise.sigma ** 2
+        return (_gain(rise.above, t) - best_cache) / rise.sigma ** 2
 
 
 def cache_time_constants(longest: float, count: int = 16) -> tuple[float, ...]:
