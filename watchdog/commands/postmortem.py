@@ -11,20 +11,24 @@ layouts (`watchdog.core.oom_message`): its kind (compile, runtime, allocation), 
 used / capacity / exceeded / requested bytes, the largest allocations with their op and Python
 `file:line`, and those grouped by Python line, biggest first. With several messages the last one
 is read. A file with no out-of-memory message is one line on stderr and exit status 2.
+
+An error names the file, the line and the problem, never what the file holds: the trace may be
+whatever a flight record names (`_samples`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
-from watchdog.core.errors import InputError
+from watchdog.core.errors import InputError, TraceFormatError
 from watchdog.core.inputs import open_regular
 from watchdog.core.numbers import option
 from watchdog.core.oom_message import OomMessage, parse
 from watchdog.core.postmortem import PostMortem, diagnose
-from watchdog.core.sample import load_trace
+from watchdog.core.sample import TRACE_HEADER, Sample, load_trace
 from watchdog.core.units import format_bytes, positive_size
 from watchdog.runtime import flight_record
 
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.path)
     trace, record, exit_description, log_file = _what_was_left(path)
     log_file = args.log or log_file
-    samples = load_trace(trace) if trace is not None else []
+    samples = _samples(trace)
     if trace is not None and not samples and record is None:
         raise InputError(f"{trace}:2: the trace has a header but no samples")
     oom = parse(_read_tail(log_file, "--log")) if log_file else None
@@ -80,6 +84,25 @@ def _what_was_left(path: Path) -> tuple[Path | None, dict | None, str | None, st
     return trace, flight_record.read(f"{trace}{flight_record.SUFFIX}"), None, None
 
 
+_QUOTED = re.compile(r"""(:\s*|,?\s*got\s*)?['"].*$""")  # a problem's quote of the file's text, to its end
+
+
+def _samples(trace: Path | None) -> list[Sample]:
+    """The trace's samples. Its errors name the file, the line and the problem, without the quote
+    of the line that the trace reader gives: the path may come from a flight record and name any
+    file (`/etc/shadow`), whose text is nobody's business here."""
+    if trace is None:
+        return []
+    try:
+        return load_trace(trace)
+    except TraceFormatError as exc:
+        problem = str(exc)[len(f"{exc.path}:{exc.line}: "):]
+        if "'" in problem or '"' in problem:
+            problem = ("not a trace CSV: its first line is not the trace header " + ",".join(TRACE_HEADER)
+                       if exc.line == 1 else _QUOTED.sub("", problem) + " (its text not shown)")
+        raise InputError(f"{exc.path}:{exc.line}: {problem}") from None
+
+
 def _last_exit(path: Path) -> str | None:
     try:
         with open_regular(path, "r", encoding="utf-8") as handle:
@@ -96,9 +119,13 @@ def after_a_crash(folder: Path | None, output: str, exit_description: str) -> st
     if folder is not None:
         trace, record, _, _ = _what_was_left(folder)
         if record is not None or trace is not None:
-            samples = load_trace(trace) if trace is not None else []
+            unreadable = ""
+            try:
+                samples = _samples(trace)
+            except InputError as exc:  # the post-mortem goes on without the trend
+                samples, unreadable = [], f"\n(no trend: {exc})"
             post = diagnose(samples, record=record, oom=oom, exit_description=exit_description)
-            return report(trace or folder, post, record)
+            return report(trace or folder, post, record) + unreadable
     lines = [f"the job exited with {exit_description}"]
     lines.append(summary(oom) if oom is not None else "no out-of-memory message from XLA in its output")
     if folder is None:

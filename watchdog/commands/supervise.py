@@ -13,6 +13,12 @@ the child's watchdog keeps its flight record (`flight.json`), and supervise reco
 Every process of the job appends where its time went to one job file (`HBMWATCH_JOB_FILE`, set
 here for the children: `--job-file`, else a temporary one removed at the end); when the job ends,
 supervise prints its goodput (`core/goodput.py`), and `hbm-watchdog goodput FILE` reads a kept one.
+
+Nothing is written before every input is known good (`_check_inputs`): the options, the command,
+the job file and the post-mortem folder. A job file or a file in that folder that supervise (or
+the watchdog) did not make, a link or anything but a regular file, is refused in one line with
+exit status 2 and left as it is; an empty job file is adopted. `output.log` is known as ours only
+by the `exits.jsonl` of ours beside it (the two are written together).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from watchdog.actions.supervisor import DEFAULT_KILL_GRACE, ChildOutcome, describe, supervise
+from watchdog.actions.supervisor import DEFAULT_KILL_GRACE, ChildOutcome, check_options, describe, supervise
 from watchdog.commands import postmortem
 from watchdog.core.errors import EXIT_RESTART_REQUESTED, InputError
 from watchdog.core.inputs import open_regular
@@ -35,9 +41,10 @@ from watchdog.fileio import write_atomically
 from watchdog.logs import get_logger
 from watchdog.core import goodput
 from watchdog.runtime import flight_record
-from watchdog.runtime.job_ledger import JOB_FILE_ENV, start_job
+from watchdog.runtime.job_ledger import JOB_FILE_ENV, existing_records, start_job
 
 log = get_logger(__name__)
+MAX_EXITS_BYTES = 16 << 20  # a few lines a run
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -63,13 +70,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     folder = args.postmortem_dir
+    named = args.job_file or (Path(os.environ[JOB_FILE_ENV]) if os.environ.get(JOB_FILE_ENV) else None)
+    _check_inputs(args, command, named)
     if folder is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InputError(f"--postmortem-dir {folder}: {exc.strerror or exc}") from None
         os.environ[flight_record.FLIGHT_RECORD_ENV] = str(folder / postmortem.FLIGHT_RECORD_NAME)  # the child's
-    named = args.job_file or (Path(os.environ[JOB_FILE_ENV]) if os.environ.get(JOB_FILE_ENV) else None)
     with tempfile.TemporaryDirectory(prefix="hbm-watchdog-job-") if named is None else nullcontext() as folder_:
         job_file = _start_job_file(named or Path(folder_) / f"job{goodput.SUFFIX}")
         status = supervise(command, max_restarts=args.max_restarts, backoff=args.backoff,
@@ -77,6 +85,73 @@ def run(args: argparse.Namespace) -> int:
                            on_exit=lambda outcome, run: _after_exit(outcome, run, folder))
         _print_goodput(job_file)
         return status
+
+
+def _check_inputs(args: argparse.Namespace, command: list[str], job_file: Path | None) -> None:
+    """Every input, checked before anything is written (reads only): a refusal leaves no debris."""
+    if not command:
+        raise InputError("no command to supervise: hbm-watchdog supervise [options] -- CMD ...")
+    check_options(args.max_restarts, args.backoff, args.max_backoff, args.kill_grace)
+    if job_file is not None:
+        try:
+            existing_records(job_file)
+        except InputError as exc:
+            raise InputError(f"--job-file: {exc}") from None
+        _creatable(f"--job-file {job_file}", job_file.parent)
+    folder = args.postmortem_dir
+    if folder is not None:
+        _creatable(f"--postmortem-dir {folder}", folder)
+    if folder is None or not (folder.exists() or folder.is_symlink()):
+        return
+    if not folder.is_dir():
+        raise InputError(f"--postmortem-dir {folder}: not a directory")
+    try:
+        flight_record.claim(folder / postmortem.FLIGHT_RECORD_NAME)
+    except InputError as exc:
+        raise InputError(f"--postmortem-dir: {exc}") from None
+    exits = _earlier_exits(folder / postmortem.EXITS_NAME)
+    output = folder / postmortem.OUTPUT_NAME
+    if exits is None and (output.exists() or output.is_symlink()):
+        raise InputError(f"--postmortem-dir: {output}: not written by supervise (no {postmortem.EXITS_NAME} "
+                         "of its beside it); left as it is")
+    if output.is_symlink() or (output.exists() and not output.is_file()):
+        raise InputError(f"--postmortem-dir: {output}: not a regular file; left as it is")
+
+
+def _creatable(what: str, folder: Path) -> None:
+    """A folder that is there or can be made: its nearest existing ancestor is a directory."""
+    ancestor = folder
+    while not (ancestor.exists() or ancestor.is_symlink()) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"{what}: {ancestor} is not a directory")
+
+
+def _earlier_exits(path: Path) -> str | None:
+    """What `exits.jsonl` holds (None: no such file); an InputError naming the path and the line for
+    a file that is not one supervise wrote: a link, not a regular file, or a line that is no exit."""
+    try:
+        with open_regular(path, "r", encoding="utf-8", errors="replace", follow_symlinks=False,
+                          what="--postmortem-dir: ") as handle:
+            text = handle.read(MAX_EXITS_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"--postmortem-dir: {path}: {exc.strerror or exc}") from None
+    if len(text) > MAX_EXITS_BYTES:
+        raise InputError(f"--postmortem-dir: {path}: larger than any {postmortem.EXITS_NAME} of supervise; "
+                         "left as it is")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        if not (isinstance(entry, dict) and {"run", "exit"} <= entry.keys()):
+            raise InputError(f"--postmortem-dir: {path}:{number}: not an exit recorded by supervise; "
+                             "left as it is")
+    return text
 
 
 def _start_job_file(path: Path) -> Path:
@@ -113,13 +188,13 @@ def _after_exit(outcome: ChildOutcome, run: int, folder: Path | None) -> None:
         line = {"time": time.time(), "run": run, "exit": status, "returncode": outcome.returncode,
                 "last_step": record.get("last_step")}
         exits = folder / postmortem.EXITS_NAME
-        try:  # what the earlier runs recorded; a file that is not ours (a link, a FIFO) starts afresh
-            with open_regular(exits, "r", encoding="utf-8", follow_symlinks=False) as handle:
-                earlier = handle.read()
-        except (OSError, InputError):
-            earlier = ""
-        write_atomically(exits, earlier + json.dumps(line) + "\n")  # a few lines a run: rewritten whole
-        write_atomically(folder / postmortem.OUTPUT_NAME, outcome.output_tail)
+        try:  # what the earlier runs recorded: checked at the start, and again (something may have replaced it)
+            earlier = _earlier_exits(exits) or ""
+        except InputError as exc:
+            log.warning("postmortem_exit_not_recorded", run=run, error=str(exc))
+        else:
+            write_atomically(exits, earlier + json.dumps(line) + "\n")  # a few lines a run: rewritten whole
+            write_atomically(folder / postmortem.OUTPUT_NAME, outcome.output_tail)
     if outcome.returncode in (0, EXIT_RESTART_REQUESTED):
         return
     text = postmortem.after_a_crash(folder, output, status)

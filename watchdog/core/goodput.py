@@ -164,27 +164,39 @@ def path_beside(trace_file: str | os.PathLike) -> str:
 
 def parse_lines(lines: Iterable[str], where: str = "job file") -> Iterator[dict[str, Any]]:
     """The job file's records. A last line without its newline is one its writer never finished
-    (skipped); any other line that is not a record of ours is an InputError naming it."""
-    pending = None
+    (skipped); a line longer than MAX_LINE_CHARS (its newline aside), wherever it is, and any other
+    line that is not a record of ours is an InputError naming it. `lines` come from a bounded read
+    (`bounded_lines`): a line without its end is then either the last one or one over the bound."""
     for number, line in enumerate(lines, start=1):
-        if pending is not None:
-            yield pending
-            pending = None
-        if not line.endswith("\n"):
-            break  # torn: its writer died mid-line
-        if len(line) > MAX_LINE_CHARS:
+        text = line.rstrip("\r\n")
+        if len(text) > MAX_LINE_CHARS:
             raise InputError(f"{where}:{number}: a line longer than {MAX_LINE_CHARS} characters")
-        if not line.strip():
+        if text == line:
+            break  # torn: its writer died mid-line
+        if not text.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(text)
         except ValueError:
             raise InputError(f"{where}:{number}: not a JSON line") from None
-        if not isinstance(record, dict) or record.get("v") != VERSION or not isinstance(record.get("event"), str):
+        if not is_record(record):
             raise InputError(f"{where}:{number}: not a job record of version {VERSION}")
-        pending = record
-    if pending is not None:
-        yield pending
+        yield record
+
+
+def is_record(record: Any) -> bool:
+    """A job record of this version: a JSON object with `v` and an `event`."""
+    return isinstance(record, dict) and record.get("v") == VERSION and isinstance(record.get("event"), str)
+
+
+# How every record this project writes begins (`json.dumps` of {"v", "event", ...}): a job file
+# whose only line was torn before its end is ours when what is there begins so.
+RECORD_START = '{"v": %d, "event": "' % VERSION
+
+
+def could_be_a_torn_record(fragment: str) -> bool:
+    """Whether a line cut short (no newline) is the start of a record this project wrote."""
+    return bool(fragment) and (fragment.startswith(RECORD_START) or RECORD_START.startswith(fragment))
 
 
 def read(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -194,14 +206,16 @@ def read(path: str | os.PathLike) -> list[dict[str, Any]]:
     where = os.fspath(path)
     try:
         with open_regular(path, "r", encoding="utf-8", errors="replace", newline="", what="job file ") as handle:
-            return list(parse_lines(_bounded_lines(handle), where))
+            return list(parse_lines(bounded_lines(handle), where))
     except OSError as exc:
         raise InputError(f"job file {where}: {exc.strerror or exc}") from None
 
 
-def _bounded_lines(handle) -> Iterator[str]:
+def bounded_lines(handle) -> Iterator[str]:
+    """A text handle's lines, none longer than the bound plus its line end: a longer one comes
+    cut, without its end, and `parse_lines` refuses it."""
     while True:
-        line = handle.readline(MAX_LINE_CHARS + 1)
+        line = handle.readline(MAX_LINE_CHARS + 2)
         if not line:
             return
         yield line

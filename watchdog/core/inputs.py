@@ -20,7 +20,8 @@ from watchdog.core.errors import InputError
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link"))
 # open()'s modes -> os.open flags; only the ones the project uses
-_FLAGS = {"r": os.O_RDONLY, "r+": os.O_RDWR, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT}
+_FLAGS = {"r": os.O_RDONLY, "r+": os.O_RDWR, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+          "a+": os.O_RDWR | os.O_APPEND | os.O_CREAT}
 
 
 class NotARegularFile(InputError):
@@ -42,7 +43,7 @@ def open_regular(path: str | os.PathLike[str], mode: str = "rb", *, what: str = 
                  follow_symlinks: bool = True, **text: Any) -> IO:
     """`open(path, mode, **text)` for a regular file only; anything else raises NotARegularFile at once.
 
-    `mode` is one of r, r+, a (with b or not); `what` prefixes the error (e.g. "--pidfile "). Other
+    `mode` is one of r, r+, a, a+ (with b or not); `what` prefixes the error (e.g. "--pidfile "). Other
     failures (no such file, no permission) are the OSError they always were: callers decide what
     those mean (a pidfile not written yet is waited for, a missing trace is an error).
     """

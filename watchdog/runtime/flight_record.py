@@ -15,6 +15,12 @@ A SIGKILL between two writes leaves the older record, never a torn one. It is re
 signal, an action or the suspects change, and otherwise at most every `min_interval_seconds`:
 the cost is one small file write per few seconds, on the sidecar thread. `hbm-watchdog
 postmortem` reads it with the trace.
+
+Only a flight record is ever replaced (`claim`, when the recorder is made): the path holds
+nothing yet, an empty file, or a record of ours (`is_record`: what every version of this module
+wrote). A link, a FIFO, a directory, or a file holding anything else is an InputError naming the
+path (never its text), left as it was. A write the disk refuses is telemetry's: counted, tried
+again at the next write, said once (`flight_record_write_failed`), never the run's exit status.
 """
 
 from __future__ import annotations
@@ -26,12 +32,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from watchdog.core.errors import InputError
+from watchdog.core.inputs import open_regular
 from watchdog.core.verdict import Verdict
 from watchdog.fileio import write_atomically
+from watchdog.logs import get_logger
+
+log = get_logger(__name__)
 
 FLIGHT_RECORD_ENV = "HBMWATCH_FLIGHT_RECORD"  # a path that overrides the one beside the trace
 SUFFIX = ".flight.json"
 VERSION = 1
+MAX_RECORD_BYTES = 64 << 20  # a record is a few KiB (the program's ops: tens); anything larger is not one
+_KEYS = frozenset({"version", "process", "ended", "last_step"})  # in every record this module ever wrote
 
 
 def path_for(trace_file: str | os.PathLike | None) -> Path | None:
@@ -40,6 +53,39 @@ def path_for(trace_file: str | os.PathLike | None) -> Path | None:
     if override:
         return Path(override)
     return Path(f"{trace_file}{SUFFIX}") if trace_file is not None else None
+
+
+def is_record(record: Any) -> bool:
+    """Whether parsed JSON is a flight record of ours."""
+    return isinstance(record, dict) and record.get("version") == VERSION and _KEYS <= record.keys()
+
+
+def _load(path: str | os.PathLike, *, follow_symlinks: bool = True) -> dict[str, Any] | None:
+    """The record at `path`; None for an empty file; InputError (path only) for anything that is not
+    a record of ours; OSError as it comes (no such file)."""
+    with open_regular(path, "rb", follow_symlinks=follow_symlinks, what="flight record ") as handle:
+        data = handle.read(MAX_RECORD_BYTES + 1)
+    if not data:
+        return None
+    try:
+        record = json.loads(data) if len(data) <= MAX_RECORD_BYTES else None
+    except ValueError:
+        record = None
+    if not is_record(record):
+        raise InputError(f"flight record {os.fspath(path)}: exists and is not a flight record of this tool; "
+                         f"left as it is (remove it, or name another path with {FLIGHT_RECORD_ENV})")
+    return record
+
+
+def claim(path: str | os.PathLike) -> None:
+    """Check that the recorder may replace `path`: nothing there, an empty file or a flight record.
+    InputError otherwise, with nothing touched; never follows a link."""
+    try:
+        _load(path, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing there yet (or its folder is a file: every write fails, and says so once)
+    except OSError as exc:
+        raise InputError(f"flight record {os.fspath(path)}: {exc.strerror or exc}") from None
 
 
 def _process_identity(rank: int) -> dict[str, Any]:
@@ -68,6 +114,8 @@ class FlightRecorder:
 
     def __init__(self, path: Path, *, rank: int = 0, trace_file: str | os.PathLike | None = None,
                  min_interval_seconds: float = 5.0):
+        """InputError when `path` holds something other than a flight record (`claim`)."""
+        claim(path)
         self.path = path
         self.min_interval_seconds = min_interval_seconds
         self.errors = 0
@@ -141,17 +189,17 @@ class FlightRecorder:
         self._state["written_at"] = time.time()
         try:
             write_atomically(self.path, json.dumps(self._state, default=str) + "\n")
-        except OSError:  # telemetry: a full disk never reaches training
+        except OSError as exc:  # telemetry: a full disk never reaches training, and is said once
             self.errors += 1
+            if self.errors == 1:
+                log.error("flight_record_write_failed", path=str(self.path), error=exc.strerror or str(exc),
+                          note="training goes on; a post-mortem will lack this process's flight record "
+                               "until a write succeeds")
 
 
 def read(path: str | os.PathLike) -> dict[str, Any] | None:
     """A flight record, or None if there is none (or it is not one of ours)."""
-    from watchdog.core.inputs import open_regular
-
     try:
-        with open_regular(path, "r", encoding="utf-8") as handle:
-            record = json.load(handle)
-    except (OSError, ValueError):
+        return _load(path)
+    except (OSError, InputError):
         return None
-    return record if isinstance(record, dict) and record.get("version") == VERSION else None

@@ -15,20 +15,28 @@ Times partition the process: each stretch of steps runs from the end of the prev
 the step boundary, so steps and spans never overlap (spans do not nest). A write error is
 telemetry's, never training's: the file is dropped for the rest of the process and said once.
 The newest account goes to the telemetry (`Telemetry.goodput`), for `/metrics`.
+
+Only a job file is ever written, cut or read for the account (`_claimed`): a file created new, an
+empty one, or one whose every line is a job record (what this project always wrote), opened
+without following a link (O_NOFOLLOW) and checked on the descriptor that is then written. A link,
+a FIFO, a device, or a file holding anything else is an InputError naming the path and the line
+(never its text), and is left exactly as it was: nothing is cut before the whole file is known
+to be ours.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from watchdog.core import goodput
 from watchdog.core.errors import InputError
-from watchdog.core.inputs import LineTooLong, drop_torn_tail, open_regular
+from watchdog.core.inputs import open_regular
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
@@ -55,22 +63,64 @@ def process_started() -> float:
         return time.time()
 
 
-def _cut_torn_line(path: Path) -> None:
-    """Cut off a last line its writer never finished, before appending; a file whose last line is
-    longer than any record is not a job file (InputError)."""
+def _claimed(handle: IO[bytes], path: Path) -> tuple[list[dict], int | None]:
+    """The records of a job file of ours, and where its torn last line starts (None: none torn).
+
+    Ours: empty, or every complete line a job record, or (killed while writing its first line)
+    only the start of one. Anything else is an InputError naming the path and the line."""
+    where = f"job file {path}"
+    handle.seek(0)
+    first = handle.readline(goodput.MAX_LINE_CHARS + 2)  # bounded: a foreign file is refused on its first line
+    if not first:
+        return [], None
+    text = first.decode("utf-8", errors="replace")
     try:
-        drop_torn_tail(path, goodput.MAX_LINE_CHARS)
-    except LineTooLong:
-        raise InputError(f"job file {path}: not a job file (a line longer than {goodput.MAX_LINE_CHARS} "
-                         "characters); refusing to append") from None
+        if not text.endswith(("\n", "\r")) and len(text) <= goodput.MAX_LINE_CHARS:
+            if goodput.could_be_a_torn_record(text):
+                return [], 0  # its only line, torn: ours
+            raise InputError(f"{where}:1: not a job record")
+        if not list(goodput.parse_lines([text], where)):  # we never write a blank line
+            raise InputError(f"{where}:1: not a job record")
+        handle.seek(0)
+        data = handle.read()
+        records = list(goodput.parse_lines(io.StringIO(data.decode("utf-8", errors="replace"), newline=""), where))
+    except InputError as exc:
+        raise InputError(f"{exc}: not a job file, left as it is") from None
+    torn = None if data.endswith((b"\n", b"\r")) else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+    return records, torn
+
+
+def existing_records(path: Path) -> list[dict]:
+    """What earlier processes of the job wrote to `path` ([] where there is no file yet); an
+    InputError for a file that is not a job file. Reads only: nothing is created or cut."""
+    try:
+        with open_regular(path, "rb", follow_symlinks=False, what="job file ") as handle:
+            return _claimed(handle, path)[0]
+    except (FileNotFoundError, NotADirectoryError):
+        return []  # a folder that is a file: every write will fail, and say so
+    except OSError as exc:
+        raise InputError(f"job file {path}: {exc.strerror or exc}") from None
+
+
+def _open_to_append(path: Path) -> IO[bytes]:
+    """The job file opened to append (created if absent), never through a link, its torn last line
+    cut: only once the descriptor is known to be a regular file and its contents a job file's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open_regular(path, "a+b", follow_symlinks=False, what="job file ")
+    try:
+        _, torn = _claimed(handle, path)
+        if torn is not None:
+            handle.truncate(torn)
+        return handle
+    except BaseException:
+        handle.close()
+        raise
 
 
 def start_job(path: Path) -> None:
     """Mark a new job in `path` (supervise, at its start): the account reads from the newest mark."""
-    _cut_torn_line(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open_regular(path, "a", encoding="utf-8", what="job file ") as handle:
-        handle.write(json.dumps({"v": goodput.VERSION, "event": "job", "t": time.time()}) + "\n")
+    with _open_to_append(path) as handle:
+        handle.write((json.dumps({"v": goodput.VERSION, "event": "job", "t": time.time()}) + "\n").encode("utf-8"))
 
 
 class JobLedger:
@@ -86,7 +136,7 @@ class JobLedger:
         self._telemetry = telemetry
         self._started = process_started() if started is None else started
         self._records = self._earlier_records()
-        self._handle = None
+        self._handle: IO[bytes] | None = None
         self._broken = False
         self._mark = self._mark_compile = 0.0
         self._first = self._last = 0  # the pending stretch of steps: [first, last)
@@ -154,14 +204,8 @@ class JobLedger:
 
     def _earlier_records(self) -> list[dict]:
         """What earlier processes of the job wrote (for a live account); a file that is not a job
-        file is the user's error, a torn last line is cut off."""
-        try:
-            _cut_torn_line(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise InputError(f"job file {self.path}: {exc.strerror or exc}") from None
-        return goodput.read(self.path) if self.path.exists() else []
+        file is the user's error, and is left as it is."""
+        return existing_records(self.path)
 
     def _write(self, event: str, **fields: Any) -> None:
         record = {"v": goodput.VERSION, "event": event, "t": time.time(), **fields}
@@ -172,9 +216,8 @@ class JobLedger:
             return
         try:
             if self._handle is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._handle = open_regular(self.path, "a", encoding="utf-8")
-            self._handle.write(json.dumps(record) + "\n")
+                self._handle = _open_to_append(self.path)
+            self._handle.write((json.dumps(record) + "\n").encode("utf-8"))
             self._handle.flush()
         except (OSError, InputError) as exc:
             self._broken = True
