@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -79,7 +80,8 @@ def settled_rss() -> int:
 def hbm_watchdog_env(**extra: str) -> dict[str, str]:
     """The environment for a child `hbm-watchdog`: torch_xla on PJRT CPU, JSON logs, repo importable."""
     env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(REPO)}
-    env.pop("HBMWATCH_RESTART_COUNT", None)
+    for name in ("HBMWATCH_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+        env.pop(name, None)  # each child is a first start unless its test says otherwise
     for name in ("PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE", "PT_XLA_DEBUG_MAX_FRAME", "HBMWATCH_COMPILE_ANALYSIS_PID"):
         env.pop(name, None)  # each child decides its own compile analysis
     env.update(extra)
@@ -102,6 +104,37 @@ def run_python_args(args: list[str], *, timeout: float = 300, env: dict[str, str
                          cwd=REPO, env=env or hbm_watchdog_env())
     assert out.returncode == 0, out.stderr[-3000:]
     return out
+
+
+def torchrun(job: Path, out: Path, *args: str, ranks: int = 2, max_restarts: int = 2,
+             timeout: float = 240) -> subprocess.CompletedProcess:
+    """`torchrun --standalone` of a script in tests/jobs with `ranks` processes, each rank's stdout and
+    stderr under out/logs/<run>/attempt_<N>/<rank>/; a group still running after `timeout` seconds
+    is killed whole and fails the test (a hang is a failure, never a stuck suite).
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch 2.5-2.9 reuse one rendezvous store across torchrun's
+    restarts, and a restarted gloo group could read the previous attempt's addresses from it (seen
+    here: a connection refused in init_process_group, or a group that never formed)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+               f"--max-restarts={max_restarts}", "--monitor-interval=0.5", f"--log-dir={out / 'logs'}",
+               "--redirects=3", str(job), str(out), *args]
+    env = hbm_watchdog_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", USE_TORCH_XLA="0")
+    with subprocess.Popen(command, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as group:
+        try:
+            output, _ = group.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(group.pid, signal.SIGKILL)
+            output, _ = group.communicate()
+            pytest.fail(f"torchrun {job.name} {' '.join(args)} still running after {timeout:g} s: "
+                        f"{output[-2000:]}")
+    return subprocess.CompletedProcess(command, group.returncode, output, "")
+
+
+def rank_logs(out: Path, rank: int, attempt: int) -> list[dict]:
+    """The JSON log records of one rank in one attempt of a `torchrun` run."""
+    (path,) = out.glob(f"logs/*/attempt_{attempt}/{rank}/stderr.log")
+    return json_lines(path.read_text())
 
 
 def json_lines(text: str) -> list[dict]:

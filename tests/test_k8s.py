@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_RESTART_REQUESTED
+from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_RESTART_REQUESTED
 from watchdog.core.policy import PolicyConfig
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -132,6 +132,7 @@ def jobset_outcome(exit_code: int | None, disrupted: bool = False) -> str:
 def test_exit_42_restarts_the_whole_slice_and_other_failures_end_the_jobset():
     assert POD["spec"]["restartPolicy"] == "Never"  # required by podFailurePolicy
     assert jobset_outcome(EXIT_RESTART_REQUESTED) == "slice restarted"
+    assert jobset_outcome(EXIT_PEER_LOST) == "slice restarted", "a host lost during an agreement: restart whole"
     assert jobset_outcome(None, disrupted=True) == "slice restarted"
     for code in (1, EXIT_BAD_INPUT, 137, 255):
         assert jobset_outcome(code) == "jobset failed", code

@@ -1,18 +1,19 @@
-"""What agreeing on an action costs across processes: per decision, and per training step.
+"""What many ranks' one decision costs the training thread: per sampling step, and on the other steps.
 
-    python -m watchdog.bench.agreement_cost [--worlds 2 4] [--steps 4000] [--every 5 10] [--rounds 3]
+    python -m watchdog.bench.agreement_cost [--worlds 2 4] [--every 10] [--calls 20000] [--rounds 3]
 
-Spawns real processes that join a gloo group over 127.0.0.1, as ranks of a multi-host job do,
-and times in each of them, in the same run:
+Spawns real processes that join a gloo group over 127.0.0.1, as the ranks of a job do, and times
+in each of them, in the same run, with a running `Watchdog` (RSS source, its sidecar thread live):
 
-- one decision: `agree_on_action` (a one-element all_reduce(MAX) on the control group);
-- a step's share, with no action pending (the common case): agreeing every step (the old loop)
-  against `ActionCoordinator(every=N).agree`, which talks only on sampling steps, and an empty
-  loop as the floor.
+- one decision: `Agreement.decide` alone (one all_reduce of four integers on the watchdog's group);
+- a sampling step: `Watchdog.step(n)` on steps that sample, where the ranks agree;
+- a step that does not sample: `Watchdog.step(n)` on the others, beside an empty Python call (the
+  `step()` goal: at most 3x the empty call), and the same for a watchdog with agreement off.
 
 Figures are medians over rounds (fresh processes each) of the median over ranks of each rank's
-mean; on a shared machine the processes also compete for the cores, so read the ratios measured
-in one run rather than absolute times (the load average is printed with them).
+mean. On a shared machine the processes compete for the cores (this one has 2: four ranks wait for
+a core at every agreement), so read ratios measured in one run rather than absolute times; the
+load average is printed with them.
 """
 
 from __future__ import annotations
@@ -29,42 +30,44 @@ from pathlib import Path
 from watchdog.fileio import write_atomically
 
 
-def _rank_main(rank: int, world: int, port: int, steps: int, everies: list[int], out_dir: str) -> None:
+def _noop(step: int) -> None:
+    return None
+
+
+def _per_call(fn, steps) -> float:
+    started = time.perf_counter()
+    for step in steps:
+        fn(step)
+    return (time.perf_counter() - started) / len(steps)
+
+
+def _rank_main(rank: int, world: int, port: int, every: int, calls: int, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from watchdog.actions.coordination import ActionCoordinator, agree_on_action
+    from watchdog.core.config import WatchdogConfig
+    from watchdog.runtime.agreement import Agreement
+    from watchdog.runtime.sidecar import Watchdog
 
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # gloo prints its connection report on stdout, into the table
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    config = WatchdogConfig(sample_every=every, source="rss", device="cpu", memory_limit_bytes=1 << 40,
+                            host_memory=False, forensics=False, stall_after_seconds=3600)
     try:
-        for _ in range(200):  # warm up the connections
-            agree_on_action(None)
-
-        def timed(loop) -> float:
+        agreement = Agreement()
+        for step in range(200):  # warm up the connections
+            agreement.decide(step, None)
+        dist.barrier()
+        result = {"decision": _per_call(lambda step: agreement.decide(step, None), range(calls // every))}
+        sampling = range(0, calls, every)
+        off = [step for step in range(calls) if step % every]
+        for name, agree in (("agreeing", True), ("alone", False)):
             dist.barrier()
-            started = time.perf_counter()
-            loop()
-            return (time.perf_counter() - started) / steps
-
-        def empty():
-            for step in range(steps):
-                pass
-
-        def every_step():
-            for step in range(steps):
-                agree_on_action(None)
-
-        result = {"empty": timed(empty), "every_step": timed(every_step)}
-        for every in everies:
-            coordinator = ActionCoordinator(every=every)
-
-            def on_cadence():
-                for step in range(steps):
-                    coordinator.agree(None, step)
-
-            result[f"every_{every}"] = timed(on_cadence)
-        result["decision"] = result["every_step"] - result["empty"]
+            with Watchdog(WatchdogConfig(**{**config.__dict__, "agree_across_ranks": agree})) as watchdog:
+                result[f"off_step_{name}"] = _per_call(watchdog.step, off)
+                result[f"empty_{name}"] = _per_call(_noop, off)
+                dist.barrier()
+                result[f"sampling_step_{name}"] = _per_call(watchdog.step, sampling)
     finally:
         dist.destroy_process_group()
     write_atomically(Path(out_dir, f"rank{rank}.json"), json.dumps(result))
@@ -76,14 +79,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def measure(world: int, steps: int, everies: list[int], rounds: int) -> dict[str, float]:
-    """Seconds: median over rounds of the median over ranks of each rank's per-step (or per-decision) mean."""
+def measure(world: int, every: int, calls: int, rounds: int) -> dict[str, float]:
+    """Seconds per call: median over rounds of the median over ranks of each rank's mean."""
     import torch.multiprocessing as mp
 
     results = []
     for _ in range(rounds):
         with tempfile.TemporaryDirectory(prefix="agreement-cost-") as out_dir:
-            mp.spawn(_rank_main, args=(world, _free_port(), steps, everies, out_dir), nprocs=world, join=True)
+            mp.spawn(_rank_main, args=(world, _free_port(), every, calls, out_dir), nprocs=world, join=True)
             ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
         results.append({key: statistics.median(rank[key] for rank in ranks) for key in ranks[0]})
     return {key: statistics.median(result[key] for result in results) for key in results[0]}
@@ -92,23 +95,33 @@ def measure(world: int, steps: int, everies: list[int], rounds: int) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--every", type=int, nargs="+", default=[5, 10])
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    us = lambda seconds: f"{seconds * 1e6:.1f} µs"
-    header = "| processes | one decision | per step, agreeing every step | " + " | ".join(
-        f"per step, every {e} steps" for e in args.every) + " | empty loop |"
-    print(header)
-    print("|" + "---|" * (header.count("|") - 1))
+    rows = []
     for world in args.worlds:
-        figures = measure(world, args.steps, args.every, args.rounds)
-        cadence = " | ".join(f"{us(figures[f'every_{e}'])} ({figures['every_step'] / figures[f'every_{e}']:.1f}x less)"
-                             for e in args.every)
-        print(f"| {world} | {us(figures['decision'])} | {us(figures['every_step'])} | {cadence} | "
-              f"{figures['empty'] * 1e9:.0f} ns |", flush=True)
-    print(f"\n({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)")
+        figures = measure(world, args.every, args.calls, args.rounds)
+        rows.append({"ranks": world, "every": args.every, **figures,
+                     "off_step_ratio": figures["off_step_agreeing"] / figures["empty_agreeing"],
+                     "off_step_ratio_alone": figures["off_step_alone"] / figures["empty_alone"]})
+        if not args.json:
+            if len(rows) == 1:
+                print(f"sample_every={args.every}; medians of {args.rounds} rounds of {args.calls:,} steps")
+                print("| ranks | one decision | sampling step, agreeing | sampling step, alone | "
+                      "other step, agreeing | other step, alone | empty call |")
+                print("|---|---|---|---|---|---|---|")
+            row = rows[-1]
+            print(f"| {world} | {row['decision'] * 1e6:.1f} µs | {row['sampling_step_agreeing'] * 1e6:.1f} µs | "
+                  f"{row['sampling_step_alone'] * 1e6:.1f} µs | {row['off_step_agreeing'] * 1e9:.0f} ns "
+                  f"({row['off_step_ratio']:.1f}x) | {row['off_step_alone'] * 1e9:.0f} ns "
+                  f"({row['off_step_ratio_alone']:.1f}x) | {row['empty_agreeing'] * 1e9:.0f} ns |", flush=True)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(f"\n({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)")
     return 0
 
 

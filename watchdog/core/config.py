@@ -6,13 +6,14 @@ message naming the field (`ConfigError`), never hours into a run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from watchdog.core.detector import DetectorConfig
 from watchdog.core.errors import ConfigError
 from watchdog.core.policy import PolicyConfig
 from watchdog.core.recompilation import RecompilationConfig
+from watchdog.core.verdict import Action
 
 SOURCES = ("auto", "xla", "tpu", "cuda", "rss", "replay")
 
@@ -37,13 +38,25 @@ class WatchdogConfig:
     """A loop that has not stepped for this long is reported as stalled."""
     stall_check_seconds: float = 5.0
     rank: int = 0
-    restarts_so_far: int = 0
-    """Restarts this job has already had, for any reason (`hbmwatch_restarts_total`)."""
+    restarts_so_far: int | None = None
+    """Restarts this job has already had, for any reason (`hbmwatch_restarts_total`). None: what the
+    restart engine says (`HBMWATCH_RESTART_COUNT` under `supervise` or JobSet's manifests,
+    `TORCHELASTIC_RESTART_COUNT` under torchrun; 0 with neither), read when the `Watchdog` is made."""
     watchdog_restarts: int | None = None
     """Of those, the restarts the watchdog itself asked for, in a row (the trainer's checkpoints
     count them, starting over after `policy.restart_window_steps`): what the restart budget counts. A preemption or a crash restart is not the watchdog's
     to spend, and counting them left a job preempted `max_restarts` times unable to restart out of
     a leak a reinit cannot free. None: every restart counts (a host that does not know which)."""
+    agree_across_ranks: bool = True
+    """With torch.distributed initialised and several ranks, every rank takes the most severe action
+    any rank asked for, at the same sampling step (`runtime/agreement.py`). Every rank must then call
+    `step()` with the same step numbers."""
+    agreement_timeout_seconds: float = 600.0
+    """How long a rank waits for the others at an agreement before it exits 43 (a rank died or
+    stalled): longer than the slowest step between two sampling steps, checkpoints included."""
+    forced_actions: tuple[tuple[int, Action], ...] = ()
+    """Drills: (step, action) pairs, each asked for at that step as if the watchdog had decided it
+    (agreed across ranks like any other)."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     recompilation: RecompilationConfig = field(default_factory=RecompilationConfig)
@@ -87,8 +100,10 @@ class WatchdogConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
-        if self.restarts_so_far is None:
-            raise ConfigError("restarts_so_far", "must be a non-negative integer, got None")
+        value = self.agreement_timeout_seconds
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e9:
+            raise ConfigError("agreement_timeout_seconds", f"must be a positive number of seconds, got {value!r}")
+        object.__setattr__(self, "forced_actions", _forced(self.forced_actions))
         if self.source == "replay" and self.replay_trace is None:
             raise ConfigError("replay_trace", "is required when source is 'replay'")
         if self.trace_file is not None:
@@ -99,7 +114,28 @@ class WatchdogConfig:
     @property
     def restart_budget_spent(self) -> int:
         """The restarts the policy's budget counts: the watchdog's own, where the host knows them."""
-        return self.restarts_so_far if self.watchdog_restarts is None else self.watchdog_restarts
+        if self.watchdog_restarts is not None:
+            return self.watchdog_restarts
+        return self.restarts_so_far or 0
+
+    def ending_at(self, last_step: int | None) -> "WatchdogConfig":
+        """This configuration for a run that ends at `last_step` (the host knows it: the trainer's
+        steps, Lightning's and Hugging Face's `max_steps`), unless the policy already names an end:
+        an OOM projected past it is a warning, since the run finishes first."""
+        if last_step is None or last_step < 0 or self.policy.last_step is not None:
+            return self
+        return replace(self, policy=replace(self.policy, last_step=int(last_step)))
+
+
+def _forced(pairs) -> tuple[tuple[int, Action], ...]:
+    try:
+        forced = tuple((step, Action(action)) for step, action in pairs)
+    except (TypeError, ValueError):
+        raise ConfigError("forced_actions", f"must be (step, action) pairs, got {pairs!r}") from None
+    for step, action in forced:
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**52 or not action.needs_checkpoint:
+            raise ConfigError("forced_actions", f"expected (step, checkpoint action) pairs, got {(step, action.value)!r}")
+    return tuple(sorted(forced))
 
 
 def _positive_int(name: str, value: object) -> None:

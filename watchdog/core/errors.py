@@ -9,6 +9,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_RESTART_REQUESTED = 42  # checkpoint saved, restart me (the XPK/JobSet convention)
+EXIT_PEER_LOST = 43  # another rank died or stalled during an agreement: nothing saved here, restart the job
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): checkpoint saved, stopped (the shell's 128 + 2)
 
 

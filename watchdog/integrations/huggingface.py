@@ -10,8 +10,12 @@
 The `Trainer` owns the loop, so a rebuild in process is not ours to do: on either checkpoint
 action the callback asks the `Trainer` to save its own checkpoint at this step
 (`control.should_save`) and to stop (`control.should_training_stop`), skips an evaluation due at
-that step (it would only add memory), and sets `exit_code` to 42 for `hbm-watchdog supervise` or
-JobSet to restart the job; `trainer.train(resume_from_checkpoint=True)` then resumes from it.
+that step (it would only add memory), and sets `exit_code` to 42 for `hbm-watchdog supervise`,
+torchrun or JobSet to restart the job; `trainer.train(resume_from_checkpoint=True)` then resumes
+from it. With several ranks (DDP, FSDP, DeepSpeed under torchrun or accelerate) every rank's
+watchdog agrees on the action, so every rank saves and stops at the same step. `exit_code`
+belongs to the newest `train()`. Without evaluation, `max_steps` tells the policy where the run
+ends: an OOM projected past it is a warning.
 
 The callback reads step counts from `state.global_step`, never a tensor, so on TPU it adds no
 compilation and no device-to-host transfer. Evaluation and prediction run under the watchdog's
@@ -70,13 +74,15 @@ class HbmWatchdogCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # On the training thread, once the Trainer has placed the model: its device is the one to
         # watch (a guess from what is imported would start torch_xla's runtime for a CPU run).
-        config = self.config
+        config = self.config.ending_at(_last_step(args, state))
         if config.device is None and model is not None:
             parameter = next(model.parameters(), None)
             if parameter is not None:
                 config = dataclasses.replace(config, device=str(parameter.device))  # metadata, no transfer
         self._stop()  # a watchdog left from an earlier train() with this callback
         self._eval_batches, self._phase, self._pending = 0, None, None
+        self.exit_code, self.action_step, self.findings = EXIT_OK, None, []  # this train()'s, not an earlier one's
+        # Every rank starts its watchdog here, together: with several ranks they agree on every action.
         self.watchdog = Watchdog(config, source=self.source, reports_actions=True).start()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -141,6 +147,14 @@ class HbmWatchdogCallback(TrainerCallback):
     def _stop(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()  # idempotent; the stopped watchdog stays readable (telemetry, suspects)
+
+
+def _last_step(args, state) -> int | None:
+    """Where the watchdog's counter ends: `max_steps`, when no evaluation adds batches to it."""
+    evaluates = str(getattr(args, "eval_strategy", "no")).lower() not in ("no", "intervalstrategy.no")
+    if evaluates or not state.max_steps or state.max_steps < 0:
+        return None
+    return state.max_steps
 
 
 def _planned_batches(dataloader) -> int | None:

@@ -7,7 +7,11 @@
 
 Lightning owns the training loop, so a rebuild in process is not ours to do: both checkpoint
 actions save an atomic checkpoint, stop `fit` at the step boundary, and set `exit_code` to 42
-for the supervisor (or JobSet) to restart the job, which resumes from `resume_path()`.
+for the supervisor, torchrun or JobSet to restart the job, which resumes from `resume_path()`.
+With several ranks (`strategy="ddp"`, FSDP, a TPU slice) every rank's watchdog agrees on the
+action, so every rank saves (a collective) and stops at the same step. `exit_code` belongs to the
+newest `fit`. Without validation, `max_steps` tells the policy where the run ends: an OOM
+projected past it is a warning.
 
 The watchdog only ever sees step counts: unlike `self.log(tensor)`, it reads no tensor, so on TPU
 it adds no compilation and no device-to-host transfer. What the trainer's own loop gets, this gets
@@ -93,11 +97,13 @@ class HbmWatchdogCallback(Callback):
         # Called on the training thread, after the strategy has put the model on its device. The
         # strategy names that device: guessing from what is imported would start torch_xla's
         # runtime (and, on a TPU VM, claim the chips) for a CPU or GPU fit that merely has it installed.
-        config = self.config
+        config = self.config.ending_at(_last_step(trainer))
         if config.device is None:
             config = dataclasses.replace(config, device=str(trainer.strategy.root_device))
         self._stop()  # a watchdog left from an earlier fit with this callback
         self._validation_batches, self._phase, self._pending = 0, None, None
+        self.exit_code, self.action_step = EXIT_OK, None  # what this fit asks for, not an earlier one's
+        # Every rank starts its watchdog here, together: with several ranks they agree on every action.
         self.watchdog = Watchdog(config, source=self.source, reports_actions=True).start()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -161,6 +167,14 @@ class HbmWatchdogCallback(Callback):
     def _stop(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()  # idempotent; the stopped watchdog stays readable (telemetry, suspects)
+
+
+def _last_step(trainer) -> int | None:
+    """Where the watchdog's counter ends: `max_steps`, when no validation adds batches to it."""
+    planned = sum(trainer.num_val_batches) if trainer.num_val_batches else 0
+    if trainer.max_steps is None or trainer.max_steps < 0 or planned:
+        return None
+    return trainer.max_steps
 
 
 def _on_xla(trainer) -> bool:

@@ -27,6 +27,12 @@ the sidecar reads it every `host_sample_every` steps, judges it with a Judge of 
 its verdicts as on the device's, each action saying which memory asked for it. Where the device's
 memory is the host's (the `rss` source), there is one series, judged against both budgets.
 
+Many ranks take one decision (`runtime/agreement.py`): when torch.distributed runs several ranks at
+`start()`, an action is not handed over by the rank that decided it but held, and on each sampling
+step every rank offers what it holds (one all_gather on a gloo group of the watchdog's own) and
+every rank gets the most severe offer, at the same step. Forced actions (`forced_actions`) and a
+host's own proposals (`propose`, e.g. a preemption) take the same path, so every host gets them.
+
 The trace file is best-effort telemetry (`TraceSink`): an I/O error writing it never reaches
 training or its exit status.
 
@@ -39,7 +45,9 @@ than `stall_after_seconds` is reported as stalled (a hung collective, a dead inp
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import queue
 import sys
 import threading
@@ -54,11 +62,13 @@ from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import phase_label
+from watchdog.core.restarts import restarts_so_far
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import get_logger
-from watchdog.runtime import xla_stats
+from watchdog.runtime import agreement, xla_stats
+from watchdog.runtime.agreement import Agreement, severity
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
@@ -77,6 +87,8 @@ _FOLLOW = "follow"  # a chore for the training thread: the follower has work, or
 DEVICE = "device"  # which memory asked for an action: the device's, or HOST
 HANDED_OVER = "handed to the training loop"  # the outcome of an action whose host never said what it did
 REINITIALISED, RESTART_REQUESTED = "reinitialised in process", "exit 42: restart requested"
+FORCED = "forced (a drill)"
+_NEVER = 1 << 62  # no forced action to come
 
 
 class Watchdog:
@@ -86,12 +98,17 @@ class Watchdog:
 
     def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None,
                  telemetry: Telemetry | None = None, reports_actions: bool = False,
-                 follower: LeakFollower | None = None):
+                 follower: LeakFollower | None = None, agreement: Agreement | None = None):
         """`reports_actions`: the host says what it did with every action (`report_action`), perhaps
         some steps later (after an evaluation): the block is never logged for it at the next step.
         `follower`: a host that drives its own `LeakFollower` (the trainer) shares it, so that the
-        watchdog's `suspects` and flight record see its censuses; the watchdog then drives none."""
-        self.config = config or WatchdogConfig()
+        watchdog's `suspects` and flight record see its censuses; the watchdog then drives none.
+        `agreement`: a host that agrees on more than the watchdog's actions (the trainer: whether
+        every rank's save landed) shares its own; by default `start()` joins one when several ranks run."""
+        config = config or WatchdogConfig()
+        if config.restarts_so_far is None:  # what the restart engine tells this process
+            config = dataclasses.replace(config, restarts_so_far=restarts_so_far(os.environ))
+        self.config = config
         self.telemetry = telemetry or Telemetry(rank=self.config.rank)
         self.telemetry.restarts_total = self.config.restarts_so_far
         self.station = Station(Judge(self.config.detector, self.config.policy,
@@ -124,6 +141,9 @@ class Watchdog:
         self._stall_seen_step = -1
         self._stall_seen_at = time.monotonic()
         self._compile_watch: CompileWatch | None = None
+        self._ranks = agreement  # several ranks: the agreement every action goes through
+        self._forced = list(self.config.forced_actions)  # (step, action), in step order
+        self._forced_at = self._forced[0][0] if self._forced else _NEVER
         if self.config.recompilation.explain and "torch_xla" in sys.modules:
             xla_stats.prepare_compile_analysis()  # before the first graph, or torch_xla never reads it
 
@@ -139,6 +159,8 @@ class Watchdog:
                                             self.config.replay_trace)
         self.telemetry.device = device
         self.telemetry.source = self._source.name
+        if self._ranks is None and self.config.agree_across_ranks:  # every rank at once: making its group is collective
+            self._ranks = agreement.join(self.config.agreement_timeout_seconds)
         if device_kind(device) == "xla":
             self._compile_watch = CompileWatch(self.config.recompilation, self.telemetry)
         if self.config.trace_file is not None:
@@ -263,13 +285,20 @@ class Watchdog:
     # ---- the training thread's side ------------------------------------------------------------
 
     def step(self, step: int) -> Action | None:
-        """Call once per training step, after the step is dispatched. Returns an action to carry out."""
+        """Call once per training step, after the step is dispatched. Returns an action to carry out.
+
+        With several ranks, every rank must call it with the same step numbers (the global step):
+        on sampling steps the ranks agree, and every rank gets the same action at the same step."""
         self._last_step = step
+        if step >= self._forced_at:
+            self._force(step)
         if step % self._every == 0:
             self._requested_step = step
             if not self._sample_posted:  # one request in flight at most: the sidecar reads the newest step
                 self._sample_posted = True
                 self._post(_SAMPLE_REQUEST)
+            if self._ranks is not None:
+                return self._agree(step)
         if self._chores:  # rare: an action, a baseline, a capture's steps, a block to log
             return self._do_chores(step)
         return None
@@ -297,6 +326,18 @@ class Watchdog:
         scope = PhaseScope(self, self._phase)
         self._phase = label
         return scope
+
+    def propose(self, action: Action, origin: str) -> None:
+        """Ask for a checkpoint action on the host's own account (`origin` says why: "preempted"):
+        handed back by the next `step()`, or with several ranks at the next sampling step, agreed
+        like the watchdog's own. Call on the training thread."""
+        if action.needs_checkpoint:
+            self._chores.append((action, self.verdict, DEVICE, origin))
+
+    @property
+    def ranks(self) -> int:
+        """How many ranks take this watchdog's decisions together (1: this process alone)."""
+        return self._ranks.ranks if self._ranks is not None else 1
 
     def reinit_finished(self) -> None:
         """After checkpoint-and-reinit: one reading now (between steps, so no activations are live)
@@ -381,19 +422,50 @@ class Watchdog:
         return done.wait(timeout)
 
     def _do_chores(self, step: int) -> Action | None:
-        """Between steps, on the training thread: the follower's work, then an action to hand over
-        (one per step; what is queued behind it waits for the next)."""
+        """Between steps, on the training thread: the follower's work, then the most severe action
+        waiting, handed over (with several ranks: held for the next agreement)."""
         chores, follow, action = self._chores, False, None
         while chores:
             chore = chores.popleft()
             if chore is _FOLLOW:
                 follow = True
-            else:
+            elif action is None or severity(chore[0]) > severity(action[0]):
                 action = chore
-                break
         if follow:
             self._between_steps(step)
-        return self._hand_over(step, *action) if action is not None else None
+        if action is None:
+            return None
+        if self._ranks is not None:
+            held = self._handed.held
+            if held is None or severity(action[0]) > severity(held[0]):
+                self._handed.held = action
+            return None
+        return self._hand_over(step, *action)
+
+    def _agree(self, step: int) -> Action | None:
+        """A sampling step with several ranks: offer the most severe action held, take the one agreed."""
+        if self._chores:
+            self._do_chores(step)
+        handed = self._handed
+        held, handed.held = handed.held, None
+        agreed = self._ranks.decide(step, held[0] if held is not None else None)
+        if agreed is None:
+            return None
+        mine = held is not None and held[0] is agreed.action and agreed.asked_by == self._ranks.rank
+        verdict, memory, origin = held[1:] if mine else (self.verdict, DEVICE, "")
+        ranks = f"asked by rank {agreed.asked_by}, agreed by all {agreed.ranks} ranks"
+        return self._hand_over(step, agreed.action, verdict, memory, f"{origin}; {ranks}" if origin else ranks)
+
+    def _force(self, step: int) -> None:
+        """Forced actions due now join the chores; those of steps this process never ran (it resumed
+        past them) are dropped."""
+        forced = self._forced
+        while forced and forced[0][0] <= step:
+            at, action = forced.pop(0)
+            if at == step:
+                log.warning("forced_action", action=action.value, step=step)
+                self._chores.append((action, self.verdict, DEVICE, FORCED))
+        self._forced_at = forced[0][0] if forced else _NEVER
 
     def _between_steps(self, step: int) -> None:
         # Its marker was taken off before looking: a capture the sidecar arms meanwhile queues another.
@@ -404,14 +476,15 @@ class Watchdog:
             if self._follower.pending:
                 self._chores.append(_FOLLOW)
 
-    def _hand_over(self, step: int, action: Action, verdict: Verdict, memory: str) -> Action:
+    def _hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "") -> Action:
         """An action leaves for the training loop: name the leak now (its suspects go into the
         block), and keep what the host needs to report it."""
         handed = self._handed
         if handed.unreported is not None:  # an earlier one its host never reported
             self.report_action(HANDED_OVER)
         suspects = self._follower.name(step) if self._drives_follower and action.needs_checkpoint else []
-        handed.last = handed.unreported = ActionReport(step, action, verdict, suspects=suspects, memory=memory)
+        handed.last = handed.unreported = ActionReport(step, action, verdict, suspects=suspects, memory=memory,
+                                                       origin=origin)
         if not handed.reports:  # its block is logged at the next step, if nobody reports it
             self._chores.append(_FOLLOW)
         return action
@@ -488,8 +561,8 @@ class Watchdog:
                                       or (verdict.leak_detected and not verdict.oom_projected)):
             if self._follower.arm():  # a leak is suspected: capture where its tensors are made
                 self._chores.append(_FOLLOW)
-        if action.needs_checkpoint and all(chore is _FOLLOW for chore in self._chores):  # one waits at most
-            self._chores.append((action, verdict, memory))
+        if action.needs_checkpoint and all(chore is _FOLLOW for chore in tuple(self._chores)):  # one waits at most
+            self._chores.append((action, verdict, memory, ""))
 
     def _after_reinit(self, reading: MemoryReading | None) -> None:
         if self._host is not None:
@@ -540,12 +613,13 @@ class _HandedOver:
     """The actions step() handed over: the newest, the one whose block is not logged yet, and
     whether the host always reports its own."""
 
-    __slots__ = ("last", "unreported", "reports")
+    __slots__ = ("last", "unreported", "reports", "held")
 
     def __init__(self, reports: bool):
         self.last: ActionReport | None = None
         self.unreported: ActionReport | None = None
         self.reports = reports
+        self.held: tuple | None = None  # several ranks: the action offered at the next agreement
 
 
 def log_acted(report: ActionReport) -> None:

@@ -51,6 +51,7 @@ class ActionReport:
     recovered_bytes: float | None = None  # measured after a reinit
     memory_after_bytes: float | None = None
     memory: str = "device"  # which memory asked for it: "device", or "host" (the host's RAM)
+    origin: str = ""  # who decided it, when not this rank's watchdog alone: "forced (a drill)", "asked by rank 0, ..."
 
     def block(self) -> str:
         rows = []
@@ -61,6 +62,8 @@ class ActionReport:
                                  f"at {format_bytes(verdict.floor_bytes)}; {oom_text(verdict)}"))
         for index, suspect in enumerate(self.suspects or ["no growing group of live tensors or Python buffers found"]):
             rows.append(("leaking" if index == 0 else "", suspect))
+        if self.origin:
+            rows.append(("decided", self.origin))
         done = [self.outcome or self.action.value]
         if self.checkpoint:
             done.insert(0, f"checkpoint {self.checkpoint}")
@@ -77,7 +80,7 @@ class ActionReport:
         """The raw fields for JSON logs (base units)."""
         verdict = self.verdict
         return {"step": self.step, "action": self.action.value, "memory": self.memory, "suspects": self.suspects,
-                "checkpoint": self.checkpoint, "outcome": self.outcome, "recovered_bytes": self.recovered_bytes,
+                "checkpoint": self.checkpoint, "outcome": self.outcome, "origin": self.origin, "recovered_bytes": self.recovered_bytes,
                 "slope_bytes_per_step": verdict.slope_bytes_per_step if verdict else None,
                 "projected_oom_step": verdict.projected_oom_step if verdict else None}
 

@@ -47,16 +47,15 @@ from watchdog.actions.checkpoint import (
     capture_rng_state,
     restore_rng_state,
 )
-from watchdog.actions.coordination import ActionCoordinator, agree_on_action
-from watchdog.actions.supervisor import RESTART_COUNT_ENV
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUESTED, InputError
-from watchdog.core.numbers import parse_count
+from watchdog.core.restarts import restarts_so_far
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.forensics.follower import LeakFollower
 from watchdog.station.reports import ActionReport, RunSummary
-from watchdog.runtime import job_ledger
+from watchdog.runtime import agreement, job_ledger
+from watchdog.runtime.agreement import Agreement
 from watchdog.runtime.footprint import retained_bytes
 from watchdog.runtime.job_ledger import JobLedger
 from watchdog.runtime.sidecar import REINITIALISED, RESTART_REQUESTED, Watchdog, log_acted
@@ -428,12 +427,11 @@ class Trainer:
         self.data = TokenSource(batch_size=config.batch_size, seq_len=config.model.seq_len,
                                 vocab_size=config.model.vocab_size, seed=config.seed,
                                 text_file=config.text_file, shard=shard, num_shards=shards)
-        # One agreement across processes per sampling step (the watchdog decides no more often).
-        self._coordinator = ActionCoordinator(every=config.watchdog.sample_every if config.watchdog else 1)
+        self._agreement: Agreement | None = None  # several processes: one decision (made at run())
         self.eval_losses: dict[int, float] = {}
         self._optimizer_step = _optimizer_step_function(replica.replicated)
         self._loader = None  # several replicas: MpDeviceLoader batches, rebuilt with the state
-        self.forced = dict(config.forced_actions)
+        self.forced = dict(config.forced_actions)  # unwatched runs only: the watchdog takes them otherwise
         self.state: TrainerState | None = None
         self.watchdog = None
         self.ledger: JobLedger | None = None  # where this process's time goes, for the job's goodput
@@ -456,6 +454,7 @@ class Trainer:
     def run(self) -> TrainResult:
         self.state = self._start_state()
         first_step = self.state.step
+        self._agreement = self._join_agreement()
         self.watchdog = self._start_watchdog()
         self.ledger = self._open_ledger(first_step)
         self._check_disk()
@@ -474,13 +473,10 @@ class Trainer:
                     footprint_at_start = retained_bytes(self.watchdog)
                 if self._follower.baseline_due:  # after one step, so the optimizer state is in the baseline
                     self._follower.take_baseline(step)
-                proposal = self._ask(step)
-                if proposal is None and self._evaluation_due(step):
+                action = self._ask(step)  # one decision, on every process at the same step
+                if action is None and self._evaluation_due(step):
                     with self._timed("eval", step):
-                        proposal = self._evaluate(step)
-                if self._stop_signal is not None:  # preempted: save and exit 42, every process at the same step
-                    proposal = Action.CHECKPOINT_RESTART
-                action = self._coordinator.agree(proposal, step)
+                        action = self._evaluate(step)
                 suspects = self._follow_the_leak(step, action if self._stop_signal is None else None)
                 report = None
                 if suspects is not None:
@@ -546,7 +542,7 @@ class Trainer:
     # -- the chapters --
 
     def _start_state(self) -> TrainerState:
-        self.restarts_so_far = _restarts_so_far_from_env()
+        self.restarts_so_far = restarts_so_far(os.environ)
         started = time.perf_counter()
         loaded = self.strategy.open_run(self.checkpoints, self.config, writer=self.replica.rank == 0)
         if loaded is None:
@@ -567,17 +563,24 @@ class Trainer:
                  checkpoint_dir=str(self.checkpoints.directory))
         return state
 
+    def _join_agreement(self) -> Agreement | None:
+        """Several processes in one torch.distributed group: the agreement the watchdog's actions,
+        the drills, the signals and the saves' outcomes go through (None: this process alone)."""
+        if self.replica.world == 1 or (self.config.watchdog is not None and not self.config.watchdog.agree_across_ranks):
+            return None
+        watch = self.config.watchdog or WatchdogConfig()
+        return agreement.join(watch.agreement_timeout_seconds)
+
     def _start_watchdog(self):
         if self.config.watchdog is None:
             return None
-        policy = self.config.watchdog.policy
-        if policy.last_step is None:  # an OOM projected past the run's end is the next run's: a warning
-            policy = dataclasses.replace(policy, last_step=watch_step(self.config, self.config.steps))
-        config = dataclasses.replace(self.config.watchdog, restarts_so_far=self.restarts_so_far,
-                                     watchdog_restarts=self.watchdog_restarts, policy=policy,
-                                     rank=self.replica.rank)
+        forced = tuple((watch_step(self.config, step), action) for step, action in self.config.forced_actions)
+        config = dataclasses.replace(self.config.watchdog.ending_at(watch_step(self.config, self.config.steps)),
+                                     restarts_so_far=self.restarts_so_far, watchdog_restarts=self.watchdog_restarts,
+                                     rank=self.replica.rank, forced_actions=self.config.watchdog.forced_actions + forced)
         # The loop follows the leak itself and reports every action; the watchdog shares its censuses.
-        watchdog = Watchdog(config, telemetry=self.telemetry, reports_actions=True, follower=self._follower).start()
+        watchdog = Watchdog(config, telemetry=self.telemetry, reports_actions=True, follower=self._follower,
+                            agreement=self._agreement).start()
         if self.on_watchdog_started is not None:
             self.on_watchdog_started(watchdog)
         return watchdog
@@ -681,12 +684,18 @@ class Trainer:
         return action
 
     def _ask(self, step: int) -> Action | None:
-        action = self.watchdog.step(watch_step(self.config, step)) if self.watchdog is not None else None
-        forced = self.forced.get(step)
-        if forced is not None:
-            log.warning("forced_action", action=forced.value, step=step)
-            return forced
-        return action
+        """The action every process takes after `step`: the watchdog's, a drill's, or a save and
+        exit 42 for a stop signal (a preemption), agreed across processes."""
+        stopping = Action.CHECKPOINT_RESTART if self._stop_signal is not None else None
+        if self.watchdog is not None:
+            if stopping is not None:
+                self.watchdog.propose(stopping, "stop signal")
+            return self.watchdog.step(watch_step(self.config, step))
+        proposal = stopping or self.forced.get(step)  # unwatched: drills and signals, agreed every step
+        if self._agreement is None:
+            return proposal
+        agreed = self._agreement.decide(step, proposal)
+        return agreed.action if agreed is not None else None
 
     def _follow_the_leak(self, step: int, action: Action | None) -> list[str] | None:
         """Name the leak when an action comes (its suspects are returned for the action block). The
@@ -706,15 +715,18 @@ class Trainer:
         asked for it, where this rank's watchdog handed it over at this step (else the newest)."""
         handed = self.watchdog.last_action if self.watchdog is not None else None
         if handed is not None and handed.step == watch_step(self.config, step) and handed.action is action:
-            return ActionReport(step, action, handed.verdict, suspects=suspects, memory=handed.memory)
+            return ActionReport(step, action, handed.verdict, suspects=suspects, memory=handed.memory,
+                                origin=handed.origin)
         return ActionReport(step, action, self.watchdog.verdict if self.watchdog else None, suspects=suspects)
 
     def _tell(self, report: ActionReport | None, saved: bool, outcome: str) -> None:
         """The action's block: what the watchdog saw, what is leaking, what was done and, after a
         reinit, what it gave back (the watchdog measures that)."""
-        if report is None:
-            return
         checkpoint = str(self.checkpoints.list()[-1]) if saved and self.checkpoints.latest_step() is not None else None
+        if report is None:  # a stop signal's restart, proposed to the watchdog: its block says so
+            if self.watchdog is not None:
+                self.watchdog.report_action(outcome, checkpoint=checkpoint)
+            return
         if self.watchdog is not None:
             self.watchdog.report_action(outcome, checkpoint=checkpoint, report=report)
         else:
@@ -771,7 +783,8 @@ class Trainer:
             del payload
         if not self.strategy.sharded_checkpoints:
             self.replica.barrier(f"checkpoint-{self.state.step}")
-        saved = agree_on_action(None if saved else Action.CHECKPOINT_RESTART) is None
+        if self._agreement is not None:  # every process learns whether every process's save landed
+            saved = self._agreement.decide(self.state.step, None if saved else Action.CHECKPOINT_RESTART) is None
         if saved and self.watchdog is not None:
             self.watchdog.observe_checkpoint(time.perf_counter() - started)
         return saved
@@ -852,14 +865,6 @@ def restarts_in_a_row(count: int, previous_step: int | None, step: int, window: 
 
 
 _ENDINGS = {EXIT_OK: "done", EXIT_INTERRUPTED: "interrupted"}  # else a restart was asked for (exit 42)
-
-
-def _restarts_so_far_from_env() -> int:
-    text = os.environ.get(RESTART_COUNT_ENV, "0").strip() or "0"
-    try:
-        return parse_count(text)
-    except InputError as exc:
-        raise InputError(f"{RESTART_COUNT_ENV}: {exc}") from None
 
 
 def train(config: TrainConfig, **kwargs) -> TrainResult:

@@ -2,8 +2,9 @@
 
 Each replica reads its own shard of the data through `MpDeviceLoader`, all-reduces gradients in
 `xm.optimizer_step`, and runs its own watchdog (rank = its ordinal, metrics on port + rank).
-Replicas agree on actions on sampling steps (`ActionCoordinator`), over torch.distributed: a gloo group
-is set up over torch_xla's `xla://` rendezvous when the launcher did not make one. Rank 0 writes
+Replicas agree on actions on sampling steps through their watchdogs (`runtime/agreement.py`), over
+torch.distributed: a gloo group is set up over torch_xla's `xla://` rendezvous when the launcher did
+not make one. Rank 0 writes
 checkpoints; the others wait for it at a rendezvous.
 
 PJRT CPU has no cross-device collectives (pytorch/xla#5005: an all-reduce between two CPU

@@ -1,0 +1,263 @@
+"""Ranks agree on one action (`runtime/agreement.py`, driven by `Watchdog.step`): the single-process
+paths in process, and real ranks (torch.multiprocessing, gloo over 127.0.0.1) for the rest: the
+most severe offer wins at the same step, counters that disagree are an error on every rank, and a
+rank that dies or stalls makes the others exit 43 within the timeout instead of hanging."""
+
+import json
+import os
+import socket
+import time
+
+import pytest
+import torch.multiprocessing as mp
+
+from watchdog import Watchdog, WatchdogConfig
+from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, ConfigError, InputError
+from watchdog.core.restarts import restarts_so_far
+from watchdog.core.verdict import Action
+from watchdog.runtime.agreement import Agreement, PeerLost, RanksOutOfStep, most_severe, severity
+from watchdog.runtime.sidecar import FORCED
+
+REINIT, RESTART, WARN = Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART, Action.WARN
+QUIET = dict(host_memory=False, forensics=False, memory_limit_bytes=1 << 40)
+
+
+def test_severity_order_and_most_severe():
+    assert [severity(a) for a in (None, Action.NONE, WARN, REINIT, RESTART)] == [0, 0, 1, 2, 3]
+    assert most_severe([None, WARN, RESTART, REINIT]) is RESTART
+    assert most_severe([None, Action.NONE]) is None
+    assert most_severe([]) is None
+
+
+def test_a_forced_action_comes_at_its_step_alone_and_never_after_a_resume_past_it():
+    wd = Watchdog(WatchdogConfig(sample_every=5, forced_actions=((7, REINIT), (3, RESTART)), **QUIET))
+    handed = {step: wd.step(step) for step in range(10)}
+    assert {s: a for s, a in handed.items() if a is not None} == {3: RESTART, 7: REINIT}
+    assert wd.last_action.origin == FORCED and wd.last_action.step == 7
+    resumed = Watchdog(WatchdogConfig(forced_actions=((3, RESTART),), **QUIET))
+    assert [resumed.step(step) for step in range(5, 9)] == [None] * 4, "step 3 was this job's past"
+
+
+def test_a_host_s_proposal_comes_back_at_the_next_step_and_the_most_severe_wins():
+    wd = Watchdog(WatchdogConfig(sample_every=5, forced_actions=((2, REINIT),), **QUIET))
+    assert wd.step(1) is None
+    wd.propose(RESTART, "stop signal")
+    assert wd.step(2) is RESTART and wd.last_action.origin == "stop signal"
+    assert wd.step(3) is None, "the forced reinit went with the restart: one action"
+    wd.propose(Action.WARN, "not a checkpoint")
+    assert wd.step(4) is None
+
+
+def test_forced_actions_and_the_timeout_are_checked_when_the_config_is_built():
+    assert WatchdogConfig(forced_actions=((9, "checkpoint_restart"), (2, REINIT))).forced_actions == (
+        (2, REINIT), (9, RESTART))
+    for bad in (((1, "warn"),), ((-1, REINIT),), ((True, REINIT),), (("x",),), 5):
+        with pytest.raises(ConfigError, match="forced_actions"):
+            WatchdogConfig(forced_actions=bad)
+    for bad in (0, -1, float("inf"), float("nan"), True, "10"):
+        with pytest.raises(ConfigError, match="agreement_timeout_seconds"):
+            WatchdogConfig(agreement_timeout_seconds=bad)
+
+
+def test_the_run_s_end_is_kept_where_the_policy_already_names_one():
+    config = WatchdogConfig()
+    assert config.ending_at(500).policy.last_step == 500
+    assert config.ending_at(500).ending_at(900).policy.last_step == 500
+    assert config.ending_at(None) is config and config.ending_at(-1) is config
+
+
+def test_the_restart_count_comes_from_the_engine_that_restarted_the_job(monkeypatch):
+    assert restarts_so_far({}) == 0
+    assert restarts_so_far({"TORCHELASTIC_RESTART_COUNT": "2"}) == 2
+    assert restarts_so_far({"HBMWATCH_RESTART_COUNT": "1", "TORCHELASTIC_RESTART_COUNT": "2"}) == 1
+    assert restarts_so_far({"HBMWATCH_RESTART_COUNT": " ", "TORCHELASTIC_RESTART_COUNT": "2"}) == 2
+    for bad in ("-1", "١", "1e3", "9" * 30):
+        with pytest.raises(InputError, match="TORCHELASTIC_RESTART_COUNT"):
+            restarts_so_far({"TORCHELASTIC_RESTART_COUNT": bad})
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    monkeypatch.delenv("HBMWATCH_RESTART_COUNT", raising=False)
+    wd = Watchdog(WatchdogConfig(**QUIET))
+    assert wd.config.restarts_so_far == 3 and wd.telemetry.restarts_total == 3
+    assert wd.judge.restarts_so_far == 3, "the restart budget counts them (no host told it the watchdog's own)"
+    assert Watchdog(WatchdogConfig(restarts_so_far=0, **QUIET)).config.restarts_so_far == 0, "a host's count wins"
+
+
+# ---- real ranks --------------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn(function, tmp_path, ranks: int = 2, timeout: float = 120) -> list[dict]:
+    """Run `function(rank, port, out_dir)` on `ranks` real processes; each writes rank<N>.json. A
+    process still running after `timeout` seconds is killed and fails the test, never the suite."""
+    context = mp.start_processes(function, args=(free_port(), str(tmp_path)), nprocs=ranks, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() >= deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"ranks still running after {timeout:g} s")
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def _join(rank, port, ranks=2):
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks)
+
+
+def _write(out_dir, rank, result):
+    with open(f"{out_dir}/rank{rank}.json", "w") as handle:
+        json.dump(result, handle)
+
+
+def _agreements(rank, port, out_dir):
+    """Offers by rank and step, through a bare Agreement and through two Watchdogs."""
+    _join(rank, port, ranks=3)
+    result = {}
+    agreement = Agreement(timeout_seconds=60)
+    offers = {0: {2: WARN, 4: REINIT}, 1: {4: RESTART}, 2: {4: RESTART, 6: REINIT}}
+    result["offers"] = {}
+    for step in range(8):
+        agreed = agreement.decide(step, offers[rank].get(step))
+        if agreed is not None:
+            result["offers"][step] = [agreed.action.value, agreed.asked_by, agreed.ranks]
+    try:
+        agreement.decide(10 + 2 * rank, None)  # counters that disagree
+    except RanksOutOfStep as exc:
+        result["out_of_step"] = str(exc)
+    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", agreement_timeout_seconds=60,
+                            forced_actions=((7, REINIT),) if rank == 1 else (), **QUIET)
+    handed = {}
+    with Watchdog(config) as wd:
+        for step in range(17):
+            action = wd.step(step)
+            if action is not None:
+                handed[step] = [action.value, wd.last_action.origin]
+        result["ranks"] = wd.ranks
+    result["watchdog"] = handed
+    _write(out_dir, rank, result)
+
+
+@pytest.mark.slow
+def test_ranks_take_the_most_severe_offer_at_the_same_step_and_disagreeing_counters_are_an_error(tmp_path):
+    ranks = spawn(_agreements, tmp_path, ranks=3)
+    assert ranks[0]["offers"] == ranks[1]["offers"] == ranks[2]["offers"]
+    # step 2: one rank's warning; step 4: the restart, from the lowest rank that offered it; step 6: rank 2's reinit
+    assert ranks[0]["offers"] == {"2": ["warn", 0, 3], "4": ["checkpoint_restart", 1, 3], "6": ["checkpoint_reinit", 2, 3]}
+    for index, rank in enumerate(ranks):
+        assert "different steps (from 10 to 14)" in rank["out_of_step"]
+        assert rank["ranks"] == 3
+        # forced on rank 1 at step 7, held, agreed at the next sampling step by every rank
+        origin = "asked by rank 1, agreed by all 3 ranks"
+        assert rank["watchdog"] == {"10": ["checkpoint_reinit", f"{FORCED}; {origin}" if index == 1 else origin]}
+
+
+def _trainer_rank(rank, port, out_dir):
+    """One of two real trainer processes (plain CPU, gloo). Only rank 1 is asked to reinit (at step 7),
+    then, in a second run, only rank 1 is preempted (SIGTERM at step 7)."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    from watchdog.core.config import WatchdogConfig
+    from watchdog.trainer.loop import Replica, TrainConfig, Trainer
+    from watchdog.trainer.model import ModelConfig
+
+    _join(rank, port)
+    talks = []
+    all_gather = dist.all_gather
+
+    def counted(*args, **kwargs):
+        talks.append(trainer.state.step - 1)  # the step just done, whose agreement this is
+        return all_gather(*args, **kwargs)
+
+    dist.all_gather = counted
+    outcomes = {}
+    for run in ("reinit", "preempted"):
+        config = TrainConfig(steps=17, model=ModelConfig(depth=1, width=16, heads=2, seq_len=8), batch_size=2,
+                             device="cpu", checkpoint_dir=f"{out_dir}/{run}", resume="never", log_every=100,
+                             progress_bar=False,
+                             forced_actions=((7, REINIT),) if rank == 1 and run == "reinit" else (),
+                             watchdog=WatchdogConfig(sample_every=5, memory_limit_bytes=1 << 40))
+        trainer = Trainer(config, replica=Replica(rank=rank, world=2))
+        if rank == 1 and run == "preempted":
+            ask = trainer._ask
+            trainer._ask = lambda step: (os.kill(os.getpid(), signal.SIGTERM) if step == 7 else None, ask(step))[1]
+        talks.clear()
+        try:
+            result = trainer.run()
+        finally:
+            trainer.close()
+        outcomes[run] = {"reinits": result.reinits, "step": result.step, "exit": result.exit_code,
+                         "talks": list(talks)}
+    dist.destroy_process_group()
+    _write(out_dir, rank, outcomes)
+
+
+@pytest.mark.slow
+def test_two_trainer_processes_agree_once_per_sampling_step_and_act_together(tmp_path):
+    ranks = spawn(_trainer_rank, tmp_path)
+    for outcome in ranks:
+        reinit, preempted = outcome["reinit"], outcome["preempted"]
+        assert reinit["step"] == 17 and reinit["reinits"] == 1 and reinit["exit"] == 0  # rank 0 reinitialised too
+        # One all_gather per sampling step, none in between; and one after each save (at the reinit of
+        # step 10 and the final one), so that every rank learns whether every rank's save landed.
+        assert reinit["talks"] == [0, 5, 10, 10, 15, 16]
+        # one host preempted at step 7: both save at the next sampling step and exit 42 together
+        assert preempted["step"] == 11 and preempted["exit"] == EXIT_RESTART_REQUESTED
+        assert preempted["talks"] == [0, 5, 10, 10]
+    assert "ckpt-00000011.pt" in {p.name for p in (tmp_path / "reinit").iterdir()}  # the reinit came at step 10
+    assert "ckpt-00000011.pt" in {p.name for p in (tmp_path / "preempted").iterdir()}
+
+
+def _one_rank_goes(rank, port, out_dir):
+    """Rank 1 dies after the first agreement, or stalls; rank 0 must not wait for it forever."""
+    _join(rank, port)
+    agreement = Agreement(timeout_seconds=3)
+    agreement.decide(0, None)
+    if rank == 1:
+        if os.path.basename(out_dir).startswith("test_a_rank_that_stalls"):
+            time.sleep(40)
+        os._exit(1)  # died: no goodbye to the group
+    started = time.monotonic()
+    try:
+        agreement.decide(1, REINIT)
+        outcome = {"returned": True}
+    except PeerLost as exc:
+        outcome = {"code": exc.code, "reason": exc.reason}
+    outcome["seconds"] = time.monotonic() - started
+    _write(out_dir, rank, outcome)
+    os._exit(0)  # the group's other member is gone: no teardown to wait for
+
+
+def _outcome_of_rank_0(tmp_path):
+    context = mp.start_processes(_one_rank_goes, args=(free_port(), str(tmp_path)), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + 90
+    while context.processes[0].is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in context.processes:
+        process.kill()
+    assert (tmp_path / "rank0.json").exists(), "rank 0 never came back from the agreement"
+    return json.loads((tmp_path / "rank0.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_makes_the_other_exit_43_rather_than_hang(tmp_path):
+    outcome = _outcome_of_rank_0(tmp_path)
+    assert outcome.get("code") == EXIT_PEER_LOST == 43, outcome
+    assert "a rank died or stalled" in outcome["reason"] and "step 1" in outcome["reason"]
+
+
+@pytest.mark.slow
+def test_a_rank_that_stalls_makes_the_other_exit_43_after_the_timeout(tmp_path):
+    outcome = _outcome_of_rank_0(tmp_path)
+    assert outcome.get("code") == EXIT_PEER_LOST, outcome
+    assert 2 <= outcome["seconds"] < 30, "bounded by the group's timeout (3 s), not the stalled rank's 40 s"
