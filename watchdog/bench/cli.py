@@ -8,10 +8,10 @@ when the bench runs, so the rest of the CLI does not need it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from watchdog.core import strict_json
 from watchdog.core.errors import InputError
 from watchdog.core.numbers import option, parse_count, parse_positive, parse_seed
 
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             if args.traces:
                 print(render_misses(traces, outcomes.get(next(iter(runners)), [])))
     if args.json:
-        print(json.dumps(report))
+        print(strict_json.dumps(report))
     else:
         print("Anchors from the literature (different data, for scale):")
         for line in ANCHORS:

@@ -8,9 +8,9 @@ at each step, not a hindsight fit. Pure Python: no torch, so it starts in a frac
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
+from watchdog.core import strict_json
 from watchdog.core.errors import InputError
 from watchdog.core.numbers import option
 from watchdog.core.replay import ReplayResult, replay
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         result = replay(read_trace(path), memory_limit_bytes=args.memory_limit)
         if result.samples == 0:
             raise InputError(f"{path}:2: the trace has a header but no samples")
-        print(json.dumps({"trace": path, **result.to_json()}) if args.json else summary(path, result))
+        print(strict_json.dumps({"trace": path, **result.to_json()}) if args.json else summary(path, result))
     return 0
 
 

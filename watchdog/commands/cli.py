@@ -30,6 +30,21 @@ COMMANDS = {
 }
 
 
+# Options that mean something only with another's value: given without it, they would be ignored
+# silently, so they are refused (one line, exit status 2). (command, option's dest, its flag, the
+# other's dest, the value it needs, how the user gives that value.)
+NEEDS = (("train", "replay_trace", "--replay-trace", "memory_source", "replay", "--memory-source replay"),)
+
+
+def ignored_option(args: argparse.Namespace) -> str | None:
+    """What the user gave that the command would ignore, in words; None when nothing is."""
+    for command, dest, flag, other, value, needed in NEEDS:
+        if args.command == command and getattr(args, dest, None) not in (None, False, []) \
+                and getattr(args, other, None) != value:
+            return f"{flag} is read only with {needed}; without it, it would be ignored"
+    return None
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse, refusing in one line and exit status 2 like an InputError (no usage block: `--help` has it)."""
 
@@ -73,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help and --version (0), or a refusal already printed in one line (2)
         return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    ignored = ignored_option(args)
+    if ignored is not None:
+        print(f"hbm-watchdog {args.command}: error: {_one_line(ignored)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     configure_logging(args.log_format, "warning" if args.quiet else args.log_level)
     try:
         return int(args._run(args) or 0)

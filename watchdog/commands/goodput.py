@@ -10,10 +10,9 @@ projected OOM would have cost (an estimate, labelled as one).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from watchdog.core import goodput
+from watchdog.core import goodput, strict_json
 from watchdog.core.errors import InputError
 
 
@@ -43,5 +42,5 @@ def run(args: argparse.Namespace) -> int:
     if not any(r["event"] == "process" for r in records):
         raise InputError(f"job file {path}: no process recorded in it")
     account = goodput.account(records)
-    print(json.dumps(account.fields()) if args.json else account.block())
+    print(strict_json.dumps(account.fields()) if args.json else account.block())
     return 0

@@ -19,10 +19,10 @@ whatever a flight record names (`_samples`).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
+from watchdog.core import strict_json
 from watchdog.core.errors import InputError, TraceFormatError
 from watchdog.core.inputs import open_regular
 from watchdog.core.numbers import option
@@ -50,10 +50,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.oom_log is not None:
+        given = [name for name, value in (("PATH", args.path), ("--log", args.log),
+                                          ("--memory-limit", args.memory_limit)) if value is not None]
+        if given:
+            raise InputError(f"--oom-log reads one log alone; {' and '.join(given)} would be ignored: "
+                             "give either --oom-log FILE, or PATH [--log FILE]")
         message = parse(_read_tail(args.oom_log, "--oom-log"))
         if message is None:
             raise InputError(f"{args.oom_log}: no out-of-memory message from XLA in it")
-        print(json.dumps(message.to_json()) if args.json else summary(message))
+        print(strict_json.dumps(message.to_json()) if args.json else summary(message))
         return 0
     if args.path is None:
         raise InputError("postmortem needs a trace (or its folder), or --oom-log FILE")
@@ -66,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     oom = parse(_read_tail(log_file, "--log")) if log_file else None
     post = diagnose(samples, record=record, oom=oom, exit_description=exit_description,
                     memory_limit_bytes=args.memory_limit)
-    print(json.dumps(post.to_json()) if args.json else report(trace or path, post, record))
+    print(strict_json.dumps(post.to_json()) if args.json else report(trace or path, post, record))
     return 0
 
 
@@ -75,13 +80,13 @@ def _what_was_left(path: Path) -> tuple[Path | None, dict | None, str | None, st
     a trace file; a folder holding traces; or `supervise --postmortem-dir`'s folder."""
     supervised = path / FLIGHT_RECORD_NAME if path.is_dir() else None
     if supervised is not None and (supervised.exists() or (path / EXITS_NAME).exists()):
-        record = flight_record.read(supervised)
+        record = flight_record.load(supervised)
         named = record.get("trace_file") if record else None
         trace = Path(named) if named and Path(named).exists() else None
         output = path / OUTPUT_NAME
         return trace, record, _last_exit(path / EXITS_NAME), str(output) if output.exists() else None
     trace = find_trace(path)
-    return trace, flight_record.read(f"{trace}{flight_record.SUFFIX}"), None, None
+    return trace, flight_record.load(f"{trace}{flight_record.SUFFIX}"), None, None
 
 
 _QUOTED = re.compile(r"""(:\s*|,?\s*got\s*)?['"].*$""")  # a problem's quote of the file's text, to its end
@@ -104,20 +109,29 @@ def _samples(trace: Path | None) -> list[Sample]:
 
 
 def _last_exit(path: Path) -> str | None:
+    """The newest exit `supervise` recorded: a short string (or number), else nothing known."""
     try:
-        with open_regular(path, "r", encoding="utf-8") as handle:
+        with open_regular(path, "r", encoding="utf-8", errors="replace") as handle:
             lines = [line for line in handle.read().splitlines() if line.strip()]
-        return json.loads(lines[-1]).get("exit") if lines else None
-    except (OSError, ValueError, AttributeError):
+        entry = strict_json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
         return None
+    value = entry.get("exit") if isinstance(entry, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value if isinstance(value, str) and 0 < len(value) <= 64 and value.isprintable() else None
 
 
 def after_a_crash(folder: Path | None, output: str, exit_description: str) -> str:
     """What `supervise` prints when its child crashed: everything the folder holds, else the exit
     and XLA's message in the child's output."""
     oom = parse(output)
+    unusable = ""
     if folder is not None:
-        trace, record, _, _ = _what_was_left(folder)
+        try:
+            trace, record, _, _ = _what_was_left(folder)
+        except InputError as exc:  # a flight record it cannot use: the exit and the message still count
+            trace, record, unusable = None, None, f"(no flight record: {exc})"
         if record is not None or trace is not None:
             unreadable = ""
             try:
@@ -130,6 +144,8 @@ def after_a_crash(folder: Path | None, output: str, exit_description: str) -> st
     lines.append(summary(oom) if oom is not None else "no out-of-memory message from XLA in its output")
     if folder is None:
         lines.append("(with --postmortem-dir, the watchdog's flight record and the trend go in the post-mortem too)")
+    elif unusable:
+        lines.append(unusable)
     return "\n".join(lines)
 
 
@@ -210,6 +226,9 @@ def summary(message: OomMessage) -> str:
             lines.append(f"  {format_bytes(site.bytes):>10}  {site.file}:{site.line}  ({count})")
     elif message.allocations:
         lines.append(HOW_TO_GET_LINES)
+    if message.unreadable_sizes:
+        count = message.unreadable_sizes
+        lines.append(f"({count} listed allocation{'s' if count != 1 else ''} left out: a size beyond 2**63 - 1 bytes)")
     for allocation in message.allocations[:5]:
         what = allocation.op_name or allocation.allocation_type or "?"
         lines.append(f"  {format_bytes(allocation.size_bytes):>10}  {allocation.shape or ''}  {what[:100]}")

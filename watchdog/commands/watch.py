@@ -15,7 +15,7 @@ import argparse
 import signal
 
 from watchdog.core.errors import InputError
-from watchdog.core.numbers import option, parse_pid
+from watchdog.core.numbers import option, parse_interval, parse_pid, parse_seconds
 from watchdog.core.units import positive_size
 from watchdog.station.exporter import add_metrics_options
 
@@ -31,7 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "followed across restarts")
     target.add_argument("--pidfile", metavar="FILE", help="the process whose PID the job writes to FILE; "
                                                            "followed across restarts")
-    target.add_argument("--wait-seconds", type=float, default=300.0, metavar="S",
+    target.add_argument("--wait-seconds", type=option(parse_seconds), default=300.0, metavar="S",
                         help="wait this long for the target to appear, at start and after it exits (default 300)")
 
     memory = parser.add_argument_group("memory read (default: the target's resident memory)")
@@ -45,12 +45,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(a container without /sys/bus/pci)")
 
     timing = parser.add_argument_group("time axis")
-    timing.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between samples (default 2)")
-    timing.add_argument("--checkpoint-seconds", type=float, default=60.0, metavar="S",
+    timing.add_argument("--interval", type=option(parse_interval), default=2.0, metavar="S", help="seconds between samples (default 2)")
+    timing.add_argument("--checkpoint-seconds", type=option(parse_seconds), default=60.0, metavar="S",
                         help="how long the job takes to save and exit on the signal (default 60)")
-    timing.add_argument("--safety-seconds", type=float, metavar="S",
+    timing.add_argument("--safety-seconds", type=option(parse_seconds), metavar="S",
                         help="added to the checkpoint time (default: two intervals)")
-    timing.add_argument("--warmup-seconds", type=float, default=30.0, metavar="S",
+    timing.add_argument("--warmup-seconds", type=option(parse_seconds), default=30.0, metavar="S",
                         help="a new process's start-up, not judged for a trend (default 30; memory over the "
                              "limit is acted on even then)")
     timing.add_argument("--memory-limit", type=option(positive_size),
@@ -63,7 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     act.add_argument("--signal", default="TERM", help="sent before the projected OOM (default TERM)")
     act.add_argument("--signal-group", action="store_true",
                      help="signal the target's process group (never one holding the daemon or the target's supervisor)")
-    act.add_argument("--grace-seconds", type=float, metavar="S",
+    act.add_argument("--grace-seconds", type=option(parse_seconds), metavar="S",
                      help="after the signal, wait this long before escalating (default: twice --checkpoint-seconds)")
     act.add_argument("--escalate", default="KILL", metavar="SIGNAL|none",
                      help="sent once if the target still runs and still grows after the grace period (default KILL)")

@@ -23,12 +23,13 @@ stands what the action cost, measured: its save plus the reinit, or plus the res
 
 from __future__ import annotations
 
-import json
+import bisect
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+from watchdog.core import strict_json
 from watchdog.core.errors import InputError
 
 VERSION = 1
@@ -166,7 +167,9 @@ def parse_lines(lines: Iterable[str], where: str = "job file") -> Iterator[dict[
     """The job file's records. A last line without its newline is one its writer never finished
     (skipped); a line longer than MAX_LINE_CHARS (its newline aside), wherever it is, and any other
     line that is not a record of ours is an InputError naming it. `lines` come from a bounded read
-    (`bounded_lines`): a line without its end is then either the last one or one over the bound."""
+    (`bounded_lines`): a line without its end is then either the last one or one over the bound.
+    Each line is parsed bounded (`core/strict_json.py`: nesting, integers, finite numbers) and its
+    fields checked against `FIELDS` before any is used; the error names the line, never its text."""
     for number, line in enumerate(lines, start=1):
         text = line.rstrip("\r\n")
         if len(text) > MAX_LINE_CHARS:
@@ -176,17 +179,49 @@ def parse_lines(lines: Iterable[str], where: str = "job file") -> Iterator[dict[
         if not text.strip():
             continue
         try:
-            record = json.loads(text)
-        except ValueError:
-            raise InputError(f"{where}:{number}: not a JSON line") from None
+            record = strict_json.loads(text, max_depth=2)
+        except strict_json.JsonProblem as exc:
+            problem = "not a JSON line" if exc.problem == "not JSON" else f"not a job record: {exc.problem}"
+            raise InputError(f"{where}:{number}: {problem}") from None
         if not is_record(record):
             raise InputError(f"{where}:{number}: not a job record of version {VERSION}")
+        problem = field_problem(record)
+        if problem is not None:
+            raise InputError(f"{where}:{number}: {problem}")
         yield record
 
 
 def is_record(record: Any) -> bool:
     """A job record of this version: a JSON object with `v` and an `event`."""
     return isinstance(record, dict) and record.get("v") == VERSION and isinstance(record.get("event"), str)
+
+
+_TIME = "a finite number of seconds"
+_COUNT = "a whole number from 0 to 2**52 - 1"
+_WORD = "a string"
+FIELDS = {
+    "t": _TIME,
+    "process": {"started": _TIME, "step": _COUNT, "checkpoint_every": _COUNT, "pid": _COUNT},
+    "span": {"cause": _WORD, "seconds": _TIME, "step": _COUNT},
+    "steps": {"first": _COUNT, "last": _COUNT, "seconds": _TIME, "compile_seconds": _TIME},
+    "action": {"kind": _WORD, "step": _COUNT, "projected_oom_step": _COUNT},
+    "end": {"how": _WORD, "step": _COUNT},
+}
+"""What each event's fields must be, where present and not null (`t` in every record); an event
+not named here is read and ignored (a newer writer's)."""
+_CHECKS = {_TIME: lambda v: _number(v, None) is not None and abs(v) < 2**52,
+           _COUNT: lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**52,
+           _WORD: lambda v: isinstance(v, str) and len(v) <= 64}
+
+
+def field_problem(record: dict[str, Any]) -> str | None:
+    """What is wrong with a job record's fields, naming the field (never its value), or None."""
+    fields = {"t": _TIME, **FIELDS.get(record["event"], {})}
+    for name, what in fields.items():
+        value = record.get(name)
+        if value is not None and not _CHECKS[what](value):
+            return f"field {name!r} of a {record['event']!r} record: expected {what}"
+    return None
 
 
 # How every record this project writes begins (`json.dumps` of {"v", "event", ...}): a job file
@@ -228,6 +263,7 @@ class _Chunk:
     first: int  # training steps [first, last)
     last: int
     seconds: float  # compile time taken out
+    process: int  # the index of the process that ran it
 
 
 @dataclass
@@ -248,15 +284,21 @@ class _PendingAction:
     kind: str
     step: int
     projected_oom_step: int | None
-    checkpoints_before: list[int]  # steps a crash could resume from, without this action
-    checkpoint_every: int
     process: int  # its index among the job's processes
+    saves_before: int  # how many of its process's saves came before it
+    checkpoint_every: int
+    resumable: int | None = None  # the newest checkpoint a crash could resume from, without this action
     cost: float = 0.0
     waiting_for: str | None = "checkpoint_save"  # checkpoint_save -> reinit -> reinit_compile | restart
 
 
 def account(records: Iterable[dict[str, Any]]) -> Account:
-    """The job's time, from its records (those after its last `job` line, when it has one)."""
+    """The job's time, from its records (those after its last `job` line, when it has one).
+
+    Total over any dicts (a field of the wrong type or out of range counts as absent) and linear
+    in the records, but for a log factor: each record is handled once, in O(1), and what needs the
+    whole job (steps redone past a later resume point, the checkpoint a crash would have resumed
+    from, the action that answered the same OOM) is settled at the end by a sort or a stack."""
     records = list(records)
     starts = [i for i, r in enumerate(records) if r.get("event") == "job"]
     if starts:
@@ -265,104 +307,146 @@ def account(records: Iterable[dict[str, Any]]) -> Account:
     kept: list[_Chunk] = []
     processes: list[_Process] = []
     actions: list[_PendingAction] = []
+    newest_action: dict[int, _PendingAction] = {}  # process index -> the newest action it took
     job_start: float | None = None
     last_t: float | None = None
-    steps_redone = reinits = 0
+    reinits = 0
     ended: str | None = None
     for record in records:
-        event, t = record["event"], _number(record.get("t"), None)
+        event, t = record.get("event"), _number(record.get("t"), None)
         if event == "job":
             job_start = t
         elif event == "process":
             started = _number(record.get("started"), t)
+            if started is None:
+                started = processes[-1].last_t if processes else (job_start if job_start is not None else 0.0)
             process = _Process(started=started, last_t=started, first_step=_count(record.get("step")),
                                checkpoint_every=_count(record.get("checkpoint_every")))
             if processes:  # the time since the previous process's last line
                 process.gap_before = max(0.0, started - processes[-1].last_t)
                 badput["disruption"] += process.gap_before
-            elif job_start is None or started < job_start:
+            if job_start is None or started < job_start:  # a clock that went back starts the job earlier
                 job_start = started
-            steps_redone += _redo_past(kept, process.first_step, badput)
             processes.append(process)
             ended = None
         elif not processes:
             continue  # nothing to hang it on: a file cut at its head
         elif event == "span":
             cause, seconds = record.get("cause"), max(0.0, _number(record.get("seconds")))
-            if cause not in SPAN_CAUSES:
+            if not isinstance(cause, str) or cause not in SPAN_CAUSES:
                 continue
             badput[cause] += seconds
-            process = processes[-1]
+            index = len(processes) - 1
+            process = processes[index]
             if cause == "startup":
                 process.startup += seconds
             elif cause == "checkpoint_restore":
                 process.restore += seconds
             elif cause == "checkpoint_save":
-                newest = _newest_of(actions, len(processes) - 1)
+                newest = newest_action.get(index)
                 if newest is None or newest.waiting_for != "checkpoint_save":  # an action's save: not without it
                     process.saves.append(_count(record.get("step")))
             elif cause == "reinit":
                 reinits += 1
                 process.compile_cause = "reinit"  # a rebuilt state's first steps may compile again
-            _charge(_newest_of(actions, len(processes) - 1), cause, seconds)
+            _charge(newest_action.get(index), cause, seconds)
         elif event == "steps":
             first, last = _count(record.get("first")), _count(record.get("last"))
             seconds, compile_seconds = max(0.0, _number(record.get("seconds"))), max(0.0, _number(
                 record.get("compile_seconds")))
             compile_seconds = min(compile_seconds, seconds)
-            process = processes[-1]
+            index = len(processes) - 1
+            process = processes[index]
             badput[process.compile_cause] += compile_seconds
             if process.compile_cause == "reinit":
-                _charge(_newest_of(actions, len(processes) - 1), "reinit_compile", compile_seconds)
+                _charge(newest_action.get(index), "reinit_compile", compile_seconds)
             process.compile_cause = "recompilation"
             if last > first:
-                kept.append(_Chunk(first, last, seconds - compile_seconds))
+                kept.append(_Chunk(first, last, seconds - compile_seconds, index))
         elif event == "action":
-            process = processes[-1]
+            index = len(processes) - 1
+            process = processes[index]
             oom = record.get("projected_oom_step")
-            actions.append(_PendingAction(
+            action = _PendingAction(
                 kind=str(record.get("kind")), step=_count(record.get("step")),
-                projected_oom_step=None if oom is None else _count(oom),
-                checkpoints_before=[process.first_step, *process.saves], checkpoint_every=process.checkpoint_every,
-                process=len(processes) - 1))
+                projected_oom_step=None if oom is None else _count(oom), process=index,
+                saves_before=len(process.saves), checkpoint_every=process.checkpoint_every)
+            actions.append(action)
+            newest_action[index] = action
         elif event == "end":
             ended = str(record.get("how"))
         if t is not None and processes:
             processes[-1].last_t = max(processes[-1].last_t, t)
             last_t = t if last_t is None else max(last_t, t)
     for index, process in enumerate(processes[1:]):  # a restart's cost runs until the next process trains
-        _charge(_newest_of(actions, index), "restart", process.gap_before + process.startup + process.restore)
+        _charge(newest_action.get(index), "restart", process.gap_before + process.startup + process.restore)
     if not processes:
         return Account(0.0, 0.0, badput, 0, 0, 0, 0)
+    kept, steps_redone = _redo_past_resumes(kept, [p.first_step for p in processes], badput)
+    _resumable(actions, processes)
     elapsed = max(0.0, (last_t if last_t is not None else processes[-1].last_t) - job_start)
     productive = sum(chunk.seconds for chunk in kept)
-    badput["other"] = elapsed - productive - sum(badput[c] for c in CAUSES if c != "other")
-    finished_at = _count(records[-1].get("step")) if ended == "done" and records[-1]["event"] == "end" else None
+    accounted = productive + sum(badput[c] for c in CAUSES if c != "other")
+    # Records that overlap in time (clocks that went back, processes out of order) can account for
+    # more than the span from the first start to the last line: the job took at least what they say.
+    if accounted > elapsed:
+        elapsed = accounted
+    badput["other"] = elapsed - accounted
+    finished_at = _count(records[-1].get("step")) if ended == "done" and records[-1].get("event") == "end" else None
     estimates = _estimates(actions, processes, kept, finished_at)
     return Account(elapsed_seconds=elapsed, productive_seconds=productive, badput_seconds=badput,
                    steps_kept=sum(c.last - c.first for c in kept), steps_redone=steps_redone,
                    processes=len(processes), reinits=reinits, actions=estimates, ended=ended)
 
 
-def _redo_past(kept: list[_Chunk], resumed_from: int, badput: dict[str, float]) -> int:
-    """A process resumed from `resumed_from`: steps recorded beyond it are redone, their time badput."""
-    redone = 0
-    for chunk in list(kept):
-        if chunk.last <= resumed_from:
-            continue
-        cut = max(chunk.first, resumed_from)
-        moved = chunk.seconds * (chunk.last - cut) / (chunk.last - chunk.first)
-        badput["redone"] += moved
-        redone += chunk.last - cut
-        chunk.last, chunk.seconds = cut, chunk.seconds - moved
-        if chunk.last == chunk.first:
-            kept.remove(chunk)
-    return redone
+def _redo_past_resumes(kept: list[_Chunk], resumed_from: list[int],
+                       badput: dict[str, float]) -> tuple[list[_Chunk], int]:
+    """Each process resumed from a step (`resumed_from`, by process): steps an earlier process
+    recorded beyond it are redone, their time badput. A stretch is cut by every later resume, that
+    is by the lowest of them (a suffix minimum): one pass over the processes, one over the stretches."""
+    lowest_after = [math.inf] * (len(resumed_from) + 1)
+    for index in range(len(resumed_from) - 1, -1, -1):
+        lowest_after[index] = min(lowest_after[index + 1], resumed_from[index])
+    remaining, redone = [], 0
+    for chunk in kept:
+        resume = lowest_after[chunk.process + 1]
+        if chunk.last > resume:
+            cut = max(chunk.first, int(resume))
+            moved = chunk.seconds * (chunk.last - cut) / (chunk.last - chunk.first)
+            badput["redone"] += moved
+            redone += chunk.last - cut
+            chunk.last, chunk.seconds = cut, chunk.seconds - moved
+        if chunk.last > chunk.first:
+            remaining.append(chunk)
+    return remaining, redone
 
 
-def _newest_of(actions: list[_PendingAction], process: int) -> _PendingAction | None:
-    """The newest action the process at index `process` took, if any."""
-    return next((a for a in reversed(actions) if a.process == process), None)
+def _resumable(actions: list[_PendingAction], processes: list[_Process]) -> None:
+    """Each action's newest checkpoint at or before its step among its process's start and the saves
+    before it: offline, values in ascending order into a prefix-maximum (Fenwick) tree over the saves'
+    order, each action asked once its step's values are in. O(n log n) per process."""
+    by_process: dict[int, list[_PendingAction]] = {}
+    for action in actions:
+        by_process.setdefault(action.process, []).append(action)
+    for index, waiting in by_process.items():
+        process = processes[index]
+        saves = process.saves
+        tree = [-1] * (len(saves) + 1)  # 1-based; -1: none yet
+        order = sorted(range(len(saves)), key=saves.__getitem__)
+        position = 0
+        for action in sorted(waiting, key=lambda a: a.step):
+            while position < len(order) and saves[order[position]] <= action.step:
+                i = order[position] + 1
+                while i <= len(saves):
+                    tree[i] = max(tree[i], saves[order[position]])
+                    i += i & -i
+                position += 1
+            best, i = -1, action.saves_before
+            while i > 0:
+                best, i = max(best, tree[i]), i - (i & -i)
+            if process.first_step <= action.step:
+                best = max(best, process.first_step)
+            action.resumable = best if best >= 0 else None
 
 
 def _charge(action: _PendingAction | None, cause: str, seconds: float) -> None:
@@ -374,6 +458,25 @@ def _charge(action: _PendingAction | None, cause: str, seconds: float) -> None:
                           "reinit": "reinit_compile"}.get(cause)
 
 
+def _answered_later(actions: list[_PendingAction]) -> list[int | None]:
+    """For each action, the step of the first later action taken at or before the OOM it projected
+    (None: none). Right to left, a stack holds the later actions whose step is below every one
+    between: the first later action at or before a step is among them, found by bisection."""
+    answers: list[int | None] = [None] * len(actions)
+    stack: list[int] = []  # steps, rising from the bottom (far right) to the top (the nearest later action)
+    for index in range(len(actions) - 1, -1, -1):
+        oom = actions[index].projected_oom_step
+        if oom is not None:
+            found = bisect.bisect_right(stack, oom)  # stack[:found]: the later actions at or before the OOM
+            if found:
+                answers[index] = stack[found - 1]  # the nearest of them
+        step = actions[index].step
+        while stack and stack[-1] >= step:
+            stack.pop()
+        stack.append(step)
+    return answers
+
+
 def _estimates(actions: list[_PendingAction], processes: list[_Process], kept: list[_Chunk],
                finished_at: int | None) -> tuple[ActionEstimate, ...]:
     steps = sum(c.last - c.first for c in kept)
@@ -381,16 +484,14 @@ def _estimates(actions: list[_PendingAction], processes: list[_Process], kept: l
     restarts = [p.gap_before + p.startup + p.restore for p in processes[1:]]
     restart_cost = (sum(restarts) / len(restarts)) if restarts else processes[0].startup + processes[0].restore
     estimates = []
-    for index, a in enumerate(actions):
+    # An action followed by another before the OOM it projected (a reinit that did not free
+    # enough, escalated to a restart) did not avert that crash alone: it is counted once, at the last.
+    for a, later in zip(actions, _answered_later(actions)):
         lost = crash_cost = None
-        # An action followed by another before the OOM it projected (a reinit that did not free
-        # enough, escalated to a restart) did not avert that crash alone: it is counted once, at the last.
-        later = next((b.step for b in actions[index + 1:] if a.projected_oom_step is not None
-                      and b.step <= a.projected_oom_step), None)
         ended_first = finished_at is not None and a.projected_oom_step is not None and \
             a.projected_oom_step > finished_at
         if later is None and not ended_first and a.projected_oom_step is not None and a.projected_oom_step >= a.step:
-            resumable = [s for s in a.checkpoints_before if s <= a.step]
+            resumable = [a.resumable] if a.resumable is not None else []
             if a.checkpoint_every:
                 resumable.append(a.projected_oom_step // a.checkpoint_every * a.checkpoint_every)
             lost = a.projected_oom_step - max(resumable, default=0)
@@ -401,9 +502,12 @@ def _estimates(actions: list[_PendingAction], processes: list[_Process], kept: l
 
 
 def _number(value: Any, default: float | None = 0.0) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A finite number of seconds (bounded: below 2**52 in magnitude), else `default`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return default
-    return float(value)
+    if isinstance(value, int):
+        return float(value) if -2**52 < value < 2**52 else default
+    return value if math.isfinite(value) and abs(value) < 2**52 else default
 
 
 def _count(value: Any) -> int:

@@ -28,8 +28,14 @@ PID_MAX = 2**22
 SEED_MAX = 2**32 - 1
 """Seeds are at most this: numpy's generators take 0 .. 2**32 - 1."""
 PORT_MAX = 65535
+MAX_SECONDS = 10**9
+"""Durations (`watch`'s seconds) are at most this (about 31 years): any wait or margin a person means."""
+MIN_INTERVAL = 1e-4
+"""A sampling interval is at least this: a duration over an interval, a count of samples, then stays
+below 10**13, far inside MAX_STEP (`--interval 5e-324` made 60 s a sample count of infinity)."""
 
 _DIGITS = re.compile(r"[0-9]+")  # not \d, which matches every script's digits
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?")  # ASCII; no sign, no inf/nan
 _SHOWN = 40  # characters of a bad value worth quoting back
 
 T = TypeVar("T")
@@ -87,6 +93,28 @@ def parse_pid(text: str) -> int:
 def parse_port(text: str) -> int:
     """A TCP port: 0 (any free one) to 65535."""
     return whole_number(text, "a port", 0, PORT_MAX)
+
+
+def duration(text: str, what: str, low: float, high: float) -> float:
+    """`text` as a number of seconds from `low` to `high`, written in ASCII (`90`, `0.5`, `2e-3`),
+    else InputError. No sign, `inf` or `nan`; the length is checked before `float()`."""
+    written = text.strip()
+    if len(written) > _SHOWN or not _DECIMAL.fullmatch(written):
+        raise InputError(f"expected {what} written in the digits 0-9 (e.g. 90, 0.5), got {shown(text)}")
+    value = float(written)
+    if not low <= value <= high:
+        raise InputError(f"expected {what} from {low:g} to {high:,.0f}, got {shown(text)}")
+    return value
+
+
+def parse_seconds(text: str) -> float:
+    """A duration in seconds (a wait, a margin, a grace period): 0 to MAX_SECONDS."""
+    return duration(text, "a number of seconds", 0.0, MAX_SECONDS)
+
+
+def parse_interval(text: str) -> float:
+    """Seconds between samples: MIN_INTERVAL to MAX_SECONDS."""
+    return duration(text, "an interval in seconds", MIN_INTERVAL, MAX_SECONDS)
 
 
 def option(parse: Callable[[str], T]) -> Callable[[str], T]:

@@ -22,6 +22,12 @@ Sizes with K/M/G/T suffixes are binary; a byte count in parentheses, where print
 several messages in one log the last one is parsed: it is the one that ended the job. A
 `RESOURCE_EXHAUSTED` about anything else (a quota, a file system) is not an out-of-memory
 message, and `parse` returns None for it.
+
+What a log holds is read totally: ANSI colour codes and launcher prefixes (torchrun's `[rank0]:`)
+are dropped first; a size is 0 to 2**63 - 1 bytes (`MAX_SIZE`, its digits counted before any
+arithmetic), and one out of that range is unknown (None), a listed allocation with one is left
+out and counted (`unreadable_sizes`); every pattern runs in time linear in its line, and `parse`
+reads each line of the log a bounded number of times, however often a message repeats.
 """
 
 from __future__ import annotations
@@ -31,12 +37,19 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
-_SIZE = r"-?[0-9]+(?:\.[0-9]+)?\s*(?:[KMGTP]i?B?|B)?"
-_EXACT = r"\(\s*(-?[0-9][0-9,]*)\s*(?:B|bytes)\)"  # "(184549376B)", "(     554,696,704 bytes)"
+MAX_SIZE = 2**63 - 1  # sizes read are 0 to this (numbers.MAX_SIZE - 1): a signed 64-bit byte count
+# Possessive quantifiers (`*+`, `++`) everywhere a run of spaces or digits could be split two ways:
+# a line of 5,000 spaces after "Size: 5" took 387 s to refuse with plain ones.
+_SIZE = r"[0-9]++(?:\.[0-9]++)?\s*+(?:[KMGTP]i?B?|B)?"
+_EXACT = r"\(\s*+([0-9][0-9,]*+)\s*+(?:B|bytes)\)"  # "(184549376B)", "(     554,696,704 bytes)"
 
-# A log line's own prefix, dropped before anything is read: glog ("E1103 18:23:55.102 ... cc:73] "),
+# What a launcher or a terminal puts before or inside a line, dropped before anything is read: ANSI
+# colour and cursor codes; torchrun's rank prefixes ("[rank0]:", "[default3]:", --tee and
+# local_ranks_filter); then the line's own log prefix: glog ("E1103 18:23:55.102 ... cc:73] "),
 # absl ("2022-04-04 00:27:49.642380: E tensorflow/.../xla_util.cc:88] ").
-_LOG_PREFIX = re.compile(r"^(?:[EWIF]\d{4} [0-9:.]+\s+\d+ \S+\] |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [EWIF] \S+\] )")
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*+[ -/]*+[@-~]|\][^\x07\x1b]*+(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_RANK_PREFIX = re.compile(r"^(?:\s*+\[[A-Za-z_]*+[0-9]++\]:)++ ?")
+_LOG_PREFIX = re.compile(r"^(?:[EWIF]\d{4} [0-9:.]++\s++\d++ \S+?\] |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d++: [EWIF] \S+?\] )")
 
 _COMPILE = re.compile(r"Ran out of memory in memory space (?P<space>\w+)")
 _RESERVE = re.compile(rf"Attempting to reserve (?P<size>{_SIZE}) at the bottom of memory\. That was not possible")
@@ -47,12 +60,12 @@ _STARTS = (_COMPILE, _RESERVE, _ALLOCATE, _GPU_ALLOCATE, _GPU_REQUEST)
 
 _USED = re.compile(rf"Used (?P<used>{_SIZE}) of (?P<capacity>{_SIZE}) (?P<space>\w+)")
 _EXCEEDED = re.compile(rf"Exceeded \w+ capacity by (?P<size>{_SIZE})")
-_CAPACITY = re.compile(rf"(?P<space>[A-Za-z]+) capacity (?P<size>{_SIZE}):")
+_CAPACITY = re.compile(rf"(?<![A-Za-z])(?P<space>[A-Za-z]+) capacity (?P<size>{_SIZE}):")
 _ALLOCATED = re.compile(rf"Currently allocated:\s*(?P<size>{_SIZE})\s*(?:{_EXACT})?")
 _FREE = re.compile(rf"There are (?P<size>{_SIZE}) free")
 _SPACE_TAG = re.compile(r"_(?P<space>HBM|VMEM|SMEM|CMEM)[0-9]*\)", re.I)  # "(1x0x0_HBM0)"
 
-_ITEM = re.compile(rf"^\s*(?:[0-9]+\.\s+)?Size:\s*(?P<size>{_SIZE})\s*(?:{_EXACT})?\s*$")
+_ITEM = re.compile(rf"^\s*+(?:[0-9]++\.\s++)?Size:\s*+(?P<size>{_SIZE})\s*+(?:{_EXACT})?\s*+$")
 _FIELD = re.compile(r"^\s*(?P<name>Operator|Shape|Entry Parameter Subshape|Allocation type|Unpadded size|"
                     r"Extra memory due to padding|XLA [Ll]abel|Buffer [0-9]+|=+)\s*:?")
 _QUOTED = r'"((?:[^"\\]|\\.)*)"'
@@ -85,6 +98,7 @@ class OomMessage:
     exceeded_bytes: int | None = None
     requested_bytes: int | None = None
     allocations: list[Allocation] = field(default_factory=list)
+    unreadable_sizes: int = 0  # listed allocations left out: a size out of range (0 to MAX_SIZE)
 
     @property
     def python_sites(self) -> list[PythonSite]:
@@ -106,44 +120,75 @@ class OomMessage:
 
 def size_bytes(text: str) -> int:
     """`63.80G`, `6.00MiB`, `384.0KiB`, `0B`, `4.0K`, `176.00MiB (184549376B)`: binary units; the
-    byte count in parentheses wins where one is printed."""
+    byte count in parentheses wins where one is printed. ValueError for anything else, a size
+    beyond MAX_SIZE included (its digits are counted before any arithmetic)."""
     exact = re.search(_EXACT, text)
     if exact:
-        return int(exact.group(1).replace(",", ""))
-    match = re.fullmatch(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([KMGTP]?)i?B?\s*", text)
+        return _exact(exact.group(1), text)
+    match = re.fullmatch(r"\s*+([0-9]++)(?:\.([0-9]++))?\s*+([KMGTP]?)i?B?\s*+", text)
     if match is None:
-        raise ValueError(f"not a size: {text!r}")
-    return round(float(match.group(1)) * _UNITS[match.group(2)])
+        raise ValueError(f"not a size: {text[:40]!r}")
+    whole, fraction, unit = match.groups()
+    if len(whole.lstrip("0")) > 19:  # beyond any 64-bit count, whatever the unit: no float of it
+        raise ValueError(f"not a size: {len(whole):,} digits")
+    return _bounded(round(float(f"{whole}.{(fraction or '0')[:20]}") * _UNITS[unit]), text)
 
 
-def _sized(text: str, match: re.Match, group: str = "size") -> int:
-    """The size a pattern matched, or the exact byte count printed right after it."""
+def _exact(digits: str, text: str) -> int:
+    digits = digits.replace(",", "")
+    if len(digits.lstrip("0")) > 19:
+        raise ValueError(f"not a size: {len(digits):,} digits")
+    return _bounded(int(digits), text)
+
+
+def _bounded(value: int, text: str) -> int:
+    if not 0 <= value <= MAX_SIZE:
+        raise ValueError(f"not a size: {text[:40]!r} is beyond {MAX_SIZE:,} bytes")
+    return value
+
+
+def _sized(text: str, match: re.Match, group: str = "size") -> int | None:
+    """The size a pattern matched, or the exact byte count printed right after it; None for one
+    out of range (0 to MAX_SIZE): unknown, rather than a wrong number."""
     after = text[match.end(group):match.end(group) + 40]
-    exact = re.match(rf"\s*{_EXACT}", after)
-    return int(exact.group(1).replace(",", "")) if exact else size_bytes(match.group(group))
+    exact = re.match(rf"\s*+{_EXACT}", after)
+    try:
+        return _exact(exact.group(1), after) if exact else size_bytes(match.group(group))
+    except ValueError:
+        return None
 
 
 def _clean(text: str) -> list[str]:
-    return [_LOG_PREFIX.sub("", line.rstrip()) for line in text.splitlines()]
+    """The text's lines as the parser reads them: ANSI codes, rank prefixes and log prefixes gone."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return [_LOG_PREFIX.sub("", _RANK_PREFIX.sub("", line.rstrip())) for line in text.splitlines()]
 
 
 def parse(text: str) -> OomMessage | None:
-    """The last out-of-memory message in `text` (a job's output, other lines and all), or None."""
+    """The last out-of-memory message in `text` (a job's output, other lines and all), or None.
+
+    Linear in the text: where the last message has no list of its own (a one-line repeat, the
+    exception's text), each earlier copy of its headline is read only up to the copy after it,
+    newest first, until one has a list: every line is read once at most."""
     lines = _clean(text)
     body = "\n".join(lines)
-    starts = sorted((m.start(), pattern, m) for pattern in _STARTS for m in pattern.finditer(body))
+    starts = sorted(((m.start(), index, m) for index, pattern in enumerate(_STARTS) for m in pattern.finditer(body)),
+                    key=lambda start: (start[0], start[1]))
     if not starts:
         return None
-    begin, pattern, match = starts[-1]  # a log often repeats a message (every device, the traceback)
+    begin, index, match = starts[-1]  # a log often repeats a message (every device, the traceback)
     rest = body[begin:]
-    message = _headline(pattern, match, rest)
-    message.allocations = _allocations(rest.splitlines())
+    message = _headline(_STARTS[index], match, rest)
+    message.allocations, message.unreadable_sizes = _allocations(rest.splitlines())
     if not message.allocations:  # a one-line repeat (the exception's text) after the full dump
+        end = begin
         for earlier, _, earlier_match in reversed(starts[:-1]):
             if earlier_match.group(0) == match.group(0):
-                message.allocations = _allocations(body[earlier:begin].splitlines())
+                message.allocations, message.unreadable_sizes = _allocations(body[earlier:end].splitlines())
                 if message.allocations:
                     break
+                end = earlier
     return message
 
 
@@ -181,14 +226,17 @@ def _headline(pattern: re.Pattern, match: re.Match, rest: str) -> OomMessage:
 
 def _exceeded_from_free(message: OomMessage, rest: str) -> None:
     free = _FREE.search(rest[:400])
-    if free and message.requested_bytes is not None:
-        message.exceeded_bytes = max(0, message.requested_bytes - _sized(rest, free))
+    free_bytes = _sized(rest, free) if free else None
+    if free_bytes is not None and message.requested_bytes is not None:
+        message.exceeded_bytes = max(0, message.requested_bytes - free_bytes)
 
 
-def _allocations(lines: list[str]) -> list[Allocation]:
-    """The listed allocations ("Largest program allocations", "Peak buffers"): an item starts at
-    its `Size:` line; an `Operator:` may run over several lines until the next field."""
+def _allocations(lines: list[str]) -> tuple[list[Allocation], int]:
+    """The listed allocations ("Largest program allocations", "Peak buffers"), and how many were
+    left out for a size out of range: an item starts at its `Size:` line; an `Operator:` may run
+    over several lines until the next field."""
     found: list[Allocation] = []
+    unreadable = 0
     current: Allocation | None = None
     operator: list[str] | None = None
     for line in lines:
@@ -198,8 +246,12 @@ def _allocations(lines: list[str]) -> list[Allocation]:
             _read_operator(current, " ".join(operator))
             operator = None
         if item:
-            current = Allocation(_sized(line, item))
-            found.append(current)
+            size = _sized(line, item)
+            current = Allocation(size) if size is not None else None  # its fields go with it
+            if current is None:
+                unreadable += 1
+            else:
+                found.append(current)
             continue
         if current is None:
             continue
@@ -222,7 +274,7 @@ def _allocations(lines: list[str]) -> list[Allocation]:
             current = None  # the item's closing rule: lines after it are not its fields
     if operator is not None and current is not None:
         _read_operator(current, " ".join(operator))
-    return found
+    return found, unreadable
 
 
 def _read_operator(allocation: Allocation | None, text: str) -> None:

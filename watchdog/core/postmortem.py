@@ -20,11 +20,14 @@ allocations back to those lines, matched by op name and shape (else by XLA's fil
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from watchdog.core.errors import InputError
+from watchdog.core.numbers import MAX_SIZE, MAX_STEP
 from watchdog.core.oom_message import OomMessage
 from watchdog.core.replay import replay
 from watchdog.core.sample import Sample
@@ -57,8 +60,8 @@ def user_lines(oom: OomMessage | None, program: list[dict] | None) -> list[UserL
     by_op, by_frame = defaultdict(set), defaultdict(set)
     for op in program:
         if op.get("user"):
-            by_op[(op["op_name"], op["shape"])].add(op["user"])
-            by_frame[(op.get("innermost"), op["shape"])].add(op["user"])
+            by_op[(op.get("op_name"), op.get("shape"))].add(op["user"])
+            by_frame[(op.get("innermost"), op.get("shape"))].add(op["user"])
     grouped: dict[str, list] = {}
     for allocation in oom.allocations:
         named = f"{allocation.source_file}:{allocation.source_line}" if allocation.source_file else ""
@@ -100,10 +103,89 @@ class PostMortem:
                 "oom_message": self.oom_message.to_json() if self.oom_message is not None else None}
 
 
+# ---- the flight record's fields, checked before any is used ---------------------------------------
+
+def _step(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_STEP
+
+
+def _size(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and 0 <= value < MAX_SIZE
+
+
+def _signed(value: Any) -> bool:  # a slope or a difference of sizes: either sign, bounded like a size
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and abs(value) < MAX_SIZE
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _flag(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, list) and all(check(item) for item in value)
+
+
+_STEP, _SIZE, _SIGNED, _TEXT = ((_step, "a step (0 to 2**52 - 1)"), (_size, "a size in bytes (0 to 2**63 - 1)"),
+                                (_signed, "a finite number"), (_text, "a string"))
+_VERDICT = {"step": _STEP, "status": _TEXT, "explanation": _TEXT, "floor_bytes": _SIZE, "excursion_bytes": _SIGNED,
+            "limit_bytes": _SIZE, "slope_bytes_per_step": _SIGNED, "projected_oom_step": _STEP,
+            "leak_reported": (_flag, "true or false"), "oom_projected": (_flag, "true or false")}
+_HOST = {"domain": _TEXT, "bytes_used": _SIZE, "bytes_limit": _SIZE, "process_bytes": _SIZE,
+         "available_bytes": _SIZE, "oom_kills": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
+         "verdict": _VERDICT}
+_PROGRAM_SITE = {"op_name": _TEXT, "shape": _TEXT, "innermost": _TEXT, "user": _TEXT, "bytes": _SIZE}
+RECORD_FIELDS: dict[str, Any] = {
+    "ended": _TEXT, "trace_file": _TEXT, "last_step": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
+    "suspects_step": _STEP, "compilations": _STEP, "creation_sites": (_flag, "true or false"),
+    "verdict": _VERDICT, "host": _HOST, "process": {}, "recompilation": {},
+    "suspects": (_list_of(_text), "a list of strings"),
+    "actions": (lambda v: isinstance(v, dict) and all(_step(n) for n in v.values()), "an object of counts"),
+    "program_sites": [_PROGRAM_SITE],
+}
+"""What `diagnose` reads of a flight record, and what each must be (null or absent: unknown). A
+nested object is its own table of fields; `[table]` is a list of such objects."""
+
+
+def record_problem(record: Any, fields: Any = None, where: str = "") -> str | None:
+    """What is wrong with a flight record's fields, in words naming the field (never its value),
+    or None: every field `RECORD_FIELDS` names is null, absent, or of its type and in its range."""
+    fields = RECORD_FIELDS if fields is None else fields
+    if not isinstance(record, dict):
+        return f"field {where!r}: expected an object" if where else "expected a JSON object"
+    for name, expected in fields.items():
+        value = record.get(name)
+        label = f"{where}.{name}" if where else name
+        if value is None:
+            continue
+        if isinstance(expected, dict):
+            problem = record_problem(value, expected, label)
+        elif isinstance(expected, list):
+            if not isinstance(value, list):
+                return f"field {label!r}: expected a list of objects"
+            problem = next((p for i, item in enumerate(value)
+                            if (p := record_problem(item, expected[0], f"{label}[{i}]")) is not None), None)
+        else:
+            check, what = expected
+            problem = None if check(value) else f"field {label!r}: expected {what}"
+        if problem is not None:
+            return problem
+    return None
+
+
 def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomMessage | None = None,
              exit_description: str | None = None, memory_limit_bytes: int | None = None) -> PostMortem:
-    """Everything known about how the run ended; `record` is the flight record (or None)."""
+    """Everything known about how the run ended; `record` is the flight record (or None).
+    InputError (naming the field) for a record whose fields are not what `RECORD_FIELDS` says."""
     record = record or {}
+    problem = record_problem(record)
+    if problem is not None:
+        raise InputError(f"flight record: {problem}")
     result = replay(samples, memory_limit_bytes=memory_limit_bytes)
     final = result.final_verdict
     live = record.get("verdict") or {}

@@ -25,7 +25,7 @@ import psutil
 
 from watchdog.core.errors import InputError
 from watchdog.core.inputs import open_regular
-from watchdog.core.numbers import parse_pid
+from watchdog.core.numbers import parse_pid, shown
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
@@ -147,7 +147,8 @@ class PidFinder:
 
 
 class PatternFinder:
-    """`--cmd-pattern REGEX`, searched in each process's full command line (like `pgrep -f`)."""
+    """`--cmd-pattern REGEX`, searched in each process's full command line (like `pgrep -f`). A pattern
+    that matches an empty command line (`''`, `.*`) would match every process: refused."""
 
     comes_back = True
 
@@ -156,6 +157,10 @@ class PatternFinder:
             self.regex = re.compile(pattern)
         except re.error as exc:
             raise InputError(f"--cmd-pattern {pattern!r}: not a regular expression ({exc})") from None
+        if self.regex.search("") is not None:  # '', '.*', 'x?': it matches whatever the command line
+            raise InputError(f"--cmd-pattern {shown(pattern)}: matches an empty command line, so it would "
+                             "match every process on the machine (and watch the largest); give a pattern that "
+                             "needs some text, e.g. 'train\\.py'")
         self.description = f"--cmd-pattern {pattern!r}"
         me = psutil.Process()
         self._never = {me.pid, *(p.pid for p in me.parents())}  # the daemon and whoever started it

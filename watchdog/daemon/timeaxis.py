@@ -10,6 +10,9 @@ up: a margin must never shrink in translation. Pure: no clock is read here.
                         long before the pessimistic projection of the OOM; its lead factor adds room)
     cooldown          = --grace-seconds   (one signal per grace period; escalation owns the wait)
     warmup            = --warmup-seconds  (a new process's start-up: imports, weights, compilation)
+
+Every setting is bounded (`core/numbers.py`): durations 0 to MAX_SECONDS, the interval from
+MIN_INTERVAL, so every count of samples made here is a finite whole number far below 2**52.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from watchdog.core.detector import DetectorConfig
 from watchdog.core.errors import ConfigError
+from watchdog.core.numbers import MAX_SECONDS, MIN_INTERVAL
 from watchdog.core.policy import PolicyConfig
 
 UNLIMITED_RESTARTS = 2**31 - 1
@@ -44,13 +48,14 @@ class TimeAxis:
     base_policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def __post_init__(self) -> None:
-        if not _number(self.interval_seconds) or self.interval_seconds <= 0:
-            raise ConfigError("--interval", f"must be a positive number of seconds, got {self.interval_seconds!r}")
+        if not _number(self.interval_seconds) or not MIN_INTERVAL <= self.interval_seconds <= MAX_SECONDS:
+            raise ConfigError("--interval", f"must be a number of seconds from {MIN_INTERVAL:g} to {MAX_SECONDS:,}, "
+                                            f"got {self.interval_seconds!r}")
         for name in ("checkpoint_seconds", "safety_seconds", "warmup_seconds", "grace_seconds"):
             value = getattr(self, name)
-            if value is not None and (not _number(value) or value < 0):
+            if value is not None and (not _number(value) or not 0 <= value <= MAX_SECONDS):
                 flag = "--" + name.replace("_", "-")
-                raise ConfigError(flag, f"must be a non-negative number of seconds, got {value!r}")
+                raise ConfigError(flag, f"must be a number of seconds from 0 to {MAX_SECONDS:,}, got {value!r}")
         if self.safety_seconds is None:
             object.__setattr__(self, "safety_seconds", 2.0 * self.interval_seconds)
         if self.grace_seconds is None:

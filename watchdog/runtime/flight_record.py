@@ -14,7 +14,9 @@ the training thread:
 A SIGKILL between two writes leaves the older record, never a torn one. It is rewritten when a
 signal, an action or the suspects change, and otherwise at most every `min_interval_seconds`:
 the cost is one small file write per few seconds, on the sidecar thread. `hbm-watchdog
-postmortem` reads it with the trace.
+postmortem` reads it with the trace. It is strict JSON (`core/strict_json.py`: a non-finite number is
+null), read back bounded (nesting, integers, finite numbers); `postmortem` checks each field it
+reads (`core/postmortem.py`'s `RECORD_FIELDS`) before using any.
 
 Only a flight record is ever replaced (`claim`, when the recorder is made): the path holds
 nothing yet, an empty file, or a record of ours (`is_record`: what every version of this module
@@ -25,7 +27,6 @@ again at the next write, said once (`flight_record_write_failed`), never the run
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from watchdog.core.errors import InputError
+from watchdog.core import strict_json
 from watchdog.core.inputs import open_regular
 from watchdog.core.verdict import Verdict
 from watchdog.fileio import write_atomically
@@ -60,20 +62,47 @@ def is_record(record: Any) -> bool:
     return isinstance(record, dict) and record.get("version") == VERSION and _KEYS <= record.keys()
 
 
-def _load(path: str | os.PathLike, *, follow_symlinks: bool = True) -> dict[str, Any] | None:
-    """The record at `path`; None for an empty file; InputError (path only) for anything that is not
-    a record of ours; OSError as it comes (no such file)."""
+def _load(path: str | os.PathLike, *, follow_symlinks: bool = True, reading: bool = False) -> dict[str, Any] | None:
+    """The record at `path`; None for an empty file; InputError (path and line only) for anything
+    that is not a record of ours; OSError as it comes (no such file). `reading`: the error says what
+    is wrong for a reader (`load`), not what the recorder leaves alone (`claim`)."""
     with open_regular(path, "rb", follow_symlinks=follow_symlinks, what="flight record ") as handle:
         data = handle.read(MAX_RECORD_BYTES + 1)
     if not data:
         return None
-    try:
-        record = json.loads(data) if len(data) <= MAX_RECORD_BYTES else None
-    except ValueError:
-        record = None
+    where, problem = os.fspath(path), "not a flight record of this tool (version 1, with process, ended, last_step)"
+    record = None
+    if len(data) > MAX_RECORD_BYTES:
+        problem = f"larger than {MAX_RECORD_BYTES:,} bytes: not a flight record"
+    else:
+        try:
+            record = strict_json.loads(data)
+        except strict_json.JsonProblem as exc:  # not JSON, nested too deep, a number out of range
+            where, problem = f"{where}:{exc.line}" if exc.line else where, exc.problem
     if not is_record(record):
+        if reading:
+            raise InputError(f"flight record {where}: {problem}")
         raise InputError(f"flight record {os.fspath(path)}: exists and is not a flight record of this tool; "
                          f"left as it is (remove it, or name another path with {FLIGHT_RECORD_ENV})")
+    return record
+
+
+def load(path: str | os.PathLike) -> dict[str, Any] | None:
+    """A flight record for a post-mortem: None where there is none (no file, an empty one); an
+    InputError naming the path (and the line, where the text says) for a file that is not a record
+    of ours, and naming the field for a record whose fields `postmortem` cannot use
+    (`core.postmortem.RECORD_FIELDS`). Never quotes the file."""
+    from watchdog.core.postmortem import record_problem
+
+    try:
+        record = _load(path, reading=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise InputError(f"flight record {os.fspath(path)}: {exc.strerror or exc}") from None
+    problem = record_problem(record) if record is not None else None
+    if problem is not None:
+        raise InputError(f"flight record {os.fspath(path)}: {problem}")
     return record
 
 
@@ -188,7 +217,7 @@ class FlightRecorder:
         self._written_at = now
         self._state["written_at"] = time.time()
         try:
-            write_atomically(self.path, json.dumps(self._state, default=str) + "\n")
+            write_atomically(self.path, strict_json.dumps(self._state, default=str) + "\n")
         except OSError as exc:  # telemetry: a full disk never reaches training, and is said once
             self.errors += 1
             if self.errors == 1:

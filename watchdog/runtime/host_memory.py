@@ -44,14 +44,20 @@ class MemoryCgroup:
     def limit(self) -> int | None:
         name = "memory.max" if self.version == 2 else "memory.limit_in_bytes"
         text = _read_text(self.path / name)
-        if text is None or text == "max":
+        if text is None or text in ("max", "-1"):  # v2's "no limit", and v1's where a kernel prints it so
             return None
-        value = int(text)
+        value = _whole(text)
+        if value is None:
+            raise ValueError(f"{self.path / name}: not a byte count")  # tightest_cgroup: unreadable, passed over
         return None if value >= _UNLIMITED else value
 
     def working_set(self) -> int:
         """Usage less the inactive file cache: what the kernel cannot take back before it kills."""
-        usage = int(_read_text(self.path / ("memory.current" if self.version == 2 else "memory.usage_in_bytes")) or 0)
+        name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
+        text = _read_text(self.path / name)
+        usage = 0 if text is None else _whole(text)
+        if usage is None:
+            raise ValueError(f"{self.path / name}: not a byte count")  # a failed reading, counted
         stat = _read_keyed(self.path / "memory.stat")
         inactive = stat.get("inactive_file" if self.version == 2 else "total_inactive_file",
                             stat.get("inactive_file", 0))
@@ -177,11 +183,19 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
+def _whole(text: str) -> int | None:
+    """A kernel's byte count or counter: the digits 0-9 only, at most 20 of them (2**64 has 20), else
+    None. `int()` would read "+5", "1_000", " 5" and "١٢٣" (Arabic-Indic digits) as numbers."""
+    return int(text) if 0 < len(text) <= 20 and text.isascii() and text.isdigit() else None
+
+
 def _read_keyed(path: Path) -> dict[str, int]:
-    """`key value` lines (memory.stat, memory.events, memory.oom_control) as numbers."""
+    """`key value` lines (memory.stat, memory.events, memory.oom_control) as numbers; a value that
+    is not one (`_whole`) is left out."""
     found = {}
     for line in (_read_text(path) or "").splitlines():
         key, _, value = line.partition(" ")
-        if value.strip().isascii() and value.strip().isdigit():
-            found[key] = int(value)
+        number = _whole(value.strip())
+        if number is not None:
+            found[key] = number
     return found

@@ -27,14 +27,13 @@ to be ours.
 from __future__ import annotations
 
 import io
-import json
 import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
-from watchdog.core import goodput
+from watchdog.core import goodput, strict_json
 from watchdog.core.errors import InputError
 from watchdog.core.inputs import open_regular
 from watchdog.logs import get_logger
@@ -120,7 +119,7 @@ def _open_to_append(path: Path) -> IO[bytes]:
 def start_job(path: Path) -> None:
     """Mark a new job in `path` (supervise, at its start): the account reads from the newest mark."""
     with _open_to_append(path) as handle:
-        handle.write((json.dumps({"v": goodput.VERSION, "event": "job", "t": time.time()}) + "\n").encode("utf-8"))
+        handle.write((strict_json.dumps({"v": goodput.VERSION, "event": "job", "t": time.time()}) + "\n").encode("utf-8"))
 
 
 class JobLedger:
@@ -217,7 +216,7 @@ class JobLedger:
         try:
             if self._handle is None:
                 self._handle = _open_to_append(self.path)
-            self._handle.write((json.dumps(record) + "\n").encode("utf-8"))
+            self._handle.write((strict_json.dumps(record) + "\n").encode("utf-8"))
             self._handle.flush()
         except (OSError, InputError) as exc:
             self._broken = True
