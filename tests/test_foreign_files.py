@@ -232,6 +232,7 @@ def test_train_never_cuts_a_job_file_it_did_not_make_nor_follows_a_link_beside_i
                        env=hbm_watchdog_env(HBMWATCH_JOB_FILE=str(foreign)), timeout=180)
     assert out.returncode == 2, out.stderr[-2000:]
     assert untouched(foreign, FOREIGN) and "SECRET" not in out.stderr
+    assert not (tmp_path / "a.csv").exists(), "refused before the run wrote anything, its trace included"
     trace = tmp_path / "b.csv"
     link, checkpoint = planted(tmp_path, f"b.csv{goodput.SUFFIX}", "link")
     out = run_watchdog("train", *ONE_BLOCK, "--steps", "3", "--trace-file", str(trace), timeout=180)
@@ -245,9 +246,10 @@ def test_train_refuses_a_foreign_flight_record_and_says_once_that_it_cannot_writ
     does not exist: the run ends as it would have (0), and says so in one line, once."""
     foreign = tmp_path / "notes.json"
     foreign.write_bytes(FOREIGN)
-    out = run_watchdog("train", *ONE_BLOCK, "--steps", "3",
+    out = run_watchdog("train", *ONE_BLOCK, "--steps", "3", "--trace-file", str(tmp_path / "refused.csv"),
                        env=hbm_watchdog_env(HBMWATCH_FLIGHT_RECORD=str(foreign)), timeout=180)
     assert out.returncode == 2, out.stderr[-2000:]
+    assert not (tmp_path / "refused.csv").exists(), "refused before the watchdog opened its trace"
     assert untouched(foreign, FOREIGN) and "SECRET" not in out.stderr and str(foreign) in out.stderr
     unwritable = tmp_path / "no such folder" / "flight.json"
     out = run_watchdog("--log-format", "json", "train", *ONE_BLOCK, "--steps", "3", "--trace-file",

@@ -128,6 +128,16 @@ def test_reinit_that_did_not_bring_the_floor_down_escalates_to_restart():
     assert policy.restarts_so_far == 1
 
 
+def test_a_reinit_this_policy_did_not_ask_for_teaches_it_nothing():
+    # Another rank's action, agreed across ranks: this rank rebuilt with nothing of its own to free.
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, cooldown_steps=0, max_restarts=3))
+    assert policy.reinit_finished(floor_before_bytes=10 * GiB, floor_after_bytes=10 * GiB)
+    assert policy.decide(verdict(2, projected_oom_steps=10.0)) is Action.CHECKPOINT_REINIT, "no escalation"
+    # ... and its own next reinit is judged as usual
+    assert not policy.reinit_finished(floor_before_bytes=10 * GiB, floor_after_bytes=10 * GiB)
+    assert policy.decide(verdict(3, projected_oom_steps=10.0)) is Action.CHECKPOINT_RESTART
+
+
 def test_reinit_that_freed_the_growth_keeps_reinit():
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, cooldown_steps=0))
     policy.decide(verdict(1, projected_oom_steps=10.0, slope=1 << 20, window=1000))  # ~1 GiB grown before the action

@@ -8,15 +8,19 @@ CPU and `torchrun --max-restarts 2`:
   alone and waited in a collective rank 1 never joined, and the job hung with both processes alive;
 - as a clean twin: no leak anywhere.
 
-Each run is started once per module (a fixture) and every test reads its records, logs and exit.
+Lightning also runs under its own launcher (`strategy="ddp"` starts rank 1 from rank 0's script),
+restarted by `hbm-watchdog supervise`. Each run is started once per module (a fixture) and every
+test reads its records, logs and exit.
 A run still going after its bound is killed and fails the test: a hang never stalls the suite.
 """
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import rank_logs, torchrun
+from conftest import hbm_watchdog_env, rank_logs, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +56,21 @@ def _run(tmp_path_factory, host: str, *args: str) -> Run:
 @pytest.fixture(scope="module", params=sorted(HOSTS))
 def leaky(request, tmp_path_factory) -> tuple[str, Run]:
     return request.param, _run(tmp_path_factory, request.param, "--leak-rank", "0", "--steps", str(STEPS))
+
+
+@pytest.fixture(scope="module")
+def lightning_launched(tmp_path_factory) -> Run:
+    """Lightning's own launcher under `supervise`, with the leak on rank 0."""
+    out = tmp_path_factory.mktemp("lightning-launcher")
+    command = [sys.executable, "-m", "watchdog", "--log-format", "json", "supervise", "--max-restarts", "2", "--",
+               sys.executable, str(JOBS / HOSTS["lightning"]), str(out), "--leak-rank", "0", "--steps", str(STEPS)]
+    try:
+        completed = subprocess.run(command, cwd=out, env=hbm_watchdog_env(USE_TORCH_XLA="0"), capture_output=True,
+                                   text=True, timeout=300)
+    except subprocess.TimeoutExpired as exc:  # supervise's guard ends the job's group when it is killed
+        pytest.fail(f"Lightning's launcher under supervise still running after 300 s: {str(exc.stderr)[-2000:]}")
+    completed.stdout = completed.stderr  # supervise's own log, where torchrun's output would be
+    return Run(out, completed)
 
 
 @pytest.fixture(scope="module", params=sorted(HOSTS))
@@ -108,3 +127,16 @@ def test_a_clean_twin_is_left_untouched(clean):
         (ended,) = records
         assert ended["attempt"] == 0 and ended.get("exit", 0) == 0
         assert steps_done(ended) == CLEAN_STEPS
+
+
+def test_lightning_s_own_launcher_agrees_too_and_supervise_restarts_it(lightning_launched):
+    run = lightning_launched
+    assert run.returncode == 0, run.output[-3000:]
+    (first,), (second,) = run.actions(0), run.actions(1)
+    assert first["step"] == second["step"] and first["attempt"] == second["attempt"] == 0
+    assert first["origin"] == second["origin"] == "asked by rank 0, agreed by all 2 ranks"
+    for rank in (0, 1):
+        exits = [r for r in run.records(rank) if "exit" in r]
+        assert [(r["attempt"], r["exit"]) for r in exits] == [(0, 42), (1, 0)], "supervise restarted the job once"
+        assert exits[1]["step"] == STEPS and exits[1]["start"] == "resumed"
+    assert all(r["peak"] < r["limit"] for r in run.records(0) if "peak" in r)

@@ -88,7 +88,7 @@ def one_line_error(out: subprocess.CompletedProcess) -> str:
     (["--pidfile", "/nonexistent/job.pid", "--wait-seconds", "0.5"], "/nonexistent/job.pid does not exist"),
     (["--tpu"], "give exactly one target"),
     (["--pid", THIS, "--pidfile", "x"], "give exactly one target"),
-    (["--pid", THIS, "--interval", "0"], "--interval: must be a positive number of seconds"),
+    (["--pid", THIS, "--interval", "0"], "--interval: expected an interval in seconds from 0.0001"),
     (["--pid", THIS, "--memory-limit", "lots"], "--memory-limit"),
 ])
 def test_bad_input_is_one_line_and_exit_2(run_cli, args, message):

@@ -2,6 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 --max-restarts 2 \\
         ddp_lightning.py OUT [--leak-rank R] [--steps N]
+    hbm-watchdog supervise --max-restarts 2 -- python ddp_lightning.py OUT ...   (Lightning's own launcher)
 
 The rank named by `--leak-rank` keeps every batch's output in a callback, as a rank-0-only table
 of samples does: only its memory grows. Each rank appends what it saw to OUT/rank<R>.jsonl: the
@@ -33,7 +34,10 @@ parser.add_argument("--leak-rank", type=int, default=-1)
 parser.add_argument("--steps", type=int, default=300)
 args = parser.parse_args()
 configure_logging("json")
-rank, attempt = int(os.environ["RANK"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+# One node: the local rank is the rank, under torchrun and under Lightning's own launcher (whose main
+# process is rank 0 with no rank in its environment). The attempt: torchrun's count, or supervise's.
+rank = int(os.environ.get("LOCAL_RANK", "0"))
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("HBMWATCH_RESTART_COUNT") or "0")
 process = psutil.Process()
 
 

@@ -125,6 +125,7 @@ class ActionPolicy:
         self._after_last_reinit: float | None = None  # memory right after this process's previous reinit
         self._growth_at_action = 0.0
         self._cautious = True  # no checkpoint action yet since the detector's baseline began
+        self._asked = False  # this policy asked for the checkpoint action whose reinit comes next
         self._last_step: int | None = None
         self._largest_gap = 0  # steps between two verdicts, at most
 
@@ -179,6 +180,7 @@ class ActionPolicy:
         self._quiet_until = self._warned_until = verdict.step + self.config.cooldown_steps
         self._confirmed = 0
         self._growth_at_action = max(0.0, verdict.slope_bytes_per_step * verdict.window_steps)
+        self._asked = True
         return action
 
     def observe(self, step: int) -> None:
@@ -205,11 +207,17 @@ class ActionPolicy:
     def reinit_finished(self, floor_before_bytes: float, floor_after_bytes: float) -> bool:
         """Told by the training side after a checkpoint-and-reinit, with floors measured around it.
 
-        Returns whether the reinit recovered the memory. If the floor did not come down by
+        Returns whether the reinit recovered the memory (True for a reinit this policy did not ask
+        for: another rank's, agreed across ranks, or a drill; the detector then starts a new
+        baseline on the rebuilt state, and nothing is escalated). If the floor did not come down by
         `min_recovery` of the growth seen before the action (or at all, when no growth was
         measured), the leak lives outside what a reinit rebuilds: the next checkpoint action is a
         restart.
         """
+        if not self._asked:  # another rank's action (or a drill): it says nothing about a leak here
+            self._after_last_reinit = floor_after_bytes
+            return True
+        self._asked = False
         recovered = floor_before_bytes - floor_after_bytes
         needed = self.config.min_recovery * self._growth_at_action
         # What a reinit leaves is what it cannot free. If that rose since the previous reinit by

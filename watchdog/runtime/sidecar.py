@@ -159,6 +159,9 @@ class Watchdog:
                                             self.config.replay_trace)
         self.telemetry.device = device
         self.telemetry.source = self._source.name
+        flight_path = path_for(self.config.trace_file)  # first: a foreign file there is refused before anything is written
+        if flight_path is not None:
+            self._flight = FlightRecorder(flight_path, rank=self.config.rank, trace_file=self.config.trace_file)
         if self._ranks is None and self.config.agree_across_ranks:  # every rank at once: making its group is collective
             self._ranks = agreement.join(self.config.agreement_timeout_seconds)
         if device_kind(device) == "xla":
@@ -167,9 +170,6 @@ class Watchdog:
             self.station.trace = TraceSink(self.config.trace_file, self.telemetry, lambda: self.trace_retry_seconds)
         if self.config.host_memory:
             self._watch_the_host()
-        flight_path = path_for(self.config.trace_file)
-        if flight_path is not None:
-            self._flight = FlightRecorder(flight_path, rank=self.config.rank, trace_file=self.config.trace_file)
         self._thread = threading.Thread(target=self._run, name="hbm-watchdog", daemon=True)
         self._thread.start()
         self._start_stall_watch()

@@ -452,6 +452,7 @@ class Trainer:
     # -- the story --
 
     def run(self) -> TrainResult:
+        self._claim_the_job_file()  # a foreign job file is refused before anything of this run is written
         self.state = self._start_state()
         first_step = self.state.step
         self._agreement = self._join_agreement()
@@ -562,6 +563,12 @@ class Trainer:
         log.info("resumed", step=state.step, restarts_so_far=self.restarts_so_far,
                  checkpoint_dir=str(self.checkpoints.directory))
         return state
+
+    def _claim_the_job_file(self) -> None:
+        """A job file that is not ours is one line and exit 2 before anything of this run is written."""
+        path = job_ledger.path_for(self.config.watchdog.trace_file if self.config.watchdog is not None else None)
+        if path is not None and self.replica.rank == 0:
+            job_ledger.existing_records(path)
 
     def _join_agreement(self) -> Agreement | None:
         """Several processes in one torch.distributed group: the agreement the watchdog's actions,
