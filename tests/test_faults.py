@@ -36,6 +36,7 @@ from watchdog.core.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_RESTART_REQUESTED,
+    EXIT_UNSAVED,
     InputError,
 )
 from watchdog.core.sample import (
@@ -335,8 +336,8 @@ def test_a_save_on_a_full_tmpfs_says_no_space_and_keeps_the_old_one(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("action, status", [("reinit@14", EXIT_RESTART_REQUESTED), ("restart@14", EXIT_RESTART_REQUESTED),
-                                            (None, EXIT_RESTART_REQUESTED)])
+@pytest.mark.parametrize("action, status", [("reinit@14", EXIT_UNSAVED), ("restart@14", EXIT_UNSAVED),
+                                            (None, EXIT_UNSAVED)])
 def test_training_goes_on_past_a_failed_save_and_an_action_still_gets_its_restart(tmp_path, action, status):
     forced = ["--force-action", action] if action else []
     out = hbm_watchdog("train", *TINY, "--no-watchdog", "--steps", "20", "--checkpoint-every", "10",
@@ -347,7 +348,7 @@ def test_training_goes_on_past_a_failed_save_and_an_action_still_gets_its_restar
     assert failed[0]["path"] == str(tmp_path / "ckpt-00000010.pt") and failed[0]["error"] == "File too large"
     last_step = 15 if action else 20  # trained past the failure at 10, up to the action or the end
     assert failed[-1]["step"] == last_step
-    assert f"steps {last_step}/20" in out.stdout and "restart requested (exit 42)" in out.stdout
+    assert f"steps {last_step}/20" in out.stdout and "restart requested (exit 44)" in out.stdout
     assert list(tmp_path.glob("ckpt-*")) == [] and list(tmp_path.glob(".ckpt-*")) == []  # no debris
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_RESTART_REQUESTED
+from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, EXIT_UNSAVED
 from watchdog.core.policy import PolicyConfig
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -180,6 +180,8 @@ def test_the_watchdogs_restart_keeps_the_jobsets_budget_and_other_failures_end_t
     assert PolicyConfig().max_restarts > 0 and PolicyConfig().restart_window_steps > 0
     # 43: no budget of the watchdog's bounds it, so it spends the JobSet's
     assert jobset_outcome(EXIT_PEER_LOST) == "slice restarted, budget spent"
+    # 44: a restart whose checkpoint the disk refused saved nothing: a full store would loop, so it spends it
+    assert jobset_outcome(EXIT_UNSAVED) == "slice restarted, budget spent"
     # preempted or drained, with or without an exit code: spent
     assert jobset_outcome(None, disrupted=True) == "slice restarted, budget spent"
     assert jobset_outcome(EXIT_RESTART_REQUESTED, disrupted=True) == "slice restarted, budget spent"
@@ -204,7 +206,7 @@ def test_the_restart_rule_matches_only_the_job_controllers_message_for_exit_42()
                  if r["action"] == "FailJob" and r.get("onExitCodes", {}).get("operator") == "In")
     said = "Container trainer for pod ml/hbm-watchdog-train-slice-0-3-4f2xz failed with exit code {} matching FailJob rule at index {}"
     assert re.search(pattern, said.format(42, index))
-    for code in (4, 2, 43, 142, 242):
+    for code in (4, 2, 43, 44, 142, 242):
         assert not re.search(pattern, said.format(code, index)), code
     assert not re.search(pattern, said.replace("trainer", "gke-gcsfuse-sidecar").format(42, index))
     assert not re.search(pattern, "Pod ml/p-42 has condition DisruptionTarget matching FailJob rule at index 0")

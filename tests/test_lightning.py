@@ -195,3 +195,54 @@ def test_the_readme_snippet_runs_as_written(tmp_path, monkeypatch):
     assert stop.value.code == 0 and names["trainer"].global_step == 30
     assert names["callback"].watchdog.telemetry.samples_total >= 2, "the watchdog sampled the fit"
     assert (tmp_path / "ckpt").exists() is False, "no action, so no checkpoint"
+
+
+def test_exit_code_and_the_run_s_end_belong_to_one_fit(tmp_path):
+    """A callback reused for a second `fit` (a resume in the same process) says what that fit asks
+    for: after an action in the first, a clean second one is exit 0, not a stale 42 that would
+    restart a finished job. And `max_steps` reaches the policy as the run's end."""
+    torch.manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 1)), batch_size=8)
+    config = WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=settled_rss() + (1 << 30),
+                            forced_actions=((3, "checkpoint_restart"),))
+    callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
+
+    def trainer(max_steps):
+        return L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                         default_root_dir=tmp_path, limit_val_batches=0)
+
+    first = trainer(20)
+    first.fit(LeakyModule(leak=False), data)
+    assert callback.exit_code == 42 and callback.action_step == 3, "the drill, at its step"
+    assert callback.watchdog.judge.policy.config.last_step == 20
+    second = trainer(12)
+    second.fit(LeakyModule(leak=False), data, ckpt_path=callback.resume_path())  # resumed past the drill
+    assert second.global_step == 12
+    assert callback.exit_code == 0 and callback.action_step is None
+    assert callback.watchdog.judge.policy.config.last_step == 12
+
+
+def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_through_lightnings_checkpoint(tmp_path):
+    """A restart the watchdog asked for is counted in the checkpoint Lightning saves (the callback's
+    `state_dict`); a new callback, as in the restarted process, resumes with it, so the restart
+    budget counts the watchdog's own restarts across processes, not every restart of the job."""
+    torch.manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 1)), batch_size=8)
+    limit = settled_rss() + (1 << 30)
+
+    def fit(forced, max_steps, ckpt_path=None):
+        config = WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit, restarts_so_far=4,
+                                forced_actions=forced)
+        callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
+        trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                            default_root_dir=tmp_path, limit_val_batches=0)
+        trainer.fit(LeakyModule(leak=False), data, ckpt_path=ckpt_path)
+        return callback
+
+    first = fit(((3, "checkpoint_restart"),), 20)
+    assert first.exit_code == 42 and first.watchdog.state_dict() == {"watchdog_restarts": 5, "watchdog_restart_step": 3}
+    second = fit((), 10, ckpt_path=first.resume_path())  # a new process: a new callback
+    assert second.watchdog.config.watchdog_restarts == 5 and second.watchdog.config.watchdog_restart_step == 3
+    assert second.watchdog.judge.restarts_so_far == 5

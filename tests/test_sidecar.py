@@ -8,6 +8,7 @@ import pytest
 
 from watchdog import Watchdog, WatchdogConfig
 from watchdog.core.errors import ConfigError
+from watchdog.core.verdict import Action
 from watchdog.core.sample import load_trace
 from watchdog.runtime.sources import MemoryReading, RssSource
 
@@ -264,3 +265,38 @@ def test_the_watchdog_keeps_within_cpythons_shared_key_dict():
         assert wd.drain()
         started = len(vars(wd))
     assert max(started, len(vars(wd))) <= 30, sorted(vars(wd))
+
+
+def test_the_watchdogs_restarts_in_a_row_span_processes_through_its_state_dict():
+    """The restart budget counts the watchdog's own restarts in a row, in every host: it counts one
+    when it hands a restart over, a host keeps `state_dict()` in its checkpoint, and the next
+    process gets it back with `WatchdogConfig.resumed`; a restart after the window starts over."""
+    from watchdog.core.policy import PolicyConfig
+
+    quiet = dict(host_memory=False, forensics=False, memory_limit_bytes=1 << 40, restarts_so_far=5,
+                 policy=PolicyConfig(restart_window_steps=100))
+    first = Watchdog(WatchdogConfig(forced_actions=((10, Action.CHECKPOINT_RESTART),), **quiet))
+    assert first.state_dict() == {"watchdog_restarts": 5, "watchdog_restart_step": None}, "a host that never kept it"
+    assert [first.step(s) for s in range(12)].count(Action.CHECKPOINT_RESTART) == 1
+    saved = first.state_dict()
+    assert saved == {"watchdog_restarts": 6, "watchdog_restart_step": 10}
+
+    config = WatchdogConfig(forced_actions=((50, Action.CHECKPOINT_RESTART),), **quiet).resumed(saved)
+    second = Watchdog(config)
+    assert second.judge.restarts_so_far == 6, "the budget starts where the last process left it"
+    for s in range(11, 52):
+        second.step(s)
+    assert second.state_dict() == {"watchdog_restarts": 7, "watchdog_restart_step": 50}, "40 steps later: a loop"
+
+    third = Watchdog(WatchdogConfig(forced_actions=((400, Action.CHECKPOINT_RESTART),), **quiet)
+                     .resumed(second.state_dict()))
+    for s in range(51, 401):
+        third.step(s)
+    assert third.state_dict() == {"watchdog_restarts": 1, "watchdog_restart_step": 400}, "350 steps of progress"
+
+    fourth = Watchdog(WatchdogConfig(**quiet).resumed(third.state_dict()))
+    fourth.propose(Action.CHECKPOINT_RESTART, "stop signal")
+    assert fourth.step(401) is Action.CHECKPOINT_RESTART
+    assert fourth.state_dict() == third.state_dict(), "a preemption is not the watchdog's restart"
+    with pytest.raises(ConfigError, match="watchdog_restarts"):
+        WatchdogConfig().resumed({"watchdog_restarts": "7"})

@@ -58,6 +58,7 @@ def log_events(out):
     (ChildOutcome(0, saw_oom=True), 0, (False, "finished", 0)),  # it printed an OOM, recovered, finished
     (ChildOutcome(42), 0, (True, "restart_requested", None)),
     (ChildOutcome(43), 1, (True, "peer_lost", None)),  # another rank died or stalled in an agreement
+    (ChildOutcome(44), 1, (True, "restart_unsaved", None)),  # a restart was due, its checkpoint refused
     (ChildOutcome(43), 3, (False, "budget_exhausted", EXIT_BUDGET_EXHAUSTED)),
     (ChildOutcome(1, saw_oom=True), 0, (True, "out_of_memory", None)),
     (ChildOutcome(-9), 2, (True, "killed_by_signal", None)),

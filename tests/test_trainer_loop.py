@@ -248,7 +248,7 @@ def test_a_path_too_long_to_look_up_is_one_line_not_a_traceback(flag, capsys):
 
 
 def test_the_watchdogs_restarts_in_a_row_start_over_after_the_window():
-    from watchdog.trainer.loop import restarts_in_a_row
+    from watchdog.core.policy import restarts_in_a_row
 
     assert restarts_in_a_row(0, None, 9_842, window=2_000) == 1
     assert restarts_in_a_row(1, 9_842, 19_807, window=2_000) == 1  # 10k steps of progress: not a loop

@@ -3,7 +3,8 @@
 A leak that survives an in-process reinit (memory held outside the trainer's state) can only be
 freed by a new process. The trainer saves a checkpoint and exits 42; this loop starts it again
 (with `--resume auto` it picks up the checkpoint). It restarts a rank that exits 43 too (another
-rank of its job died or stalled during the watchdog's agreement). It also restarts a child that crashed out of
+rank of its job died or stalled during the watchdog's agreement), and 44 (a restart was due but the
+disk refused its checkpoint: the job goes on from the newest one there is). It also restarts a child that crashed out of
 memory anyway (RESOURCE_EXHAUSTED / CUDA OOM in its output) or died by a signal (the kernel's
 OOM killer sends SIGKILL), within a budget and with capped exponential backoff.
 
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable, Sequence
 
 from watchdog.actions.job_group import Guard, end_group, signal_group, start_guard
-from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, InputError
+from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.logs import get_logger
 from watchdog.core.restarts import RESTART_COUNT_ENV
 
@@ -73,7 +74,7 @@ class ChildOutcome:
 @dataclass(frozen=True, slots=True)
 class Decision:
     restart: bool
-    reason: str  # finished | restart_requested | peer_lost | out_of_memory | killed_by_signal | failed | budget_exhausted | stopped
+    reason: str  # finished | restart_requested | peer_lost | restart_unsaved | out_of_memory | killed_by_signal | failed | budget_exhausted | stopped
     exit_status: int | None = None  # what the supervisor exits with, when not restarting
 
 
@@ -88,6 +89,8 @@ def decide(outcome: ChildOutcome, restarts_so_far: int, max_restarts: int, stopp
         reason = "restart_requested"
     elif code == EXIT_PEER_LOST:  # another rank died or stalled during an agreement: the job starts again
         reason = "peer_lost"
+    elif code == EXIT_UNSAVED:  # a restart was due but the disk refused its checkpoint: from the newest one
+        reason = "restart_unsaved"
     elif outcome.saw_oom:
         reason = "out_of_memory"
     elif code < 0:

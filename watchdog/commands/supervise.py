@@ -34,7 +34,7 @@ from pathlib import Path
 
 from watchdog.actions.supervisor import DEFAULT_KILL_GRACE, ChildOutcome, check_options, describe, supervise
 from watchdog.commands import postmortem
-from watchdog.core.errors import EXIT_RESTART_REQUESTED, InputError
+from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.inputs import open_regular
 from watchdog.core.numbers import option, parse_count
 from watchdog.fileio import write_atomically
@@ -195,7 +195,7 @@ def _after_exit(outcome: ChildOutcome, run: int, folder: Path | None) -> None:
         else:
             write_atomically(exits, earlier + json.dumps(line) + "\n")  # a few lines a run: rewritten whole
             write_atomically(folder / postmortem.OUTPUT_NAME, outcome.output_tail)
-    if outcome.returncode in (0, EXIT_RESTART_REQUESTED):
+    if outcome.returncode in (0, EXIT_RESTART_REQUESTED, EXIT_PEER_LOST, EXIT_UNSAVED):  # no crash to explain
         return
     text = postmortem.after_a_crash(folder, output, status)
     log.error("postmortem", child_status=status, run=run, block=text)

@@ -43,10 +43,14 @@ class WatchdogConfig:
     restart engine says (`HBMWATCH_RESTART_COUNT` under `supervise` or JobSet's manifests,
     `TORCHELASTIC_RESTART_COUNT` under torchrun; 0 with neither), read when the `Watchdog` is made."""
     watchdog_restarts: int | None = None
-    """Of those, the restarts the watchdog itself asked for, in a row (the trainer's checkpoints
-    count them, starting over after `policy.restart_window_steps`): what the restart budget counts. A preemption or a crash restart is not the watchdog's
+    """Of those, the restarts the watchdog itself asked for, in a row (the `Watchdog` counts them,
+    starting over after `policy.restart_window_steps`): what the restart budget counts. A preemption or a crash restart is not the watchdog's
     to spend, and counting them left a job preempted `max_restarts` times unable to restart out of
-    a leak a reinit cannot free. None: every restart counts (a host that does not know which)."""
+    a leak a reinit cannot free. None: every restart counts (a host that does not know which).
+    Hosts keep it in their checkpoints through `Watchdog.state_dict()` and give it back with `resumed`."""
+    watchdog_restart_step: int | None = None
+    """The step of the watchdog's newest restart, kept with `watchdog_restarts`: a restart
+    `policy.restart_window_steps` after it starts the count over."""
     agree_across_ranks: bool = True
     """With torch.distributed initialised and several ranks, every rank takes the most severe action
     any rank asked for, at the same sampling step (`runtime/agreement.py`). Every rank must then call
@@ -96,7 +100,7 @@ class WatchdogConfig:
                 raise ConfigError(name, f"must be a positive number of seconds, got {value!r}")
         if not isinstance(self.rank, int) or self.rank < 0:
             raise ConfigError("rank", f"must be a non-negative integer, got {self.rank!r}")
-        for name in ("restarts_so_far", "watchdog_restarts"):
+        for name in ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
@@ -117,6 +121,17 @@ class WatchdogConfig:
         if self.watchdog_restarts is not None:
             return self.watchdog_restarts
         return self.restarts_so_far or 0
+
+    def resumed(self, state: dict | None) -> "WatchdogConfig":
+        """This configuration for a process resumed from a checkpoint that kept `Watchdog.state_dict()`
+        (None: a first start, or a checkpoint from before it was kept): the watchdog's restarts in a
+        row and the newest one's step, so its restart budget and window span processes."""
+        if state is None:
+            return self
+        if not isinstance(state, dict):
+            raise ConfigError("resumed", f"expected the dict Watchdog.state_dict() returns, got {type(state).__name__}")
+        return replace(self, watchdog_restarts=state.get("watchdog_restarts"),
+                       watchdog_restart_step=state.get("watchdog_restart_step"))
 
     def ending_at(self, last_step: int | None) -> "WatchdogConfig":
         """This configuration for a run that ends at `last_step` (the host knows it: the trainer's

@@ -21,8 +21,9 @@ The ladder, one verdict at a time:
   comes at the next confirmed verdict inside the horizon (waiting out the cooldown let a leak of
   4 MiB/step grow 600 MiB into the OOM the action was for), while the restart budget lasts.
 - the restart budget counts the restarts the watchdog asked for (`WatchdogConfig.watchdog_restarts`,
-  from the trainer's checkpoints), not the job's preemptions or crash restarts, and a restart
-  `restart_window_steps` or more after the previous one starts the count over.
+  kept in the host's checkpoints through `Watchdog.state_dict()`), not the job's preemptions or
+  crash restarts, and a restart `restart_window_steps` or more after the previous one starts the
+  count over.
 - a reinit also escalates when what it leaves behind rose since the previous reinit by
   `min_recovery` of what it freed: a second leak outside the state, which reinits only ratchet.
 
@@ -70,7 +71,8 @@ class PolicyConfig:
     restart_window_steps: int = 2000
     """A restart this many training steps or more after the watchdog's previous one starts the count
     over: restarts that far apart are progress, not a loop (0: every restart of the job counts).
-    The trainer applies it to the count its checkpoints carry (`watchdog_restarts`)."""
+    The `Watchdog` applies it when it hands over a restart (`restarts_in_a_row`), to the count every
+    host keeps in its checkpoint (`Watchdog.state_dict()`)."""
     prefer_restart: bool = False
     """Restart instead of reinit from the first action (e.g. leaks outside Python's reach)."""
     confirm_verdicts: int = 3
@@ -107,6 +109,14 @@ class PolicyConfig:
             raise ConfigError("policy.last_step", f"must be a non-negative integer or None, got {self.last_step!r}")
         if not 0 <= self.min_recovery <= 1:
             raise ConfigError("policy.min_recovery", f"must be between 0 and 1, got {self.min_recovery!r}")
+
+
+def restarts_in_a_row(count: int, previous_step: int | None, step: int, window: int) -> int:
+    """The watchdog's restarts in a row once it restarts at `step`: one more, or one again when its
+    previous restart was `window` steps or more before (progress, not a loop; 0: never again)."""
+    if window and previous_step is not None and step - previous_step >= window:
+        return 1
+    return count + 1
 
 
 class ActionPolicy:

@@ -36,17 +36,23 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from pathlib import Path
 
 from transformers import TrainerCallback
 
+from watchdog.core import strict_json
 from watchdog.core.config import WatchdogConfig
-from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED
+from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED, InputError
+from watchdog.core.inputs import open_regular
+from watchdog.fileio import write_atomically
 from watchdog.logs import get_logger
 from watchdog.runtime import xla_stats
 from watchdog.runtime.sidecar import RESTART_REQUESTED, Watchdog
 from watchdog.runtime.sources import MemorySource
 
 log = get_logger(__name__)
+
+STATE_FILE = "hbm-watchdog.json"  # in each checkpoint-N folder: the watchdog's restarts in a row (state_dict)
 
 EVAL_ACCUMULATION_FINDING = (
     "memory grew while an evaluation ran: Hugging Face's prediction loop keeps every batch's "
@@ -74,7 +80,7 @@ class HbmWatchdogCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # On the training thread, once the Trainer has placed the model: its device is the one to
         # watch (a guess from what is imported would start torch_xla's runtime for a CPU run).
-        config = self.config.ending_at(_last_step(args, state))
+        config = self.config.ending_at(_last_step(args, state)).resumed(_saved_state(args, state))
         if config.device is None and model is not None:
             parameter = next(model.parameters(), None)
             if parameter is not None:
@@ -91,6 +97,15 @@ class HbmWatchdogCallback(TrainerCallback):
         action = self.watchdog.step(state.global_step + self._eval_batches)
         if action is not None and action.needs_checkpoint:
             self._checkpoint_and_stop(args, state, control, action)
+
+    def on_save(self, args, state, control, **kwargs):
+        """Beside the Trainer's checkpoint: the watchdog's restarts in a row and the newest one's step,
+        so its restart budget and window span the processes of the job (read back on resume)."""
+        if self.watchdog is None or not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            write_atomically(folder / STATE_FILE, strict_json.dumps(self.watchdog.state_dict()))
 
     def on_train_end(self, args, state, control, **kwargs):
         self._end_evaluation()
@@ -147,6 +162,25 @@ class HbmWatchdogCallback(TrainerCallback):
     def _stop(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()  # idempotent; the stopped watchdog stays readable (telemetry, suspects)
+
+
+def _saved_state(args, state) -> dict | None:
+    """What `on_save` kept beside the checkpoint this run resumed from (None: a first start, or none
+    kept); one that cannot be read is logged and left out, never a reason to stop training."""
+    if not state.global_step:
+        return None
+    path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / STATE_FILE
+    try:
+        with open_regular(path, "rb", what="watchdog state ") as handle:
+            saved = strict_json.loads(handle.read(4096))
+        WatchdogConfig().resumed(saved)  # its types and bounds, checked here
+        return saved
+    except FileNotFoundError:
+        return None
+    except (OSError, InputError, ValueError) as exc:
+        log.warning("watchdog_state_unread", path=str(path), error=type(exc).__name__,
+                    note="the restart budget counts every restart of the job instead")
+        return None
 
 
 def _last_step(args, state) -> int | None:

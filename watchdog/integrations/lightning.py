@@ -67,6 +67,7 @@ class HbmWatchdogCallback(Callback):
         self._validation_batches = 0  # run so far in this process: the watchdog's counter adds them
         self._phase = None  # the eval phase scope while validation runs
         self._pending = None  # an action asked for during validation, carried out when it ends
+        self._resumed: dict | None = None  # the watchdog's state from the checkpoint fit resumed from
 
     @property
     def checkpoint_path(self) -> Path:
@@ -97,7 +98,7 @@ class HbmWatchdogCallback(Callback):
         # Called on the training thread, after the strategy has put the model on its device. The
         # strategy names that device: guessing from what is imported would start torch_xla's
         # runtime (and, on a TPU VM, claim the chips) for a CPU or GPU fit that merely has it installed.
-        config = self.config.ending_at(_last_step(trainer))
+        config = self.config.ending_at(_last_step(trainer)).resumed(self._resumed)
         if config.device is None:
             config = dataclasses.replace(config, device=str(trainer.strategy.root_device))
         self._stop()  # a watchdog left from an earlier fit with this callback
@@ -105,6 +106,16 @@ class HbmWatchdogCallback(Callback):
         self.exit_code, self.action_step = EXIT_OK, None  # what this fit asks for, not an earlier one's
         # Every rank starts its watchdog here, together: with several ranks they agree on every action.
         self.watchdog = Watchdog(config, source=self.source, reports_actions=True).start()
+        self._resumed = None  # consumed: a later fit resumes from its own checkpoint, or starts afresh
+
+    def state_dict(self) -> dict:
+        """Saved in every Lightning checkpoint: the watchdog's restarts in a row and the newest one's
+        step, so its restart budget and window span the processes of the job."""
+        return self.watchdog.state_dict() if self.watchdog is not None else dict(self._resumed or {})
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Lightning hands back what `state_dict` saved when `fit` resumes, before `on_train_start`."""
+        self._resumed = dict(state_dict) if state_dict else None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.watchdog is None:

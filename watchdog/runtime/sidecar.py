@@ -62,6 +62,7 @@ from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import phase_label
+from watchdog.core.policy import restarts_in_a_row
 from watchdog.core.restarts import restarts_so_far
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
@@ -127,7 +128,7 @@ class Watchdog:
         self._labels: dict[tuple[str, int | None], str] = {}  # phase labels, validated once each
         # Kept together: an instance over 30 attributes loses CPython's shared-key dict, and step()
         # pays for every attribute it reads (tests/test_sidecar.py counts them).
-        self._handed = _HandedOver(reports_actions)
+        self._handed = _HandedOver(reports_actions, config.restart_budget_spent, config.watchdog_restart_step)
         self._drives_follower = follower is None and self.config.forensics
         self._follower = follower if follower is not None else (LeakFollower() if self._drives_follower else None)
         # Work for the training thread between steps, in one deque so that step() checks one thing:
@@ -332,7 +333,14 @@ class Watchdog:
         handed back by the next `step()`, or with several ranks at the next sampling step, agreed
         like the watchdog's own. Call on the training thread."""
         if action.needs_checkpoint:
-            self._chores.append((action, self.verdict, DEVICE, origin))
+            self._chores.append((action, self.verdict, DEVICE, origin, False))  # not the watchdog's restart to count
+
+    def state_dict(self) -> dict:
+        """What a host keeps in its checkpoint so the watchdog's restart budget and its window span
+        processes: its restarts in a row and the newest one's step (give it back with
+        `WatchdogConfig.resumed`). Read it when saving: a restart handed over counts at once."""
+        count, step = self._handed.restarts
+        return {"watchdog_restarts": count, "watchdog_restart_step": step}
 
     @property
     def ranks(self) -> int:
@@ -452,9 +460,9 @@ class Watchdog:
         if agreed is None:
             return None
         mine = held is not None and held[0] is agreed.action and agreed.asked_by == self._ranks.rank
-        verdict, memory, origin = held[1:] if mine else (self.verdict, DEVICE, "")
+        verdict, memory, origin, counts = held[1:] if mine else (self.verdict, DEVICE, "", True)
         ranks = f"asked by rank {agreed.asked_by}, agreed by all {agreed.ranks} ranks"
-        return self._hand_over(step, agreed.action, verdict, memory, f"{origin}; {ranks}" if origin else ranks)
+        return self._hand_over(step, agreed.action, verdict, memory, f"{origin}; {ranks}" if origin else ranks, counts)
 
     def _force(self, step: int) -> None:
         """Forced actions due now join the chores; those of steps this process never ran (it resumed
@@ -464,7 +472,7 @@ class Watchdog:
             at, action = forced.pop(0)
             if at == step:
                 log.warning("forced_action", action=action.value, step=step)
-                self._chores.append((action, self.verdict, DEVICE, FORCED))
+                self._chores.append((action, self.verdict, DEVICE, FORCED, True))  # a drill stands for the watchdog
         self._forced_at = forced[0][0] if forced else _NEVER
 
     def _between_steps(self, step: int) -> None:
@@ -476,13 +484,18 @@ class Watchdog:
             if self._follower.pending:
                 self._chores.append(_FOLLOW)
 
-    def _hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "") -> Action:
+    def _hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "",
+                   counts: bool = True) -> Action:
         """An action leaves for the training loop: name the leak now (its suspects go into the
-        block), and keep what the host needs to report it."""
+        block), keep what the host needs to report it, and count a restart that is the watchdog's
+        (`counts`: not one a host proposed on its own account, such as a preemption)."""
         handed = self._handed
         if handed.unreported is not None:  # an earlier one its host never reported
             self.report_action(HANDED_OVER)
         suspects = self._follower.name(step) if self._drives_follower and action.needs_checkpoint else []
+        if action is Action.CHECKPOINT_RESTART and counts:
+            count, previous = handed.restarts
+            handed.restarts = (restarts_in_a_row(count, previous, step, self.config.policy.restart_window_steps), step)
         handed.last = handed.unreported = ActionReport(step, action, verdict, suspects=suspects, memory=memory,
                                                        origin=origin)
         if not handed.reports:  # its block is logged at the next step, if nobody reports it
@@ -562,7 +575,7 @@ class Watchdog:
             if self._follower.arm():  # a leak is suspected: capture where its tensors are made
                 self._chores.append(_FOLLOW)
         if action.needs_checkpoint and all(chore is _FOLLOW for chore in tuple(self._chores)):  # one waits at most
-            self._chores.append((action, verdict, memory, ""))
+            self._chores.append((action, verdict, memory, "", True))
 
     def _after_reinit(self, reading: MemoryReading | None) -> None:
         if self._host is not None:
@@ -613,13 +626,14 @@ class _HandedOver:
     """The actions step() handed over: the newest, the one whose block is not logged yet, and
     whether the host always reports its own."""
 
-    __slots__ = ("last", "unreported", "reports", "held")
+    __slots__ = ("last", "unreported", "reports", "held", "restarts")
 
-    def __init__(self, reports: bool):
+    def __init__(self, reports: bool, restarts: int, restart_step: int | None):
         self.last: ActionReport | None = None
         self.unreported: ActionReport | None = None
         self.reports = reports
         self.held: tuple | None = None  # several ranks: the action offered at the next agreement
+        self.restarts = (restarts, restart_step)  # the watchdog's restarts in a row, and the newest one's step
 
 
 def log_acted(report: ActionReport) -> None:

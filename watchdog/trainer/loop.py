@@ -11,7 +11,9 @@
           SIGTERM (preemption): save at the next step boundary, exit 42
           SIGINT (Ctrl-C): save at the next step boundary, exit 130 (a second Ctrl-C stops at once)
     -> a checkpoint the disk refuses is logged (path, bytes needed, bytes free) and training goes
-       on; if an action or a signal needed it, a restart is still requested (exit 42)
+       on; if an action, a signal or the last step needed it, a restart is still requested, as
+       exit 44: nothing new was saved, so a restarter that counts it bounds a disk that refuses
+       every write (exit 42 is reserved for a saved checkpoint)
 
 A step depends only on the state, the RNG and the data position, and all three are in the
 checkpoint, so a reinit or a restart continues bit for bit where the run would have been. An
@@ -48,7 +50,8 @@ from watchdog.actions.checkpoint import (
     restore_rng_state,
 )
 from watchdog.core.config import WatchdogConfig
-from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUESTED, InputError
+from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
+from watchdog.core.policy import restarts_in_a_row
 from watchdog.core.restarts import restarts_so_far
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
@@ -490,14 +493,13 @@ class Trainer:
                         log.warning("interrupted" if interrupted else "preempted",
                                     signal=signal.Signals(self._stop_signal).name, step=step)
                     saved = self._save(restart=self._stop_signal is None)  # a preemption is not the watchdog's restart
-                    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_RESTART_REQUESTED
-                    self._tell(report, saved, RESTART_REQUESTED)
+                    exit_code = EXIT_INTERRUPTED if interrupted else EXIT_RESTART_REQUESTED if saved else EXIT_UNSAVED
+                    self._tell(report, saved, RESTART_REQUESTED if saved or interrupted else UNSAVED)
                 elif action is Action.CHECKPOINT_REINIT:
                     reinitialised = self._reinit()
                     if not reinitialised:  # no checkpoint to rebuild from: only a new process frees memory
-                        exit_code = EXIT_RESTART_REQUESTED
-                    self._tell(report, reinitialised, REINITIALISED if reinitialised
-                               else "the checkpoint failed: exit 42 to restart")
+                        exit_code = EXIT_UNSAVED
+                    self._tell(report, reinitialised, REINITIALISED if reinitialised else UNSAVED)
                 elif self.config.checkpoint_every and self.state.step % self.config.checkpoint_every == 0:
                     self._save()  # a failure is logged; the next one may fit
                 progress.update(step, loss, self.watchdog)
@@ -507,7 +509,7 @@ class Trainer:
                 saved_now = self._saved_at == self.state.step  # a periodic save at the last step: not twice
                 if (self.state.step > first_step or self.checkpoints.latest_step() is None) and not saved_now:
                     if not self._save():  # the finished state is not on disk: redo it from the last one
-                        exit_code = EXIT_RESTART_REQUESTED
+                        exit_code = EXIT_UNSAVED
             finished = True
         finally:
             elapsed = time.perf_counter() - started
@@ -584,6 +586,7 @@ class Trainer:
         forced = tuple((watch_step(self.config, step), action) for step, action in self.config.forced_actions)
         config = dataclasses.replace(self.config.watchdog.ending_at(watch_step(self.config, self.config.steps)),
                                      restarts_so_far=self.restarts_so_far, watchdog_restarts=self.watchdog_restarts,
+                                     watchdog_restart_step=self.watchdog_restart_step,
                                      rank=self.replica.rank, forced_actions=self.config.watchdog.forced_actions + forced)
         # The loop follows the leak itself and reports every action; the watchdog shares its censuses.
         watchdog = Watchdog(config, telemetry=self.telemetry, reports_actions=True, follower=self._follower,
@@ -778,7 +781,7 @@ class Trainer:
         if self.strategy.sharded_checkpoints or self.replica.rank == 0:
             payload = checkpoint_payload(self.state, self.config, self.device,
                                          restarts_so_far=self.restarts_so_far + int(restart), reinits=self.reinits,
-                                         **self._watchdog_restarts_after(restart))
+                                         **self._watchdog_state(restart))
             try:
                 self.checkpoints.save(payload, self.state.step)
                 leaks.after_save(self.config.leaks, self.state.step)
@@ -796,12 +799,15 @@ class Trainer:
             self.watchdog.observe_checkpoint(time.perf_counter() - started)
         return saved
 
-    def _watchdog_restarts_after(self, restart: bool) -> dict:
-        """The watchdog's restarts in a row and the newest one's step, as the checkpoint records them."""
+    def _watchdog_state(self, restart: bool) -> dict:
+        """The watchdog's restarts in a row and the newest one's step, as the checkpoint records them:
+        the watchdog counts a restart it hands over; unwatched, a drill's restart is counted here, for
+        the watchdog of a later run resumed from this checkpoint."""
+        if self.watchdog is not None:
+            return self.watchdog.state_dict()
         count, step = self.watchdog_restarts, self.watchdog_restart_step
         if restart:
-            window = self.config.watchdog.policy.restart_window_steps if self.config.watchdog else 0
-            count, step = restarts_in_a_row(count, step, self.state.step, window), self.state.step
+            count, step = restarts_in_a_row(count, step, self.state.step, window=0), self.state.step
         return {"watchdog_restarts": count, "watchdog_restart_step": step}
 
     def _check_disk(self) -> None:
@@ -863,15 +869,8 @@ class Trainer:
             signal.signal(signum, handler)
 
 
-def restarts_in_a_row(count: int, previous_step: int | None, step: int, window: int) -> int:
-    """The watchdog's restarts in a row once it restarts at `step`: one more, or one again when its
-    previous restart was `window` steps or more before (progress, not a loop; 0: never again)."""
-    if window and previous_step is not None and step - previous_step >= window:
-        return 1
-    return count + 1
-
-
-_ENDINGS = {EXIT_OK: "done", EXIT_INTERRUPTED: "interrupted"}  # else a restart was asked for (exit 42)
+_ENDINGS = {EXIT_OK: "done", EXIT_INTERRUPTED: "interrupted"}  # else a restart was asked for (exit 42 or 44)
+UNSAVED = "the checkpoint failed: exit 44 to restart from the newest one"
 
 
 def train(config: TrainConfig, **kwargs) -> TrainResult:
