@@ -9,6 +9,7 @@ from lightning.pytorch.tuner import Tuner
 from torch.utils.data import DataLoader, TensorDataset
 
 from watchdog import WatchdogConfig
+from watchdog.core.errors import ConfigError
 from watchdog.core.sample import load_trace
 from watchdog.integrations.lightning import HbmWatchdogCallback
 from conftest import settled_rss
@@ -246,3 +247,12 @@ def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_through_lightnin
     second = fit((), 10, ckpt_path=first.resume_path())  # a new process: a new callback
     assert second.watchdog.config.watchdog_restarts == 5 and second.watchdog.config.watchdog_restart_step == 3
     assert second.watchdog.judge.restarts_so_far == 5
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_refused_when_the_callback_is_made(tmp_path):
+    """Said at once, not at the first action an hour in (whose save would fail)."""
+    not_a_folder = tmp_path / "ckpt"
+    not_a_folder.write_text("someone's file")
+    with pytest.raises(ConfigError, match="checkpoint_dir"):
+        HbmWatchdogCallback(WatchdogConfig(), checkpoint_dir=not_a_folder)
+    assert not_a_folder.read_text() == "someone's file"

@@ -1,6 +1,7 @@
 """The training loop's promises: exact continuation across a reinit and a restart, state back on the
 training device, SIGTERM saved and exit 42, bad input exit 2."""
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,28 @@ def finish(config):
         return trainer.run(), trainer.state
     finally:
         trainer.close()
+
+
+def test_a_restart_without_a_checkpoint_dir_keeps_its_checkpoints_and_says_where(events):
+    """Without --checkpoint-dir the checkpoints live in a temporary directory, removed at the end:
+    a run that ends asking for a restart keeps it (nothing lost) and logs how to resume from it."""
+    trainer = Trainer(replace(TINY, forced_actions=((2, Action.CHECKPOINT_RESTART),)))
+    kept = trainer.checkpoints.directory
+    try:
+        result = trainer.run()
+    finally:
+        trainer.close()
+    assert result.exit_code == EXIT_RESTART_REQUESTED and result.step == 3
+    (said,) = events.named("checkpoints_kept")
+    assert said["checkpoint_dir"] == str(kept) and f"--checkpoint-dir {kept} --resume auto" in said["note"]
+    assert [p.name for p in kept.iterdir()] == ["ckpt-00000003.pt"] and str(kept) in result.table
+    clean = Trainer(replace(TINY, steps=2))
+    try:
+        assert clean.run().exit_code == EXIT_OK
+    finally:
+        clean.close()
+    assert not clean.checkpoints.directory.exists(), "a run that needs nothing kept leaves nothing behind"
+    shutil.rmtree(kept)
 
 
 def assert_bitwise_equal(a, b):
@@ -167,6 +190,7 @@ def test_sigterm_saves_at_the_step_boundary_exits_42_and_resumes(tmp_path):
     (["--seed", "-1"], "--seed: expected a seed"),
     (["--memory-limit", "9" * 400], "too large"),
     (["--force-action", "reinit@\u00b2"], "--force-action"),
+    (["--force-action", "restart@5"], "give --checkpoint-dir"),  # a restart could not resume from a temporary one
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, fragment, capsys):
     assert main(["train", *argv]) == EXIT_BAD_INPUT

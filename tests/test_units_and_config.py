@@ -53,6 +53,11 @@ def test_format_bytes_is_signed_and_binary():
     ({"restarts_so_far": -1}, "restarts_so_far"),
     ({"watchdog_restarts": -2}, "watchdog_restarts"),
     ({"watchdog_restarts": True}, "watchdog_restarts"),
+    ({"memory_limit_bytes": 2**70}, "memory_limit_bytes"),  # bounded like every size: below 2**63
+    ({"host_memory_limit_bytes": 2**63}, "host_memory_limit_bytes"),
+    ({"sample_every": 2**60}, "sample_every"),  # bounded like every step count: below 2**52
+    ({"history_size": 2**40}, "history_size"),
+    ({"host_sample_every": 2**52}, "host_sample_every"),
 ])
 def test_bad_config_names_the_field(kwargs, field):
     with pytest.raises(ConfigError) as err:

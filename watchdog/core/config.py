@@ -11,6 +11,7 @@ from pathlib import Path
 
 from watchdog.core.detector import DetectorConfig
 from watchdog.core.errors import ConfigError
+from watchdog.core.numbers import MAX_SIZE, MAX_STEP
 from watchdog.core.policy import PolicyConfig
 from watchdog.core.recompilation import RecompilationConfig
 from watchdog.core.verdict import Action
@@ -80,18 +81,19 @@ class WatchdogConfig:
 
     def __post_init__(self) -> None:
         _positive_int("sample_every", self.sample_every)
-        _positive_int("history_size", self.history_size)
+        _positive_int("history_size", self.history_size, high=1 << 24)  # samples kept in memory
         if self.source not in SOURCES:
             raise ConfigError("source", f"must be one of {', '.join(SOURCES)}, got {self.source!r}")
         if self.memory_limit_bytes is not None and (
-            not isinstance(self.memory_limit_bytes, int) or self.memory_limit_bytes <= 0
+            not isinstance(self.memory_limit_bytes, int) or not 0 < self.memory_limit_bytes < MAX_SIZE
         ):
-            raise ConfigError("memory_limit_bytes", f"must be a positive number of bytes, got {self.memory_limit_bytes!r}")
+            raise ConfigError("memory_limit_bytes",
+                              f"must be a positive number of bytes below 2**63, got {self.memory_limit_bytes!r}")
         if self.host_memory_limit_bytes is not None and (
-            not isinstance(self.host_memory_limit_bytes, int) or self.host_memory_limit_bytes <= 0
+            not isinstance(self.host_memory_limit_bytes, int) or not 0 < self.host_memory_limit_bytes < MAX_SIZE
         ):
             raise ConfigError("host_memory_limit_bytes",
-                              f"must be a positive number of bytes, got {self.host_memory_limit_bytes!r}")
+                              f"must be a positive number of bytes below 2**63, got {self.host_memory_limit_bytes!r}")
         if self.host_sample_every is not None:
             _positive_int("host_sample_every", self.host_sample_every)
         for name in ("stall_after_seconds", "stall_check_seconds"):
@@ -153,6 +155,7 @@ def _forced(pairs) -> tuple[tuple[int, Action], ...]:
     return tuple(sorted(forced))
 
 
-def _positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(name, f"must be a positive integer, got {value!r}")
+def _positive_int(name: str, value: object, high: int = MAX_STEP) -> None:
+    """A count of steps or samples: from 1, below `high` (a step's bound unless said otherwise)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < high:
+        raise ConfigError(name, f"must be a positive integer below {high:,}, got {value!r}")

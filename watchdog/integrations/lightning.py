@@ -43,7 +43,7 @@ from lightning.pytorch import Callback
 
 from watchdog.actions.checkpoint import is_regular_file, set_aside
 from watchdog.core.config import WatchdogConfig
-from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED
+from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED, ConfigError
 from watchdog.fileio import replacing_path
 from watchdog.logs import get_logger
 from watchdog.runtime import xla_stats
@@ -60,6 +60,8 @@ class HbmWatchdogCallback(Callback):
                  source: MemorySource | None = None):
         self.config = config or WatchdogConfig()
         self.checkpoint_dir = Path(checkpoint_dir)
+        if self.checkpoint_dir.exists() and not self.checkpoint_dir.is_dir():  # said now, not at the first action
+            raise ConfigError("checkpoint_dir", f"{self.checkpoint_dir} exists and is not a directory")
         self.source = source
         self.watchdog: Watchdog | None = None
         self.exit_code = EXIT_OK

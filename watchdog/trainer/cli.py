@@ -121,6 +121,11 @@ def build_config(args: argparse.Namespace):
         raise InputError(f"--text-file {args.text_file}: not a readable file")
     if args.checkpoint_dir is not None:
         _check_path("--checkpoint-dir", args.checkpoint_dir, _check_checkpoint_dir)
+    forced = tuple(_parse_forced(s) for s in args.force_action)
+    restart = next((text for text in args.force_action if text.startswith("restart@")), None)
+    if restart is not None and args.checkpoint_dir is None:
+        raise InputError(f"--force-action {restart}: a restart resumes from --checkpoint-dir, and without one the "
+                         "checkpoints are in a temporary directory: give --checkpoint-dir")
     if args.trace_file is not None and not args.no_watchdog:
         _check_path("--trace-file", args.trace_file, _check_trace_file)
     watchdog = None
@@ -140,7 +145,7 @@ def build_config(args: argparse.Namespace):
         text_file=args.text_file, leaks=tuple(parse_leak_spec(s) for s in args.inject_leak),
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
         overwrite_checkpoints=args.overwrite_checkpoints,
-        log_every=args.log_every, forced_actions=tuple(_parse_forced(s) for s in args.force_action),
+        log_every=args.log_every, forced_actions=forced,
         progress_bar=False if getattr(args, "quiet", False) else None,
         eval_every=args.eval_every, eval_steps=args.eval_steps, eval_keep_outputs=args.eval_keep_outputs,
         watchdog=watchdog,

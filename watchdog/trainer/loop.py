@@ -32,6 +32,7 @@ import dataclasses
 import gc
 import math
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -420,10 +421,11 @@ class Trainer:
 
             xla_stats.prepare_compile_analysis()  # before the first graph: torch_xla reads it only then
         self._sync = _sync_function(self.device)
-        self._temporary_dir: tempfile.TemporaryDirectory | None = None
+        # No --checkpoint-dir: a temporary one, removed at the end unless a restart needs what is in it.
+        self._temporary_dir: Path | None = None
         if config.checkpoint_dir is None:
-            self._temporary_dir = tempfile.TemporaryDirectory(prefix="hbm-watchdog-ckpt-")
-        directory = config.checkpoint_dir or Path(self._temporary_dir.name)
+            self._temporary_dir = Path(tempfile.mkdtemp(prefix="hbm-watchdog-ckpt-"))
+        directory = config.checkpoint_dir or self._temporary_dir
         self.checkpoints = self.strategy.checkpoint_manager(directory, config.keep_checkpoints)
         # Replicas read disjoint shards of the data; SPMD processes all feed the same global batch.
         shard, shards = (replica.rank, replica.world) if replica.replicated else (0, 1)
@@ -511,6 +513,8 @@ class Trainer:
                     if not self._save():  # the finished state is not on disk: redo it from the last one
                         exit_code = EXIT_UNSAVED
             finished = True
+            if exit_code in (EXIT_RESTART_REQUESTED, EXIT_UNSAVED) and self._temporary_dir is not None:
+                self._keep_the_temporary_checkpoints()
         finally:
             elapsed = time.perf_counter() - started
             if self.ledger is not None:
@@ -540,7 +544,14 @@ class Trainer:
 
     def close(self) -> None:
         if self._temporary_dir is not None:
-            self._temporary_dir.cleanup()
+            shutil.rmtree(self._temporary_dir, ignore_errors=True)
+
+    def _keep_the_temporary_checkpoints(self) -> None:
+        """A restart asked for without --checkpoint-dir: its checkpoints stay (nothing lost), and the
+        log says where and how to resume from them."""
+        directory, self._temporary_dir = self._temporary_dir, None
+        log.warning("checkpoints_kept", checkpoint_dir=str(directory),
+                    note=f"the restart resumes from them only with --checkpoint-dir {directory} --resume auto")
 
     # -- the chapters --
 
@@ -757,7 +768,7 @@ class Trainer:
             limit_bytes=self.watchdog.limit_bytes if self.watchdog is not None else None,
             verdict=self.watchdog.verdict if self.watchdog is not None else None,
             trace_file=str(watch.trace_file) if watch is not None and watch.trace_file else None,
-            checkpoint_dir=str(self.checkpoints.directory) if self.config.checkpoint_dir is not None else None,
+            checkpoint_dir=str(self.checkpoints.directory) if self._temporary_dir is None else None,
             newest_checkpoint_step=newest)
 
     def _save(self, *, restart: bool = False) -> bool:
