@@ -53,7 +53,10 @@ def test_dashboard_and_alerts_against_a_real_prometheus_and_a_leaking_run(stack)
     diagnostics = lambda: f"run output:\n{run.tail()}\nprometheus:\n{prometheus.log_tail(10)}"  # noqa: E731
 
     # The leak must be detected, alerted on and acted upon (a checkpoint written) within bounds.
-    local_stack.wait_until(lambda: FIRES_ON_A_LEAK <= prometheus.firing(), 90,
+    # The bound is wall time for a run whose pace is the machine's: beside a loaded suite the
+    # trainer started at 1.5 steps/s and was still "suspect" at step 349 after 83 s (CI, 2026-11-27),
+    # so the bound is generous; a passing run returns as soon as the alerts fire.
+    local_stack.wait_until(lambda: FIRES_ON_A_LEAK <= prometheus.firing(), 240,
                            f"{sorted(FIRES_ON_A_LEAK)} to fire", diagnostics, interval=1)
     leak = prometheus.query('ALERTS{alertname="HbmLeakDetected", alertstate="firing"}')
     assert leak and leak[0]["metric"]["job"] == "hbm-watchdog" and leak[0]["metric"]["severity"] == "warning"
