@@ -7,10 +7,12 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import hypothesis
@@ -135,6 +137,14 @@ def rank_logs(out: Path, rank: int, attempt: int) -> list[dict]:
     """The JSON log records of one rank in one attempt of a `torchrun` run."""
     (path,) = out.glob(f"logs/*/attempt_{attempt}/{rank}/stderr.log")
     return json_lines(path.read_text())
+
+
+def logged(source: "list[dict] | str | subprocess.CompletedProcess", name: str) -> list[dict]:
+    """The log records of event `name`, from records, a log's text, or a finished child's stderr."""
+    if isinstance(source, subprocess.CompletedProcess):
+        source = source.stderr
+    records = json_lines(source) if isinstance(source, str) else source
+    return [r for r in records if r.get("event") == name]
 
 
 def json_lines(text: str) -> list[dict]:
@@ -319,6 +329,93 @@ def events():
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(old)
+
+
+# ------------------------------------------------------------------------ one real run, many checks
+
+def once_per_suite(tmp_path_factory, name: str, run: Callable[[Path], dict]) -> tuple[Path, dict]:
+    """`run(folder)` once for the whole suite, whichever xdist worker asks first; every later caller,
+    on any worker, gets the same folder and the JSON-able dict `run` returned.
+
+    An end-to-end run costs a minute; several test files assert on its outputs (its screen, its
+    log, its trace, its checkpoints). The first caller runs it under a file lock; the others wait
+    on the lock, then read its outcome. A run that raises leaves nothing behind, so the next caller
+    runs it again (and fails the same way, in its own test)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common root
+    folder, outcome = shared / name, shared / f"{name}.json"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not outcome.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            result = run(folder)
+            outcome.write_text(json.dumps(result))
+    return folder, json.loads(outcome.read_text())
+
+
+def run_on_a_pty(args: list[str], timeout: float = 600, columns: int = 160, rows: int = 400) -> tuple[int, bytes]:
+    """Run a command with a pseudo-terminal of `columns` x `rows` as its stdin/stdout/stderr (so it
+    takes the console path: progress bar, console logs, blocks); return its status and output."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))  # a real terminal has a size
+    os.set_blocking(controller, False)
+    env = hbm_watchdog_env(COLUMNS=str(columns), LINES=str(rows), TERM="xterm")
+    child = subprocess.Popen(args, stdin=terminal, stdout=terminal, stderr=terminal, cwd=REPO, env=env,
+                             start_new_session=True)
+    os.close(terminal)
+    output, deadline = bytearray(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([controller], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                chunk = b""
+            if not chunk and child.poll() is not None:
+                break
+            output += chunk
+        elif child.poll() is not None:
+            break
+    else:
+        child.kill()
+    os.close(controller)
+    return child.wait(timeout=30), bytes(output)
+
+
+LEAK_CAUGHT_LIMIT = 2816 << 20  # 2.75 GiB: about 1 GiB of torch_xla process plus ~450 steps of a 4 MiB/step leak
+
+
+@pytest.fixture(scope="session")
+def leak_caught_on_a_terminal(tmp_path_factory) -> tuple[Path, dict]:
+    """The quick start's run, as a person watches it: `train` with a 4 MiB/step `tensors` leak under
+    a 2.75 GiB budget, 600 steps, on a pseudo-terminal, with its JSON log, trace, checkpoints and a
+    metrics endpoint. Its folder holds `log.jsonl`, `trace.csv`, `ckpt/`; the dict, its exit status
+    and its terminal output (`screen`, decoded bytes). Read by test_terminal.py (the screen) and
+    test_trainer_e2e.py (the log and the trace).
+
+    The run must outlast its OOM, or the watchdog rightly only warns (the run ends first): from
+    about 0.97 GB of resident memory, 4 MiB a step fills the budget near step 465, and at 420 steps
+    one loaded run was warned and never checkpointed. At 600 steps the OOM falls inside the run for
+    any start above 0.7 GB, and the next one, after the reinit, past its end."""
+
+    def run(folder: Path) -> dict:
+        code, output = run_on_a_pty([
+            sys.executable, "-m", "watchdog", "--log-file", str(folder / "log.jsonl"), "train", *ONE_BLOCK,
+            "--steps", "600", "--inject-leak", "tensors:4MiB/step", "--memory-limit", str(LEAK_CAUGHT_LIMIT),
+            "--sample-every", "5", "--log-every", "10", "--metrics-port", "0",
+            "--checkpoint-dir", str(folder / "ckpt"), "--trace-file", str(folder / "trace.csv")])
+        return {"exit_status": code, "output": output.decode("utf-8", "replace")}
+
+    return once_per_suite(tmp_path_factory, "leak_caught_on_a_terminal", run)
 
 
 # ------------------------------------------------------------------------ set-up paid once per worker

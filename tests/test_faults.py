@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import REPO, hbm_watchdog_env, json_lines, run_python
+from conftest import REPO, hbm_watchdog_env, json_lines, logged, run_python
 
 from watchdog.actions.checkpoint import CheckpointManager, DiskSpace
 from watchdog.commands.cli import main
@@ -107,11 +107,6 @@ def hbm_watchdog(*args: str, limit: int | None = None, timeout: float = 300) -> 
                           preexec_fn=file_size_limit(limit) if limit else None)
 
 
-def events(out: subprocess.CompletedProcess | str, name: str) -> list[dict]:
-    text = out if isinstance(out, str) else out.stderr
-    return [r for r in json_lines(text) if r.get("event") == name]
-
-
 def one_error_line(err: str, *fragments: str) -> None:
     lines = [line for line in err.splitlines() if not line.startswith("{")]  # log records aside
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -173,7 +168,7 @@ def test_a_torn_newest_checkpoint_is_set_aside_not_overwritten(tmp_path, capsys)
     assert "(this run from 4)" in out.out
     assert (tmp_path / "ckpt-00000006.pt.unreadable").read_bytes() == torn  # kept for a person to look at
     assert torch.load(newest, weights_only=True)["step"] == 6  # this run's own step 6, a good one
-    assert events(out.err, "checkpoint_set_aside")
+    assert logged(out.err, "checkpoint_set_aside")
 
 
 @pytest.mark.parametrize("damage, reason", [
@@ -193,7 +188,7 @@ def test_a_checkpoint_without_model_or_of_another_format_falls_back_to_the_one_b
     assert main(["train", *TINY, "--no-watchdog", "--steps", "5", "--checkpoint-dir", str(tmp_path)]) == EXIT_OK
     out = capsys.readouterr()
     assert "(this run from 2)" in out.out
-    assert any(reason in r["reason"] for r in events(out.err, "checkpoint_skipped"))
+    assert any(reason in r["reason"] for r in logged(out.err, "checkpoint_skipped"))
 
 
 def test_an_unreadable_checkpoint_is_logged_without_torchs_weights_only_false_advice(tmp_path, caplog):
@@ -240,11 +235,11 @@ def test_a_full_disk_under_the_trace_never_changes_the_exit_status(tmp_path, ful
                        "--checkpoint-dir", str(tmp_path / "ckpt"), *flags, limit=limit)
     assert out.returncode == status, out.stderr[-3000:]
     assert said in out.stdout
-    failures = events(out, "trace_write_failed")
+    failures = logged(out, "trace_write_failed")
     assert failures and len({(f["kind"], f["error"]) for f in failures}) == len(failures)  # each kind once
-    (stopped,) = events(out, "watchdog_stopped")
+    (stopped,) = logged(out, "watchdog_stopped")
     assert stopped["trace_errors"] >= 1
-    assert events(out, "checkpoint_saved")[-1]["step"] == (40 if status == EXIT_RESTART_REQUESTED else 150)
+    assert logged(out, "checkpoint_saved")[-1]["step"] == (40 if status == EXIT_RESTART_REQUESTED else 150)
     load_trace(trace)  # still a trace: a row cut short by the full disk is skipped, not fatal
 
 
@@ -343,7 +338,7 @@ def test_training_goes_on_past_a_failed_save_and_an_action_still_gets_its_restar
     out = hbm_watchdog("train", *TINY, "--no-watchdog", "--steps", "20", "--checkpoint-every", "10",
                        "--checkpoint-dir", str(tmp_path), *forced, limit=64 * 1024)  # a checkpoint is ~180 kB
     assert out.returncode == status, out.stderr[-3000:]
-    failed = events(out, "checkpoint_save_failed")
+    failed = logged(out, "checkpoint_save_failed")
     assert failed[0]["step"] == 10 and failed[0]["bytes_needed"] > 64 * 1024 and failed[0]["bytes_free"] > 0
     assert failed[0]["path"] == str(tmp_path / "ckpt-00000010.pt") and failed[0]["error"] == "File too large"
     last_step = 15 if action else 20  # trained past the failure at 10, up to the action or the end

@@ -16,17 +16,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, json_lines
+from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, json_lines, logged
 
 from watchdog.core.sample import Sample, labelled_trace_path, load_trace, write_trace
 
 GiB, MiB = 1 << 30, 1 << 20
 BUDGET = 2816 * MiB  # about 1 GiB of torch_xla process plus ~450 steps of a 4 MiB/step leak
 TRAIN = ["train", *ONE_BLOCK, "--sample-every", "5", "--log-every", "50", "--host-memory-limit", str(BUDGET)]
-
-
-def events(records, name):
-    return [r for r in records if r.get("event") == name]
 
 
 @pytest.fixture
@@ -37,10 +33,10 @@ def flat_device(tmp_path) -> list[str]:
 
 
 def _host_action(records) -> dict:
-    (acted,) = events(records, "watchdog_acted")
+    (acted,) = logged(records, "watchdog_acted")
     assert acted["memory"] == "host" and acted["action"] == "checkpoint_restart", acted
     assert "(host memory)" in acted["block"] and acted["outcome"] == "exit 42: restart requested"
-    assert not [e for e in events(records, "watchdog_action") if e["memory"] != "host"]  # the device stayed quiet
+    assert not [e for e in logged(records, "watchdog_action") if e["memory"] != "host"]  # the device stayed quiet
     return acted
 
 
@@ -57,12 +53,12 @@ def test_a_host_leak_is_checkpointed_and_restarted_before_the_host_budget_and_th
     assert acted["suspects"][0].startswith("+") and "bytearray[4194304] in host memory" in acted["suspects"][0]
     assert "attribute 'host' of LeakSinks" in acted["suspects"][0], acted["suspects"]
     assert acted["checkpoint"] and Path(acted["checkpoint"]).is_file()
-    (watched,) = events(records, "host_memory_watched")
+    (watched,) = logged(records, "host_memory_watched")
     assert watched["domain"] == "budget" and watched["limit_bytes"] == BUDGET
     host = load_trace(labelled_trace_path(trace, "host"))
     assert max(s.bytes_used for s in host) < BUDGET and host[-1].bytes_limit == BUDGET
     assert {s.bytes_used for s in load_trace(trace)} == {4 * GiB}  # the device's series, replayed flat
-    assert [e["memory"] for e in events(records, "leak_detected")] == ["host"]
+    assert [e["memory"] for e in logged(records, "leak_detected")] == ["host"]
 
 
 @pytest.mark.slow
@@ -86,7 +82,7 @@ def test_a_clean_run_with_periodic_checkpoints_gets_no_host_action(tmp_path, run
                   "--trace-file", str(trace), "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert out.returncode == 0, out.stderr[-4000:]
     records = json_lines(out.stderr)
-    assert not events(records, "watchdog_action") and not events(records, "leak_detected")
+    assert not logged(records, "watchdog_action") and not logged(records, "leak_detected")
     assert "steps 400/400" in out.stdout
     assert len(load_trace(labelled_trace_path(trace, "host"))) >= 75  # it was watched all along
 
@@ -139,13 +135,13 @@ def test_inside_a_memory_cgroup_the_leak_is_acted_on_before_the_kernels_oom_kill
     # Finished, not -9: the kernel kills at the cgroup's limit, with no checkpoint and no traceback.
     assert out.returncode == 0, (out.returncode, out.stderr[-4000:])
     records = json_lines(out.stderr)
-    (one,) = events(records, "host_memory_is_device_memory")  # PJRT CPU: one memory, one series
+    (one,) = logged(records, "host_memory_is_device_memory")  # PJRT CPU: one memory, one series
     assert one["host_domain"] == "cgroup" and one["host_limit_bytes"] == BUDGET
     # The leak lives in the training state, so a reinit in process gives it back (measured), and
     # the device's policy, which this one series follows, tries that first.
-    acted = events(records, "watchdog_acted")
+    acted = logged(records, "watchdog_acted")
     assert acted and all(a["action"] == "checkpoint_reinit" for a in acted)
     assert "attribute 'host' of LeakSinks" in acted[0]["suspects"][0], acted[0]["suspects"]
-    assert all(m["recovered_bytes"] > GiB // 2 for m in events(records, "reinit_measured"))
+    assert all(m["recovered_bytes"] > GiB // 2 for m in logged(records, "reinit_measured"))
     samples = load_trace(trace)
     assert samples[-1].bytes_limit == BUDGET and max(s.bytes_used for s in samples) < BUDGET

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, json_lines, run_python
+from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, logged, run_python
 
 from watchdog.actions.sharded_checkpoint import read_tensors
 from watchdog.commands.cli import main
@@ -45,10 +45,6 @@ def summary(out: subprocess.CompletedProcess) -> str:
     lines = [line for line in out.stdout.splitlines() if line.startswith("train: ")]
     assert lines, out.stderr[-3000:]
     return lines[-1]
-
-
-def events(out: subprocess.CompletedProcess, name: str) -> list[dict]:
-    return [r for r in json_lines(out.stderr) if r.get("event") == name]
 
 
 LAYOUT = r"""
@@ -118,9 +114,9 @@ def test_a_resumed_spmd_run_is_bitwise_identical_to_an_uninterrupted_one(tmp_pat
         "--steps", "24", "--log-every", "8", *SMALL, "--checkpoint-dir", str(tmp_path / "broken"),
         "--resume", "auto", "--no-watchdog", "--force-action", "reinit@7", "--force-action", "restart@15"))
     assert broken.returncode == 0, broken.stderr[-3000:]
-    assert [e["step"] for e in events(broken, "reinitialised")] == [8]
-    assert [e["step"] for e in events(broken, "resumed")] == [16]
-    assert [e["child_status"] for e in events(broken, "child_restarting")] == [f"exit {EXIT_RESTART_REQUESTED}"]
+    assert [e["step"] for e in logged(broken, "reinitialised")] == [8]
+    assert [e["step"] for e in logged(broken, "resumed")] == [16]
+    assert [e["child_status"] for e in logged(broken, "child_restarting")] == [f"exit {EXIT_RESTART_REQUESTED}"]
 
     final = "step-00000024"
     a, b = read_tensors(tmp_path / "straight" / final), read_tensors(tmp_path / "broken" / final)
@@ -173,7 +169,7 @@ def test_sigkill_during_a_sharded_save_leaves_the_previous_step_to_load(tmp_path
 
     resumed = watchdog_cli("train", "--spmd", *SMALL, "--steps", "12", "--no-watchdog", "--checkpoint-dir", str(ckpt))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [e["step"] for e in events(resumed, "resumed")] == [5]
+    assert [e["step"] for e in logged(resumed, "resumed")] == [5]
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000005", "step-00000012"]  # the debris is gone
 
 
@@ -202,11 +198,11 @@ def test_a_torn_or_unsafe_step_is_skipped_for_the_one_before(tmp_path):
 
     resumed = watchdog_cli("train", "--spmd", *SMALL, "--steps", "14", "--no-watchdog", "--checkpoint-dir", str(ckpt))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    skipped = {Path(e["path"]).name: e["reason"] for e in events(resumed, "checkpoint_skipped")}
+    skipped = {Path(e["path"]).name: e["reason"] for e in logged(resumed, "checkpoint_skipped")}
     assert set(skipped) == {"step-00000012", "step-00000008"}
     assert "not allowed in checkpoint metadata" in skipped["step-00000008"]
     assert not marker.exists()  # refused, never run
-    assert [e["step"] for e in events(resumed, "resumed")] == [4]
+    assert [e["step"] for e in logged(resumed, "resumed")] == [4]
 
 
 RESHARD = r"""
@@ -258,7 +254,7 @@ def test_a_leaking_spmd_run_finishes_every_step_under_its_budget(tmp_path, leak,
     assert out.returncode == 0, out.stderr[-3000:]
     assert "steps 600/600" in summary(out)
     assert trace_peak(trace) < budget
-    reinits, restarts = events(out, "reinitialised"), events(out, "child_restarting")
+    reinits, restarts = logged(out, "reinitialised"), logged(out, "child_restarting")
     if fixed_by == "reinit":
         assert len(reinits) >= 1 and restarts == []
     else:

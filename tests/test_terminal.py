@@ -8,54 +8,16 @@ number a person reads carries its unit.
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import select
-import struct
-import subprocess
-import sys
-import termios
-import time
 
 import pytest
-from conftest import ONE_BLOCK, REPO, hbm_watchdog_env
 
 pytestmark = pytest.mark.slow
 
-COLUMNS, ROWS = 160, 400
+COLUMNS, ROWS = 160, 400  # the pseudo-terminal's size (tests/conftest.py run_on_a_pty)
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 BAR = re.compile(r"\d+%\|.*\| \d+/\d+ \[")
 SIZE = r"\d+\.\d+ (?:B|KiB|MiB|GiB)"
-
-
-def run_on_a_pty(args: list[str], timeout: float = 600) -> tuple[int, bytes]:
-    """Run a command with a pseudo-terminal as its stdin/stdout/stderr; return its status and output."""
-    controller, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))  # a real terminal has a size
-    os.set_blocking(controller, False)
-    env = hbm_watchdog_env(COLUMNS=str(COLUMNS), LINES=str(ROWS), TERM="xterm")
-    child = subprocess.Popen(args, stdin=terminal, stdout=terminal, stderr=terminal, cwd=REPO, env=env,
-                             start_new_session=True)
-    os.close(terminal)
-    output, deadline = bytearray(), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([controller], [], [], 0.5)
-        if ready:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                chunk = b""
-            if not chunk and child.poll() is not None:
-                break
-            output += chunk
-        elif child.poll() is not None:
-            break
-    else:
-        child.kill()
-    os.close(controller)
-    return child.wait(timeout=30), bytes(output)
 
 
 def screen_lines(output: bytes) -> list[str]:
@@ -67,16 +29,10 @@ def screen_lines(output: bytes) -> list[str]:
     return [line.rstrip() for line in screen.display if line.strip()]
 
 
-@pytest.mark.long
-def test_a_leak_caught_reads_well_on_a_terminal(tmp_path):
-    """The run must outlast its OOM, or the watchdog rightly only warns (the run ends first): from
-    about 0.97 GB of resident memory, 4 MiB a step fills the 2.75 GiB budget near step 465, and at
-    420 steps one loaded run was warned and never checkpointed. At 540 steps the OOM falls inside the
-    run for any start above 0.7 GB."""
-    code, output = run_on_a_pty([
-        sys.executable, "-m", "watchdog", "train", *ONE_BLOCK, "--steps", "540", "--inject-leak", "tensors:4MiB/step",
-        "--memory-limit", "2.75GiB", "--sample-every", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
-        "--trace-file", str(tmp_path / "trace.csv")])
+@pytest.mark.long  # the first to ask runs the shared scenario (about a minute)
+def test_a_leak_caught_reads_well_on_a_terminal(leak_caught_on_a_terminal):
+    folder, run = leak_caught_on_a_terminal
+    code, output = run["exit_status"], run["output"].encode()
     lines = screen_lines(output)
     text = "\n".join(lines)
     assert code == 0, text[-4000:]
@@ -91,6 +47,6 @@ def test_a_leak_caught_reads_well_on_a_terminal(tmp_path):
     assert re.search(r"leaking\s+\+\d+ tensors float32\[1048576\]", block)
     assert re.search(rf"recovered\s+{SIZE} given back \(memory now {SIZE}\)", block)
     summary = text[text.index("── hbm-watchdog train: done"):]
-    assert "540 / 540" in summary and re.search(rf"peak memory\s+{SIZE} of 2\.75 GiB budget", summary)
-    assert f"hbm-watchdog report {tmp_path / 'trace.csv'}" in summary
+    assert "600 / 600" in summary and re.search(rf"peak memory\s+{SIZE} of 2\.75 GiB budget", summary)
+    assert f"hbm-watchdog report {folder / 'trace.csv'}" in summary
     assert "memory_source_selected" not in text  # routine start-up detail: debug on a terminal

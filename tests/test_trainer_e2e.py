@@ -13,51 +13,45 @@ import re
 import sys
 
 import pytest
-from conftest import ONE_BLOCK, json_lines
+from conftest import LEAK_CAUGHT_LIMIT, ONE_BLOCK, json_lines, logged
 
 from watchdog.core.sample import load_trace
 
-LIMIT = 2816 << 20  # 2.75 GiB: about 1 GiB of torch_xla process plus ~450 steps of a 4 MiB/step leak
-TRAIN = ["train", *ONE_BLOCK, "--memory-limit", str(LIMIT), "--sample-every", "5", "--log-every", "10"]
-
-
-def events(records, name):
-    return [r for r in records if r.get("event") == name]
-
 
 @pytest.mark.slow
-@pytest.mark.long
-def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(tmp_path, run_cli):
-    trace = tmp_path / "trace.csv"
-    out = run_cli(*TRAIN, "--inject-leak", "tensors:4MiB/step", "--steps", "600", "--metrics-port", "0", "--trace-file", str(trace),
-                  "--checkpoint-dir", str(tmp_path / "ckpt"))
-    assert out.returncode == 0, out.stderr[-4000:]
-    records = json_lines(out.stderr)
-    assert re.search(r"^metrics: http://127\.0\.0\.1:\d+/metrics$", out.stdout, re.M)
+def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(leak_caught_on_a_terminal):
+    """The shared run (tests/conftest.py): its JSON log file and trace; test_terminal.py reads its screen."""
+    folder, run = leak_caught_on_a_terminal
+    assert run["exit_status"] == 0, run["output"][-4000:]
+    records = json_lines((folder / "log.jsonl").read_text())
+    [serving] = logged(records, "metrics_serving")
+    assert re.search(rf"^metrics: {re.escape(serving['url'])}\r?$", run["output"], re.M)
+    assert serving["url"].startswith("http://127.0.0.1:")
     # the OOM comes about 450 steps in, inside the run; the next one, after the reinit, would come past its end
-    assert "steps 600/600 (this run from 0), reinits 1," in out.stdout
+    assert [(r["step"], r["steps_total"], r["first_step"], r["reinits"]) for r in logged(records, "train_finished")
+            ] == [(600, 600, 0, 1)]
 
-    [action] = [a for a in events(records, "watchdog_action") if a["action"] != "warn"]  # the next OOM only warns
+    [action] = [a for a in logged(records, "watchdog_action") if a["action"] != "warn"]  # the next OOM only warns
     assert action["action"] == "checkpoint_reinit"
     # At the action: what is leaking and what holds it. The action also armed a capture of creation
     # sites; it runs on the rebuilt state, and the census after it says where the leak is made.
-    suspects, located = events(records, "leak_suspects")
+    suspects, located = logged(records, "leak_suspects")
     assert "float32[1048576] on xla:0" in suspects["suspects"][0], suspects
     assert "attribute 'tensors' of LeakSinks" in suspects["suspects"][0], suspects
     assert not suspects["creation_sites"] and located["creation_sites"]
     assert "created at leaks.py:" in located["suspects"][0] and "in _filled" in located["suspects"][0], located
     assert "attribute 'tensors' of LeakSinks" in located["suspects"][0], located
-    [reinit] = events(records, "reinitialised")
-    [measured] = events(records, "reinit_measured")
+    [reinit] = logged(records, "reinitialised")
+    [measured] = logged(records, "reinit_measured")
     assert measured["recovered_bytes"] > 0.5 * 4 * 2**20 * reinit["step"]  # the leak was freed
 
-    samples = load_trace(trace)
-    assert max(s.bytes_used for s in samples) < LIMIT  # acted before the budget was reached
+    samples = load_trace(folder / "trace.csv")
+    assert max(s.bytes_used for s in samples) < LEAK_CAUGHT_LIMIT  # acted before the budget was reached
     before = [s.bytes_used for s in samples if s.step < reinit["step"]]
     after = [s.bytes_used for s in samples if s.step > reinit["step"]]
     assert min(after) < before[-1] - 2**30  # resident memory really came down
 
-    losses = {r["step"]: r["loss"] for r in events(records, "train_progress")}
+    losses = {r["step"]: r["loss"] for r in logged(records, "train_progress")}
     assert sorted(losses) == list(range(9, 600, 10))
     pre = [losses[s] for s in losses if reinit["step"] - 50 <= s < reinit["step"]]
     post = [losses[s] for s in losses if reinit["step"] <= s < reinit["step"] + 30]
@@ -75,13 +69,13 @@ def test_a_leak_far_from_any_oom_is_reported_with_its_holder_and_creation_site_a
     assert out.returncode == 0, out.stderr[-4000:]
     records = json_lines(out.stderr)
     assert "steps 500/500 (this run from 0), reinits 0, restarts 0" in out.stdout
-    assert events(records, "watchdog_action") == []
+    assert logged(records, "watchdog_action") == []
 
-    [reported] = events(records, "leak_detected")
+    [reported] = logged(records, "leak_detected")
     assert 1.4 * 2**20 < reported["slope_bytes_per_step"] < 3 * 2**20, reported
     assert not reported["oom_projected"] and "leak detected, no action" in reported["explanation"]
     # The report armed the creation-site capture; the census after it names holder and site.
-    [located] = events(records, "leak_suspects")
+    [located] = logged(records, "leak_suspects")
     assert located["creation_sites"] and located["step"] > reported["step"]
     assert "created at leaks.py:" in located["suspects"][0] and "in _filled" in located["suspects"][0], located
     assert "attribute 'tensors' of LeakSinks" in located["suspects"][0], located
@@ -102,18 +96,18 @@ def test_global_leak_escalates_to_restart_under_supervise_and_finishes(tmp_path,
     assert out.returncode == 0, out.stderr[-4000:]
     records = json_lines(out.stderr)
 
-    actions = [(r["action"], r["step"]) for r in events(records, "watchdog_action") if r["action"] != "warn"]
+    actions = [(r["action"], r["step"]) for r in logged(records, "watchdog_action") if r["action"] != "warn"]
     assert [a for a, _ in actions[:2]] == ["checkpoint_reinit", "checkpoint_restart"], actions
-    measured = events(records, "reinit_measured")[0]
+    measured = logged(records, "reinit_measured")[0]
     assert measured["bytes_after"] > 0.9 * measured["floor_before_bytes"]  # the global leak survived
     # The resumed process leaks again from a fresh start; on a loaded machine it may need a second
     # restart before step 600, within the budget. The first one is the one under test.
-    restarting = events(records, "child_restarting")
+    restarting = logged(records, "child_restarting")
     assert restarting and all(r["reason"] == "restart_requested" and r["child_status"] == "exit 42"
                               for r in restarting)
 
-    resumed = events(records, "resumed")[0]
-    restart_saves = [r["step"] for r in events(records, "checkpoint_saved") if r["step"] > actions[1][1]]
+    resumed = logged(records, "resumed")[0]
+    restart_saves = [r["step"] for r in logged(records, "checkpoint_saved") if r["step"] > actions[1][1]]
     assert resumed["restarts_so_far"] == 1
     assert resumed["step"] == restart_saves[0]  # resumed from the restart's checkpoint ...
     assert resumed["step"] - actions[1][1] <= 3  # ... taken right after the action step: nothing lost

@@ -15,12 +15,17 @@ user's logging setup (levels, handlers) applies. Only entry points (the CLI) cal
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
+import os
+import stat
 import sys
+from typing import IO
 
 import structlog
 
+from watchdog.core.errors import InputError
 from watchdog.core.units import format_bytes, format_duration
 
 _PRE_CHAIN = [
@@ -38,6 +43,7 @@ ROUTINE_EVENTS = frozenset({
     "watchdog_stopped", "metrics_serving", "checkpoint_loaded", "checkpoint_saved",
     "checkpoint_stale_temporary_removed", "child_started", "train_progress", "spmd_mesh",
     "leak_suspects", "reinitialised", "reinit_measured", "leak_baseline_taken",
+    "train_finished",  # the console prints the run's summary table instead
 })
 
 
@@ -54,8 +60,9 @@ def console_wanted(fmt: str = "auto") -> bool:
     return fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
 
 
-def configure_logging(fmt: str = "auto", level: int | str = logging.INFO) -> None:
-    """Install one stderr handler on the root logger: `json`, `console`, or `auto` (console on a TTY)."""
+def configure_logging(fmt: str = "auto", level: int | str = logging.INFO, log_file: IO[str] | None = None) -> None:
+    """Install one stderr handler on the root logger: `json`, `console`, or `auto` (console on a TTY);
+    with `log_file` (see `open_log_file`), every event also goes there as a JSON line, whatever stderr shows."""
     numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     console = console_wanted(fmt)
     if console:
@@ -63,17 +70,41 @@ def configure_logging(fmt: str = "auto", level: int | str = logging.INFO) -> Non
                       structlog.processors.format_exc_info, _render_blocks_or(
                           structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))]
     else:
-        processors = [structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                      structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+        processors = _JSON_CHAIN
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=processors, foreign_pre_chain=_PRE_CHAIN))
     if console and numeric > logging.DEBUG:
         handler.addFilter(_without_routine_events)
+    handlers = [handler]
+    if log_file is not None:
+        handlers.append(logging.StreamHandler(log_file))
+        handlers[-1].setFormatter(structlog.stdlib.ProcessorFormatter(processors=_JSON_CHAIN,
+                                                                      foreign_pre_chain=_PRE_CHAIN))
     root = logging.getLogger()
     for old in list(root.handlers):  # an entry point owns the process's logging (torch_xla's import adds one)
         root.removeHandler(old)
-    root.addHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
     root.setLevel(numeric)
+
+
+_JSON_CHAIN = [structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+               structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+
+
+def open_log_file(path: str | os.PathLike) -> IO[str]:
+    """`--log-file`: appended to, as logs are, and line-buffered, so a killed run keeps every line it
+    logged. Never through a link, and only a regular file: a path that points elsewhere is refused."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0),
+                     0o644)
+    except OSError as exc:
+        reason = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise InputError(f"--log-file {os.fspath(path)!s}: cannot write it ({reason})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"--log-file {os.fspath(path)!s}: not a regular file")
+    return open(fd, "a", buffering=1, encoding="utf-8")
 
 
 def _without_routine_events(record: logging.LogRecord) -> bool:

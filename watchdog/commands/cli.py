@@ -16,7 +16,7 @@ import sys
 
 from watchdog.commands.clash import name_clash
 from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InputError
-from watchdog.logs import LEVELS, configure_logging
+from watchdog.logs import LEVELS, configure_logging, open_log_file
 
 COMMANDS = {
     "train": ("watchdog.trainer.cli", "run the instrumented trainer with the watchdog attached"),
@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", choices=LEVELS, default="info",
                         help="least severe events shown (default: info; on a console, routine start-up "
                              "detail appears only at debug)")
+    parser.add_argument("--log-file", metavar="PATH",
+                        help="also append every event to PATH as JSON lines, whatever --log-format shows")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="warnings and errors only, and no progress bar (the end-of-run summary still prints)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -92,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     if ignored is not None:
         print(f"hbm-watchdog {args.command}: error: {_one_line(ignored)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    configure_logging(args.log_format, "warning" if args.quiet else args.log_level)
+    try:
+        log_file = open_log_file(args.log_file) if args.log_file else None
+    except InputError as exc:
+        print(f"hbm-watchdog {args.command}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    configure_logging(args.log_format, "warning" if args.quiet else args.log_level, log_file)
     try:
         return int(args._run(args) or 0)
     except InputError as exc:

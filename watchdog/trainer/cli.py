@@ -16,7 +16,7 @@ from watchdog.core.config import SOURCES
 from watchdog.core.errors import InputError
 from watchdog.core.numbers import option, parse_count, parse_positive, parse_seed, parse_step
 from watchdog.core.units import positive_size
-from watchdog.logs import console_wanted
+from watchdog.logs import console_wanted, get_logger
 from watchdog.station.exporter import add_metrics_options
 from watchdog.trainer.leaks import FORMS, parse_leak_spec
 
@@ -235,6 +235,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.close()
+    get_logger(__name__).info(  # the summary, for a log pipeline (or --log-file) whatever the terminal shows
+        "train_finished", exit_code=result.exit_code, step=result.step, steps_total=result.steps_total,
+        first_step=result.first_step, reinits=result.reinits, restarts=result.restarts,
+        final_loss=result.final_loss, steps_per_second=round(result.steps_per_second, 2), verdict=result.verdict)
     if console_wanted(getattr(args, "log_format", "auto")):
         print(result.table, file=sys.stderr, flush=True)  # a table for a person at a terminal
     else:

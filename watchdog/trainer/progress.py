@@ -1,4 +1,4 @@
-"""Progress: a tqdm bar on a terminal, a structured log line every `log_every` steps otherwise.
+"""Progress: a tqdm bar on a terminal, and a structured log line every `log_every` steps.
 
 The loss is read only every `log_every` steps, after the step's sync: reading it is a
 device-to-host transfer, and on XLA one per step would cost more than the watchdog does.
@@ -54,9 +54,10 @@ class Progress:
         self._last_time, self._last_step = now, done
         if self._bar is not None:
             self._bar.set_postfix_str(bar_text(value, watchdog), refresh=False)
-        else:
-            log.info("train_progress", step=step, loss=round(value, 4), steps_per_second=round(rate, 2),
-                     **_watchdog_fields(watchdog))
+        # logged under the bar too: the console shows it only at debug (a routine event), a
+        # --log-file keeps it
+        log.info("train_progress", step=step, loss=round(value, 4), steps_per_second=round(rate, 2),
+                 **_watchdog_fields(watchdog))
 
     def close(self) -> None:
         if self._bar is not None:
