@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from watchdog.logs import configure_logging, get_logger, with_units
+from watchdog.logs import OncePerKind, configure_logging, get_logger, with_units
 
 
 def test_numbers_get_their_units_on_the_console_only():
@@ -47,3 +47,15 @@ def test_routine_detail_is_debug_on_the_console_but_stays_in_json(capsys, restor
 def test_warning_level_keeps_only_warnings(capsys, restore_root_logging):
     out = emit(capsys, "json", "warning")
     assert [json.loads(line)["event"] for line in out.splitlines()] == ["watchdog_action", "watchdog_acted"]
+
+
+def test_once_per_kind_logs_each_new_kind_and_cause_once_and_counts_every_error(events):
+    """The one helper behind the sidecar's, the daemon's, the trace's and the flight record's errors."""
+    errors = OncePerKind(get_logger("watchdog.test"), "thing_failed", level="error")
+    said = [errors("write", "No space left on device", path="p") for _ in range(3)]
+    said.append(errors("write", "Read-only file system", path="p"))  # a new cause at the same place
+    said.append(errors("open", "No space left on device", path="p", note="retried in 5 s"))  # a new place
+    assert said == [True, False, False, True, True] and errors.count == 5
+    logged = events.named("thing_failed")
+    assert [(e["kind"], e["level"]) for e in logged] == [("write", "error")] * 2 + [("open", "error")]
+    assert logged[0]["note"] == OncePerKind.NOTE and logged[2]["note"] == "retried in 5 s"

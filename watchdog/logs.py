@@ -117,3 +117,36 @@ def _render_blocks_or(renderer):
     return render
 
 
+
+
+class OncePerKind:
+    """Logs the first error of each kind and counts every one: a fault that repeats at every sample
+    (a full disk, a device that stopped answering) is one line in the log, not a flood, and the
+    count (the caller's Prometheus counter) still has them all.
+
+    `kind` is where it failed (`trace_write`, `host_read`), `cause` what failed (an errno's text,
+    an exception's type): a new cause at the same place is news, and is logged."""
+
+    NOTE = "further errors of this kind are counted, not logged"
+
+    def __init__(self, logger, event: str, *, level: str = "warning"):
+        self._log = getattr(logger, level)
+        self._event = event
+        self._logged: set[tuple[str, str]] = set()
+        self.count = 0
+
+    def __call__(self, kind: str, cause: str, **fields) -> bool:
+        """Count one error; log it (with `fields`, and a note unless given one) if its kind and
+        cause are new. True when it was logged."""
+        self.count += 1
+        if (kind, cause) in self._logged:
+            return False
+        self._logged.add((kind, cause))
+        fields.setdefault("note", self.NOTE)
+        self._log(self._event, kind=kind, **fields)
+        return True
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception as one log field: `OSError: [Errno 28] No space left on device`."""
+    return f"{type(exc).__name__}: {exc}"

@@ -67,7 +67,7 @@ from watchdog.core.restarts import restarts_so_far
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
-from watchdog.logs import get_logger
+from watchdog.logs import OncePerKind, exception_text, get_logger
 from watchdog.runtime import agreement, xla_stats
 from watchdog.runtime.agreement import Agreement, severity
 from watchdog.runtime.compile_watch import CompileWatch
@@ -138,7 +138,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._host: HostWatch | None = None
-        self._failed_kinds: set[str] = set()
+        self._error_log = OncePerKind(log, "watchdog_error")  # each kind logged once, every one counted
         self._stall_seen_step = -1
         self._stall_seen_at = time.monotonic()
         self._compile_watch: CompileWatch | None = None
@@ -586,11 +586,7 @@ class Watchdog:
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         self.telemetry.sample_errors_total += 1
-        key = f"{kind}:{type(exc).__name__}"
-        if key not in self._failed_kinds:  # log each kind of failure once, count all of them
-            self._failed_kinds.add(key)
-            log.warning("watchdog_error", kind=kind, error=f"{type(exc).__name__}: {exc}",
-                        note="further errors of this kind are counted, not logged")
+        self._error_log(kind, type(exc).__name__, error=exception_text(exc))
 
     # ---- stall watch ---------------------------------------------------------------------------
 
