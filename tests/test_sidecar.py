@@ -120,6 +120,17 @@ def test_history_is_bounded():
     assert wd.telemetry.samples_total == 30
 
 
+def test_the_old_name_latest_verdict_still_reads_the_verdict_and_says_it_is_deprecated():
+    config = WatchdogConfig(sample_every=1, memory_limit_bytes=1 << 40)
+    with Watchdog(config, source=RssSource(1 << 40)) as wd:
+        for step in range(3):
+            wd.step(step)
+            wd.drain()
+        with pytest.warns(DeprecationWarning, match="Watchdog.verdict"):
+            old = wd.latest_verdict
+    assert old is wd.verdict and old is not None
+
+
 def test_stop_is_idempotent_and_start_returns_self():
     wd = Watchdog(WatchdogConfig(memory_limit_bytes=1 << 40), source=RssSource(1 << 40))
     assert wd.start() is wd

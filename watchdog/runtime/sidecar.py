@@ -52,6 +52,7 @@ import queue
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from typing import Any, Callable
 
@@ -253,7 +254,11 @@ class Watchdog:
         host may read it every step."""
         return self.telemetry.verdict
 
-    latest_verdict = verdict  # the name it had before the station; kept for code written against it
+    @property
+    def latest_verdict(self) -> Verdict | None:
+        """Deprecated (0.1): `verdict`. Kept one release for code written against it."""
+        warnings.warn("Watchdog.latest_verdict is deprecated; read Watchdog.verdict", DeprecationWarning, stacklevel=2)
+        return self.verdict
 
     @property
     def limit_bytes(self) -> int | None:
