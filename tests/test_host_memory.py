@@ -173,7 +173,7 @@ def test_a_host_leak_beside_a_quiet_device_is_checkpointed_and_restarted_before_
     assert host_telemetry.actions_snapshot()[Action.CHECKPOINT_RESTART] == 1
     assert wd.last_action.suspects[0].endswith("held by list of %d (attribute 'encoded' of LeakyLoader)"
                                                % len(loader.encoded))
-    (acted,) = events.named("watchdog_acted")
+    (acted,) = events.named("action_outcome")
     assert acted["memory"] == "host" and "(host memory)" in acted["block"] and "LeakyLoader" in acted["block"]
     (report,) = events.named("leak_detected")
     assert report["memory"] == "host"

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from watchdog.logs import OncePerKind, configure_logging, get_logger, with_units
+from watchdog.logs import OncePerKind, configure_logging, get_logger, log_event, with_units
 
 
 def test_numbers_get_their_units_on_the_console_only():
@@ -29,24 +29,30 @@ def emit(capsys, fmt: str, level: str) -> str:
     configure_logging(fmt, level)
     log = get_logger("watchdog.test")
     log.info("memory_source_selected", source="rss", bytes_used=1 << 30)
-    log.warning("watchdog_action", action="checkpoint_reinit", step=3)
-    log.warning("watchdog_acted", step=3, block="── watchdog: checkpoint reinit at step 3 ──\n  done  reinit")
+    log_event(log, logging.WARNING, "action_decided", action="checkpoint_reinit", step=3)
+    log_event(log, logging.WARNING, "action_outcome", step=3,
+              block="── watchdog: checkpoint reinit at step 3 ──\n  done  reinit")
     return capsys.readouterr().err
 
 
 def test_routine_detail_is_debug_on_the_console_but_stays_in_json(capsys, restore_root_logging):
     console = emit(capsys, "console", "info")
-    assert "memory_source_selected" not in console and "watchdog_action" in console
-    assert "── watchdog: checkpoint reinit at step 3 ──\n  done  reinit" in console
+    assert "memory_source_selected" not in console and "action_decided" in console
+    assert console.count("── watchdog: checkpoint reinit at step 3 ──\n  done  reinit") == 1
+    assert "watchdog_action" not in console, "a renamed event is shown once, under its new name"
     assert "memory_source_selected" in emit(capsys, "console", "debug")
     records = [json.loads(line) for line in emit(capsys, "json", "info").splitlines()]
-    assert [r["event"] for r in records] == ["memory_source_selected", "watchdog_action", "watchdog_acted"]
+    assert [r["event"] for r in records] == ["memory_source_selected", "action_decided", "watchdog_action",
+                                             "action_outcome", "watchdog_acted"]  # the old names, one release
+    assert "deprecated" in records[2] and "deprecated" not in records[1]
+    assert records[2]["action"] == "checkpoint_reinit" and records[2]["step"] == 3
     assert records[0]["bytes_used"] == 1 << 30  # raw base units for machines
 
 
 def test_warning_level_keeps_only_warnings(capsys, restore_root_logging):
     out = emit(capsys, "json", "warning")
-    assert [json.loads(line)["event"] for line in out.splitlines()] == ["watchdog_action", "watchdog_acted"]
+    assert [json.loads(line)["event"] for line in out.splitlines()] == ["action_decided", "watchdog_action",
+                                                                        "action_outcome", "watchdog_acted"]
 
 
 def test_once_per_kind_logs_each_new_kind_and_cause_once_and_counts_every_error(events):

@@ -220,7 +220,7 @@ def test_a_leak_report_is_logged_with_its_rate_when_it_goes_up_and_once_when_the
             source.bytes_used = (1 << 30) + min(step, 1500) * (64 << 10) + (step % 8) * (4 << 20)
             wd.step(step)
             wd.drain()
-    events = [e for e in captured.events if e["event"] in ("leak_detected", "leak_report_cleared", "watchdog_action")]
+    events = [e for e in captured.events if e["event"] in ("leak_detected", "leak_report_cleared", "action_decided")]
     assert [e["event"] for e in events] == ["leak_detected", "leak_report_cleared"], events
     up, down = events
     assert up["slope_bytes_per_step"] == pytest.approx(64 << 10, rel=0.1) and not up["oom_projected"]

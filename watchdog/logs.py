@@ -32,13 +32,30 @@ _PRE_CHAIN = [
 LEVELS = ("debug", "info", "warning", "error")
 
 # Events a person does not need on a terminal unless debugging; JSON logs keep them all. The
-# second line's events are parts of the action block (`watchdog_acted`), which shows them together.
+# second line's events are parts of the action block (`action_outcome`), which shows them together.
 ROUTINE_EVENTS = frozenset({
     "memory_source_unavailable", "memory_source_selected", "watchdog_started",
     "watchdog_stopped", "metrics_serving", "checkpoint_loaded", "checkpoint_saved",
     "checkpoint_stale_temporary_removed", "child_started", "train_progress", "spmd_mesh",
     "leak_suspects", "reinitialised", "reinit_measured", "leak_baseline_taken",
 })
+
+
+# Log events renamed, new name -> old. For one release each is also written under its old name,
+# with a `deprecated` field, so a log pipeline that selects the old name keeps working while it
+# moves; the console shows only the new one. docs/CHANGELOG.md lists them.
+RENAMED_EVENTS = {
+    "action_decided": "watchdog_action",  # what the watchdog decided for a series, and why
+    "action_outcome": "watchdog_acted",  # the action's block: what the host did with it, what it gave back
+}
+
+
+def log_event(logger, level: int, event: str, **fields) -> None:
+    """`logger.log(level, event, ...)`, and the same line under the event's old name while it is kept."""
+    logger.log(level, event, **fields)
+    old = RENAMED_EVENTS.get(event)
+    if old is not None:
+        logger.log(level, old, **fields, deprecated=f"renamed {event}; this old name goes in the next release")
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
@@ -67,6 +84,8 @@ def configure_logging(fmt: str = "auto", level: int | str = logging.INFO) -> Non
                       structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=processors, foreign_pre_chain=_PRE_CHAIN))
+    if console:
+        handler.addFilter(_without_old_names)
     if console and numeric > logging.DEBUG:
         handler.addFilter(_without_routine_events)
     root = logging.getLogger()
@@ -74,6 +93,14 @@ def configure_logging(fmt: str = "auto", level: int | str = logging.INFO) -> Non
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+
+
+def _without_old_names(record: logging.LogRecord) -> bool:
+    """A person sees a renamed event once, under its new name."""
+    return not (isinstance(record.msg, dict) and record.msg.get("event") in _OLD_NAMES and "deprecated" in record.msg)
+
+
+_OLD_NAMES = frozenset(RENAMED_EVENTS.values())
 
 
 def _without_routine_events(record: logging.LogRecord) -> bool:

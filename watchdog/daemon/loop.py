@@ -9,7 +9,7 @@
     the target exits -> wait for it to come back (pattern, pidfile) -> attach again ...
 
 Each device goes through its own `Station` (`station/station.py`), the sidecar's path: a Judge,
-telemetry, a best-effort trace, and the same lines (`leak_detected`, `watchdog_action`,
+telemetry, a best-effort trace, and the same lines (`leak_detected`, `action_decided`,
 `restart_measured`) as in process. The daemon supplies the readings and carries out what a
 checkpoint action asks for: a signal, then the escalation ladder. A new segment (a restarted
 process) tells every station `restarted()` and numbers samples from 0 again (so the trace shows

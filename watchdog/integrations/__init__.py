@@ -1,4 +1,4 @@
-"""Callbacks that make a framework's trainer a host of the `Watchdog` (Lightning, Hugging Face).
+"""Callbacks that make a framework's trainer drive the `Watchdog` (Lightning, Hugging Face).
 
 Its modules, one job each, are mapped in watchdog/ARCHITECTURE.md (Layers).
 """
