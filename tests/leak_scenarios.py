@@ -367,7 +367,7 @@ def run(name: str) -> dict:
     result["compilations"] = watchdog.telemetry.xla_compilations_total
     result["peak_rss_before_action"] = peak_before_action
     result["actions"] = {a.value: n for a, n in watchdog.telemetry.actions_snapshot().items() if n}
-    result["verdict"] = watchdog.latest_verdict.explanation if watchdog.latest_verdict else None
+    result["verdict"] = watchdog.verdict.explanation if watchdog.verdict else None
     watchdog.stop()
     return result
 

@@ -72,7 +72,7 @@ def test_the_plain_form_gets_the_leak_named_with_its_holder_and_the_actions_bloc
     assert suspects and "attribute 'kept' of Metrics" in suspects[-1]["suspects"][0], suspects
     assert wd.suspects.lines == suspects[-1]["suspects"]
     assert wd.last_action.action is action and wd.last_action.verdict.oom_projected
-    (acted,) = events.named("watchdog_acted")
+    (acted,) = events.named("action_outcome")
     assert acted["outcome"] == HANDED_OVER and acted["step"] == job.saved_at[0]
     assert "attribute 'kept' of Metrics" in acted["block"] and HANDED_OVER in acted["block"]
 
@@ -85,9 +85,9 @@ def test_carry_out_rebuilds_measures_what_came_back_and_names_the_creation_line(
             action = wd.step(step)
             if action is not None:
                 assert wd.carry_out(action, save=lambda: job.save(step), rebuild=job.rebuild)
-            if events.named("watchdog_acted") and any(e["creation_sites"] for e in events.named("leak_suspects")):
+            if events.named("action_outcome") and any(e["creation_sites"] for e in events.named("leak_suspects")):
                 break
-    (acted, *_) = events.named("watchdog_acted")
+    (acted, *_) = events.named("action_outcome")
     assert acted["outcome"] == REINITIALISED and acted["checkpoint"] == f"ckpt-{job.saved_at[0]}.pt"
     assert acted["recovered_bytes"] > 100 << 20, "the rebuild gave the leaked tensors back"
     assert "recovered" in acted["block"]
@@ -107,7 +107,7 @@ def test_carry_out_without_a_rebuild_asks_for_a_restart_and_a_warn_needs_nothing
     assert not wd.carry_out(Action.CHECKPOINT_RESTART, save=lambda: job.save(4))
     assert job.saved_at == [3, 4]
     assert wd.telemetry.checkpoint_snapshot()[3] == 2, "both saves were timed"
-    assert not events.named("watchdog_acted"), "no action was handed over, so there is no block to log"
+    assert not events.named("action_outcome"), "no action was handed over, so there is no block to log"
     wd.report_action(RESTART_REQUESTED)  # nothing handed over: nothing to report
 
 
@@ -118,7 +118,7 @@ def test_a_clean_loop_gets_one_baseline_census_and_nothing_else(events):
             job.train_step(step)
             assert wd.step(step) is None
     assert len(events.named("leak_baseline_taken")) == 1
-    for name in ("leak_suspects", "watchdog_acted", "leak_detected", "watchdog_action", "creation_capture_started"):
+    for name in ("leak_suspects", "action_outcome", "leak_detected", "action_decided", "creation_capture_started"):
         assert not events.named(name), name
     assert not wd._chores, "after the baseline, step() does only its O(1) work"
 
@@ -132,4 +132,4 @@ def test_forensics_off_takes_no_census_even_when_acting(events):
                 break
     assert wd.last_action is not None and wd.last_action.suspects == []
     assert not events.named("leak_baseline_taken") and not events.named("leak_suspects")
-    assert events.named("watchdog_acted"), "the action's block is still logged"
+    assert events.named("action_outcome"), "the action's block is still logged"

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.station.exporter import EndpointLimits, serve_metrics, serve_registry
+from watchdog.station.endpoint import EndpointLimits, serve_registry
+from watchdog.station.exporter import serve_metrics
 from watchdog.station.telemetry import Telemetry
 
 SHORT = EndpointLimits(request_deadline_seconds=1.0, head_grace_seconds=0.05)
@@ -215,12 +216,12 @@ LISTENING_CALLS = re.compile(r"\.listen\(|make_server\(|start_http_server\(|HTTP
                              r"start_server\(|create_server\(|serve_forever\(")
 
 
-def test_the_exporter_is_the_only_code_that_opens_a_listening_socket():
+def test_the_endpoint_is_the_only_code_that_opens_a_listening_socket():
     """So the loopback default below is the default of every server the project starts: a new
     listener anywhere else fails here, and goes through `serve_registry` instead."""
     sources = [*(PACKAGE / "watchdog").rglob("*.py"), *(PACKAGE / "deploy").rglob("*.py")]
     offenders = sorted(str(p.relative_to(PACKAGE)) for p in sources
-                       if LISTENING_CALLS.search(p.read_text()) and p.name != "exporter.py")
+                       if LISTENING_CALLS.search(p.read_text()) and p.name != "endpoint.py")
     assert offenders == []
 
 

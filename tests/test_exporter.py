@@ -208,7 +208,7 @@ def test_a_real_watchdog_run_is_exported_as_the_sidecar_sees_it(tmp_path, served
             wd.step(step)
             assert wd.drain(5.0)
         samples = scrape(server)
-        verdict = wd.latest_verdict
+        verdict = wd.verdict
     assert value(samples, "hbmwatch_samples_total") == wd.telemetry.samples_total >= 590
     assert value(samples, "hbmwatch_memory_used_bytes") == wd.telemetry.sample.bytes_used
     assert value(samples, "hbmwatch_memory_limit_bytes") == 2048 * MiB

@@ -46,11 +46,8 @@ from watchdog.core.sample import (
     load_trace,
     write_trace,
 )
-from watchdog.station.exporter import (
-    MAX_CONNECTIONS,
-    REQUEST_DEADLINE_SECONDS,
-    serve_metrics,
-)
+from watchdog.station.endpoint import MAX_CONNECTIONS, REQUEST_DEADLINE_SECONDS
+from watchdog.station.exporter import serve_metrics
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.station.telemetry import Telemetry
 from watchdog.trainer.loop import TrainConfig, Trainer

@@ -169,11 +169,11 @@ def test_a_host_leak_beside_a_quiet_device_is_checkpointed_and_restarted_before_
     assert action is Action.CHECKPOINT_RESTART and peak < budget  # before the host's budget, and a restart
     assert wd.last_action.memory == "host" and wd.last_action.verdict.limit_bytes == budget
     assert not any(wd.telemetry.actions_snapshot().values())  # the device's judge stayed quiet
-    assert not wd.latest_verdict.leak_detected
+    assert not wd.verdict.leak_detected
     assert host_telemetry.actions_snapshot()[Action.CHECKPOINT_RESTART] == 1
     assert wd.last_action.suspects[0].endswith("held by list of %d (attribute 'encoded' of LeakyLoader)"
                                                % len(loader.encoded))
-    (acted,) = events.named("watchdog_acted")
+    (acted,) = events.named("action_outcome")
     assert acted["memory"] == "host" and "(host memory)" in acted["block"] and "LeakyLoader" in acted["block"]
     (report,) = events.named("leak_detected")
     assert report["memory"] == "host"

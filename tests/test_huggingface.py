@@ -84,7 +84,7 @@ def test_a_leaking_hook_is_checkpointed_by_the_trainer_before_the_budget_and_the
     assert (tmp_path / f"checkpoint-{watch.action_step}").is_dir(), "the Trainer saved its own checkpoint"
     suspects = events.named("leak_suspects")
     assert suspects and "attribute 'kept' of LogitsForAMetric" in suspects[-1]["suspects"][0], suspects
-    (acted,) = events.named("watchdog_acted")
+    (acted,) = events.named("action_outcome")
     assert acted["checkpoint"] == str(tmp_path / f"checkpoint-{watch.action_step}")
     assert "exit 42" in acted["outcome"] and "LogitsForAMetric" in acted["block"]
     kept_at_stop = len(hook.kept)
@@ -145,7 +145,7 @@ def test_a_clean_run_gets_no_action_and_no_leak_report(tmp_path, events):
     trainer.train()
     assert trainer.state.global_step == 160 and watch.exit_code == 0
     assert watch.watchdog.telemetry.samples_total >= 60
-    for name in ("watchdog_action", "leak_detected", "leak_suspects", "watchdog_acted"):
+    for name in ("action_decided", "leak_detected", "leak_suspects", "action_outcome"):
         assert not events.named(name), name
 
 
@@ -160,7 +160,7 @@ def test_predictions_kept_through_an_evaluation_are_named_with_eval_accumulation
     assert watch.exit_code == 42 and watch.action_step == 20, "acted on when the first evaluation ended"
     assert trainer.state.global_step == 20 and (tmp_path / "checkpoint-20").is_dir()
     assert watch.findings == [EVAL_ACCUMULATION_FINDING]
-    (acted,) = events.named("watchdog_acted")
+    (acted,) = events.named("action_outcome")
     assert "eval_accumulation_steps" in acted["block"]
     phases = {s.phase for s in watch.watchdog.history}
     assert phases == {"", "eval/80"}, "evaluation batches were sampled under the eval phase"

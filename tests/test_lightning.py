@@ -79,7 +79,7 @@ def test_a_leak_is_checkpointed_and_stopped_before_the_budget(tmp_path, events):
     assert len(module.kept) * LEAK_BYTES < budget, "stopped before the budget was spent"
     suspects = events.named("leak_suspects")
     assert suspects and "attribute 'kept' of LeakyModule" in suspects[-1]["suspects"][0], suspects
-    (acted,) = events.named("watchdog_acted")
+    (acted,) = events.named("action_outcome")
     assert acted["checkpoint"] == str(callback.checkpoint_path) and "exit 42" in acted["outcome"]
     assert "LeakyModule" in acted["block"]
     assert trainer.global_step < 2000
@@ -98,7 +98,7 @@ def test_no_leak_runs_to_the_end_without_action(tmp_path, events):
     assert trainer.global_step == 150
     assert callback.exit_code == 0 and callback.resume_path() is None
     assert callback.watchdog.telemetry.samples_total > 10
-    for name in ("watchdog_action", "leak_detected", "leak_suspects", "watchdog_acted"):
+    for name in ("action_decided", "leak_detected", "leak_suspects", "action_outcome"):
         assert not events.named(name), name
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from watchdog.commands.cli import main
 from watchdog.core.errors import EXIT_BAD_INPUT
-from watchdog.logs import configure_logging, get_logger, open_log_file, with_units
+from watchdog.logs import OncePerKind, configure_logging, get_logger, log_event, open_log_file, with_units
 
 
 def test_numbers_get_their_units_on_the_console_only():
@@ -31,24 +31,43 @@ def emit(capsys, fmt: str, level: str) -> str:
     configure_logging(fmt, level)
     log = get_logger("watchdog.test")
     log.info("memory_source_selected", source="rss", bytes_used=1 << 30)
-    log.warning("watchdog_action", action="checkpoint_reinit", step=3)
-    log.warning("watchdog_acted", step=3, block="── watchdog: checkpoint reinit at step 3 ──\n  done  reinit")
+    log_event(log, logging.WARNING, "action_decided", action="checkpoint_reinit", step=3)
+    log_event(log, logging.WARNING, "action_outcome", step=3,
+              block="── watchdog: checkpoint reinit at step 3 ──\n  done  reinit")
     return capsys.readouterr().err
 
 
 def test_routine_detail_is_debug_on_the_console_but_stays_in_json(capsys, restore_root_logging):
     console = emit(capsys, "console", "info")
-    assert "memory_source_selected" not in console and "watchdog_action" in console
-    assert "── watchdog: checkpoint reinit at step 3 ──\n  done  reinit" in console
+    assert "memory_source_selected" not in console and "action_decided" in console
+    assert console.count("── watchdog: checkpoint reinit at step 3 ──\n  done  reinit") == 1
+    assert "watchdog_action" not in console, "a renamed event is shown once, under its new name"
     assert "memory_source_selected" in emit(capsys, "console", "debug")
     records = [json.loads(line) for line in emit(capsys, "json", "info").splitlines()]
-    assert [r["event"] for r in records] == ["memory_source_selected", "watchdog_action", "watchdog_acted"]
+    assert [r["event"] for r in records] == ["memory_source_selected", "action_decided", "watchdog_action",
+                                             "action_outcome", "watchdog_acted"]  # the old names, one release
+    assert "deprecated" in records[2] and "deprecated" not in records[1]
+    assert records[2]["action"] == "checkpoint_reinit" and records[2]["step"] == 3
     assert records[0]["bytes_used"] == 1 << 30  # raw base units for machines
 
 
 def test_warning_level_keeps_only_warnings(capsys, restore_root_logging):
     out = emit(capsys, "json", "warning")
-    assert [json.loads(line)["event"] for line in out.splitlines()] == ["watchdog_action", "watchdog_acted"]
+    assert [json.loads(line)["event"] for line in out.splitlines()] == ["action_decided", "watchdog_action",
+                                                                        "action_outcome", "watchdog_acted"]
+
+
+def test_once_per_kind_logs_each_new_kind_and_cause_once_and_counts_every_error(events):
+    """The one helper behind the sidecar's, the daemon's, the trace's and the flight record's errors."""
+    errors = OncePerKind(get_logger("watchdog.test"), "thing_failed", level="error")
+    said = [errors("write", "No space left on device", path="p") for _ in range(3)]
+    said.append(errors("write", "Read-only file system", path="p"))  # a new cause at the same place
+    said.append(errors("open", "No space left on device", path="p", note="retried in 5 s"))  # a new place
+    assert said == [True, False, False, True, True] and errors.count == 5
+    logged = events.named("thing_failed")
+    assert [(e["kind"], e["level"]) for e in logged] == [("write", "error")] * 2 + [("open", "error")]
+    assert logged[0]["note"] == OncePerKind.NOTE and logged[2]["note"] == "retried in 5 s"
+
 
 
 def test_a_log_file_gets_every_event_as_json_whatever_the_console_shows(capsys, tmp_path, restore_root_logging):
@@ -57,12 +76,12 @@ def test_a_log_file_gets_every_event_as_json_whatever_the_console_shows(capsys, 
     with open_log_file(path) as handle:
         configure_logging("console", "info", handle)
         get_logger("watchdog.test").info("memory_source_selected", source="rss", bytes_used=1 << 30)
-        get_logger("watchdog.test").warning("watchdog_action", action="checkpoint_reinit", step=3)
+        get_logger("watchdog.test").warning("action_decided", action="checkpoint_reinit", step=3)
         console = capsys.readouterr().err
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["event"] for r in records] == ["an earlier run", "memory_source_selected", "watchdog_action"]
+    assert [r["event"] for r in records] == ["an earlier run", "memory_source_selected", "action_decided"]
     assert records[1]["bytes_used"] == 1 << 30  # raw units, routine events included
-    assert "memory_source_selected" not in console and "watchdog_action" in console
+    assert "memory_source_selected" not in console and "action_decided" in console
 
 
 @pytest.mark.parametrize("kind", ["symlink", "directory"])

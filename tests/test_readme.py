@@ -1,5 +1,6 @@
 """The README's quick start is the contract with new users: CI must run its test command verbatim."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -28,6 +29,39 @@ def test_quick_start_is_exactly_two_commands():
 
 def test_ci_lists_the_twenty_slowest_tests():
     assert "--durations=20" in (ROOT / ".ci" / "run").read_text()
+
+
+def _all_python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+
+
+# What a user's own code supplies to the README's snippets: their step, checkpoint, model and data.
+USERS_OWN = {"train_step", "save", "rebuild", "start", "steps", "model", "val_loader", "data"}
+
+
+def _free_names(snippet: str) -> set[str]:
+    """Names a snippet reads that it neither imports nor assigns, and Python does not provide."""
+    import builtins
+
+    tree = ast.parse(snippet)
+    bound = {alias.asname or alias.name.split(".")[0]
+             for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    bound |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}
+    read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    return read - bound - set(dir(builtins))
+
+
+def test_every_python_snippet_in_the_readme_imports_what_it_uses():
+    """Each snippet is whole Python, and every name it reads is imported or assigned in it, or is
+    one of the user's own (their step, save, rebuild, model, data): copied alone, it runs."""
+    snippets = _all_python_blocks()
+    assert len(snippets) >= 5, "the snippets are where the test looks"
+    leftovers = {i: sorted(_free_names(snippet) - USERS_OWN) for i, snippet in enumerate(snippets)}
+    assert {i: names for i, names in leftovers.items() if names} == {}
+
+
+def test_the_check_finds_a_name_a_snippet_forgot_to_import():
+    assert _free_names("from watchdog import Watchdog\nif Watchdog() is Action.NONE: pass\n") == {"Action"}
 
 
 def _python_blocks(heading: str) -> list[str]:
@@ -67,6 +101,26 @@ def test_the_own_loop_snippet_runs_as_written_and_carries_out_an_action(tmp_path
     assert saved and rebuilt, "the watchdog acted and carry_out saved and rebuilt"
     assert max(saved) * (1 << 20) < 400 << 20, "before the budget"
     assert (tmp_path / "trace.csv").exists()
+
+
+@pytest.mark.slow  # the snippets' device is the default one: torch_xla's, wherever it is imported
+def test_the_plain_loop_and_the_phase_snippets_run_as_written(tmp_path, monkeypatch):
+    """The other snippets of "A loop of your own" and "Phases", each alone, with the user's own
+    step, save, rebuild, model and data (the first snippet, Lightning's and Hugging Face's run in
+    their own tests)."""
+    monkeypatch.chdir(tmp_path)
+    plain = _python_blocks("### A loop of your own")[1]
+    steps_taken: list[int] = []
+    names = {"train_step": lambda: steps_taken.append(1), "save": lambda: None, "rebuild": lambda: None,
+             "start": 0, "steps": 25}
+    exec(compile(plain, "README.md", "exec"), names)
+    assert len(steps_taken) == 25 and names["wd"].telemetry.samples_total >= 1, "the watchdog sampled the loop"
+
+    phase = _python_blocks("### Phases: evaluations that keep their outputs")[0]
+    names = {"model": lambda batch: batch * 2, "val_loader": list(range(20))}
+    exec(compile(phase, "README.md", "exec"), names)
+    assert names["predictions"] == [2 * b for b in range(20)] and names["counter"] == 20
+    assert names["wd"].telemetry.samples_total >= 1  # a sample posted while one is read is skipped: best effort
 
 
 def _slug(heading: str) -> str:

@@ -46,7 +46,15 @@ def test_architecture_names_every_layer_folder_and_core_module():
         assert missing == set(), f"ARCHITECTURE.md does not name {sorted(missing)}"
 
 
-def test_readme_layout_lists_every_folder():
-    section = (ROOT / "README.md").read_text().split("## Layout", 1)[1]
-    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert {f for f in folders if f"{f}/" not in section} == set()
+def test_architecture_is_the_one_map_and_the_readme_links_to_it():
+    """One layout map: ARCHITECTURE.md names every module of every layer and every top-level folder;
+    the README points to it and copies none of it (a copy drifts)."""
+    text = (PACKAGE / "ARCHITECTURE.md").read_text()
+    missing = {m for m in _modules() if Path(m).name not in text}
+    assert missing == set(), f"ARCHITECTURE.md does not name {sorted(missing)}"
+    top = {p.name for p in ROOT.iterdir() if p.name not in SKIPPED_FOLDERS and not p.name.startswith(".git")
+           and not p.name.endswith(".egg-info") and p.name != "README.md"}
+    assert {f for f in top if f"\n{f}" not in text} == set(), "a top-level entry missing from the map"
+    readme = (ROOT / "README.md").read_text()
+    assert "(watchdog/ARCHITECTURE.md#layers)" in readme
+    assert not re.search(r"^  core/", readme, flags=re.M), "the README copies the layout instead of linking it"

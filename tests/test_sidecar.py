@@ -120,6 +120,17 @@ def test_history_is_bounded():
     assert wd.telemetry.samples_total == 30
 
 
+def test_the_old_name_latest_verdict_still_reads_the_verdict_and_says_it_is_deprecated():
+    config = WatchdogConfig(sample_every=1, memory_limit_bytes=1 << 40)
+    with Watchdog(config, source=RssSource(1 << 40)) as wd:
+        for step in range(3):
+            wd.step(step)
+            wd.drain()
+        with pytest.warns(DeprecationWarning, match="Watchdog.verdict"):
+            old = wd.latest_verdict
+    assert old is wd.verdict and old is not None
+
+
 def test_stop_is_idempotent_and_start_returns_self():
     wd = Watchdog(WatchdogConfig(memory_limit_bytes=1 << 40), source=RssSource(1 << 40))
     assert wd.start() is wd
@@ -209,7 +220,7 @@ def test_a_leak_report_is_logged_with_its_rate_when_it_goes_up_and_once_when_the
             source.bytes_used = (1 << 30) + min(step, 1500) * (64 << 10) + (step % 8) * (4 << 20)
             wd.step(step)
             wd.drain()
-    events = [e for e in captured.events if e["event"] in ("leak_detected", "leak_report_cleared", "watchdog_action")]
+    events = [e for e in captured.events if e["event"] in ("leak_detected", "leak_report_cleared", "action_decided")]
     assert [e["event"] for e in events] == ["leak_detected", "leak_report_cleared"], events
     up, down = events
     assert up["slope_bytes_per_step"] == pytest.approx(64 << 10, rel=0.1) and not up["oom_projected"]

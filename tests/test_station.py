@@ -42,7 +42,7 @@ def test_a_leak_goes_through_the_station_into_its_trace_telemetry_and_lines(tmp_
     assert telemetry.verdict is verdict is station.verdict and verdict.status is Status.OOM_PROJECTED
     assert sum(telemetry.actions_snapshot().values()) == len(acted)
     assert [s.step for s in read_trace(tmp_path / "trace.csv")] == list(range(last_step + 1))
-    lines = [e for e in events.events if e["event"] == "watchdog_action"]
+    lines = [e for e in events.events if e["event"] == "action_decided"]
     assert [(e["step"], e["action"]) for e in lines] == [(step, a.value) for step, a in acted]
     assert all(e["device"] == "tpu:0" and e["pid"] == 123 and e["status"] in ("suspect", "oom_projected")
                for e in lines)
@@ -73,12 +73,16 @@ def test_a_restart_starts_the_judge_over_and_is_counted():
 
 
 def test_no_host_logs_what_the_station_logs():
-    """The station's lines are written in one module: a host that logged its own `watchdog_action`
+    """The station's lines are written in one module: a host that logged its own `action_decided`
     or leak report would be a second verdict-to-action path."""
-    owned = {"watchdog_action", "leak_detected", "leak_report_cleared", "reinit_measured", "restart_measured"}
+    owned = {"action_decided", "leak_detected", "leak_report_cleared", "reinit_measured", "restart_measured"}
     writers = {}
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "log_event":
+                name = node.args[2]  # log_event(logger, level, event, ...)
+                if isinstance(name, ast.Constant) and name.value in owned:
+                    writers.setdefault(name.value, set()).add(str(path.relative_to(PACKAGE)))
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr in ("info", "warning", "error", "log") and node.args):
                 name = node.args[1] if node.func.attr == "log" and len(node.args) > 1 else node.args[0]

@@ -197,9 +197,9 @@ def test_sigterm_during_backoff_stops_without_another_run():
 # --- the job's process group: nothing of it outlives supervise -----------------------------------
 
 def shell_supervisor(script, *options):
-    """`supervise --kill-grace 1 -- sh -c SCRIPT`: a shell child, whose commands are its own children."""
+    """`supervise --grace-seconds 1 -- sh -c SCRIPT`: a shell child, whose commands are its own children."""
     return subprocess.Popen([sys.executable, "-m", "watchdog", "--log-format", "json", "supervise", "--backoff", "0",
-                             "--kill-grace", "1", *options, "--", "sh", "-c", script],
+                             "--grace-seconds", "1", *options, "--", "sh", "-c", script],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -229,7 +229,7 @@ def kill_all(pids):
 @pytest.mark.slow
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_and_supervise_exits():
     ignores_sigterm = "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
-    sup, _, stderr = sigterm_once_ready(ignores_sigterm, "--kill-grace", "1")
+    sup, _, stderr = sigterm_once_ready(ignores_sigterm, "--grace-seconds", "1")
     assert sup.returncode == 128 + signal.SIGKILL
     (killed,) = [e for e in log_events(subprocess.CompletedProcess([], 0, "", stderr))
                  if e["event"] == "child_killed_after_grace"]
@@ -300,8 +300,8 @@ def test_after_sigkill_of_supervise_the_whole_job_is_gone_even_ignoring_sigterm(
     ([], "no command to supervise"),
     (["--"], "no command to supervise"),
     (["--max-restarts", "-1", "--", "true"], "--max-restarts"),
-    (["--kill-grace", "-1", "--", "true"], "--kill-grace"),
-    (["--kill-grace", "nan", "--", "true"], "--kill-grace"),
+    (["--grace-seconds", "-1", "--", "true"], "--grace-seconds"),
+    (["--grace-seconds", "nan", "--", "true"], "--grace-seconds"),
     (["--", "/nonexistent/hbm-watchdog-child"], "cannot run"),
 ])
 @pytest.mark.slow
@@ -311,3 +311,19 @@ def test_bad_usage_is_one_line_and_status_2(argv, message):
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_old_kill_grace_flag_still_works_hidden_and_says_its_new_name(capsys):
+    """`--kill-grace` became `--grace-seconds` (watch's word for the same wait): one release of both."""
+    from watchdog.commands.cli import build_parser
+
+    parser = build_parser()
+    old = parser.parse_args(["supervise", "--kill-grace", "7", "--", "true"])
+    assert old.grace_seconds == 7.0 and "deprecated" in capsys.readouterr().err
+    new = parser.parse_args(["supervise", "--grace-seconds", "7", "--", "true"])
+    assert new.grace_seconds == 7.0 and capsys.readouterr().err == ""
+    assert parser.parse_args(["supervise", "--", "true"]).grace_seconds == 30.0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["supervise", "--help"])
+    shown = capsys.readouterr().out
+    assert "--grace-seconds" in shown and "--kill-grace" not in shown

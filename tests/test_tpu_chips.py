@@ -93,7 +93,7 @@ def test_the_leaking_chip_drives_the_decision_and_every_chip_is_exported(tmp_pat
                 watchdog.step(step)
                 assert watchdog.drain(timeout=10)  # one read per step, so server row == step
             samples = scrape(metrics)
-    verdict = watchdog.latest_verdict
+    verdict = watchdog.verdict
     assert verdict.oom_projected and verdict.leak_detected, verdict.explanation
     assert math.isfinite(verdict.projected_oom_steps)
     last = STEPS - 1

@@ -276,7 +276,7 @@ def test_a_slow_leak_is_reported_for_its_device_with_its_rate_and_never_signalle
     assert reported["device"] == "tpu:0" and reported["pid"] == psutil.Process().pid
     assert reported["slope_bytes_per_step"] == pytest.approx(256 << 10, rel=0.1) and not reported["oom_projected"]
     assert daemon.telemetry["tpu:0"].verdict.leak_detected and not daemon.telemetry["tpu:1"].verdict.leak_detected
-    assert captured.named("would_signal") == [] and captured.named("watchdog_action") == []
+    assert captured.named("would_signal") == [] and captured.named("action_decided") == []
 
 
 class OverBudget:

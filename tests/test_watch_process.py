@@ -364,8 +364,8 @@ def test_a_clean_job_runs_thousands_of_samples_with_no_signal_and_a_flat_footpri
         job.wait(60)
     assert watch.returncode == 0
     events = json_lines(err)
-    assert not any(e["event"] in ("target_signalled", "would_signal", "watchdog_action") for e in events), \
-        [e for e in events if "signal" in e["event"] or e["event"] == "watchdog_action"]
+    assert not any(e["event"] in ("target_signalled", "would_signal", "action_decided") for e in events), \
+        [e for e in events if "signal" in e["event"] or e["event"] == "action_decided"]
     assert any(e["event"] == "watch_stopped" and e["signal"] == "SIGTERM" for e in events)
     samples = load_trace(trace)
     assert len(samples) >= 2000 and all(s.bytes_used < 3 << 30 for s in samples)

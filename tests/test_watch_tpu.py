@@ -69,7 +69,7 @@ def test_the_leaking_chip_is_named_and_the_job_signalled_before_it_fills():
     assert job.returncode == -15  # SIGTERM reached the job
     # The signal went out before the leaking chip's trace reached its capacity, with room for the checkpoint.
     assert reads_at_exit < first_full_read(traces)
-    chips = {e.get("device") for e in events if e["event"] == "watchdog_action"} | {signalled[0]["device"]}
+    chips = {e.get("device") for e in events if e["event"] == "action_decided"} | {signalled[0]["device"]}
     assert chips == {f"tpu:{LEAKY_CHIP}"}  # the flat chips never asked for anything
 
 

@@ -37,7 +37,7 @@ _PRE_CHAIN = [
 LEVELS = ("debug", "info", "warning", "error")
 
 # Events a person does not need on a terminal unless debugging; JSON logs keep them all. The
-# second line's events are parts of the action block (`watchdog_acted`), which shows them together.
+# second line's events are parts of the action block (`action_outcome`), which shows them together.
 ROUTINE_EVENTS = frozenset({
     "memory_source_unavailable", "memory_source_selected", "watchdog_started",
     "watchdog_stopped", "metrics_serving", "checkpoint_loaded", "checkpoint_saved",
@@ -45,6 +45,23 @@ ROUTINE_EVENTS = frozenset({
     "leak_suspects", "reinitialised", "reinit_measured", "leak_baseline_taken",
     "train_finished",  # the console prints the run's summary table instead
 })
+
+
+# Log events renamed, new name -> old. For one release each is also written under its old name,
+# with a `deprecated` field, so a log pipeline that selects the old name keeps working while it
+# moves; the console shows only the new one. docs/CHANGELOG.md lists them.
+RENAMED_EVENTS = {
+    "action_decided": "watchdog_action",  # what the watchdog decided for a series, and why
+    "action_outcome": "watchdog_acted",  # the action's block: what the host did with it, what it gave back
+}
+
+
+def log_event(logger, level: int, event: str, **fields) -> None:
+    """`logger.log(level, event, ...)`, and the same line under the event's old name while it is kept."""
+    logger.log(level, event, **fields)
+    old = RENAMED_EVENTS.get(event)
+    if old is not None:
+        logger.log(level, old, **fields, deprecated=f"renamed {event}; this old name goes in the next release")
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
@@ -73,6 +90,8 @@ def configure_logging(fmt: str = "auto", level: int | str = logging.INFO, log_fi
         processors = _JSON_CHAIN
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=processors, foreign_pre_chain=_PRE_CHAIN))
+    if console:
+        handler.addFilter(_without_old_names)
     if console and numeric > logging.DEBUG:
         handler.addFilter(_without_routine_events)
     handlers = [handler]
@@ -105,6 +124,14 @@ def open_log_file(path: str | os.PathLike) -> IO[str]:
         os.close(fd)
         raise InputError(f"--log-file {os.fspath(path)!s}: not a regular file")
     return open(fd, "a", buffering=1, encoding="utf-8")
+
+
+def _without_old_names(record: logging.LogRecord) -> bool:
+    """A person sees a renamed event once, under its new name."""
+    return not (isinstance(record.msg, dict) and record.msg.get("event") in _OLD_NAMES and "deprecated" in record.msg)
+
+
+_OLD_NAMES = frozenset(RENAMED_EVENTS.values())
 
 
 def _without_routine_events(record: logging.LogRecord) -> bool:
@@ -148,3 +175,36 @@ def _render_blocks_or(renderer):
     return render
 
 
+
+
+class OncePerKind:
+    """Logs the first error of each kind and counts every one: a fault that repeats at every sample
+    (a full disk, a device that stopped answering) is one line in the log, not a flood, and the
+    count (the caller's Prometheus counter) still has them all.
+
+    `kind` is where it failed (`trace_write`, `host_read`), `cause` what failed (an errno's text,
+    an exception's type): a new cause at the same place is news, and is logged."""
+
+    NOTE = "further errors of this kind are counted, not logged"
+
+    def __init__(self, logger, event: str, *, level: str = "warning"):
+        self._log = getattr(logger, level)
+        self._event = event
+        self._logged: set[tuple[str, str]] = set()
+        self.count = 0
+
+    def __call__(self, kind: str, cause: str, **fields) -> bool:
+        """Count one error; log it (with `fields`, and a note unless given one) if its kind and
+        cause are new. True when it was logged."""
+        self.count += 1
+        if (kind, cause) in self._logged:
+            return False
+        self._logged.add((kind, cause))
+        fields.setdefault("note", self.NOTE)
+        self._log(self._event, kind=kind, **fields)
+        return True
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception as one log field: `OSError: [Errno 28] No space left on device`."""
+    return f"{type(exc).__name__}: {exc}"

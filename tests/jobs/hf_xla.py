@@ -9,11 +9,13 @@ transformers puts the model on the XLA device by itself when torch_xla is instal
 setting a TPU user needs is an optimizer torch_xla can run (the default is a fused AdamW it cannot).
 """
 
+import builtins
 import functools
 import json
 import os
 import re
 import sys
+import types
 from pathlib import Path
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -23,7 +25,7 @@ import torch_xla.debug.metrics as met  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
-from watchdog import WatchdogConfig  # noqa: E402
+from watchdog import WatchdogConfig  # noqa: E402,F401 (the snippet imports it)
 from watchdog.integrations.huggingface import HbmWatchdogCallback  # noqa: E402,F401 (the snippet imports it)
 
 
@@ -55,8 +57,12 @@ arguments = functools.partial(TrainingArguments, max_steps=30, per_device_train_
                               logging_strategy="no", report_to=[], disable_tqdm=True, seed=0,
                               dataloader_num_workers=0)
 if mode == "on":  # the README's snippet, as written, with this model and data
-    names = {"model": model, "data": Tokens(64), "TrainingArguments": arguments, "Trainer": Trainer,
-             "WatchdogConfig": WatchdogConfig, "Path": Path, "sys": sys}
+    def snippet_import(name, *args, **kwargs):  # the snippet's own `from transformers import ...` gets this run's length
+        if name == "transformers":
+            return types.SimpleNamespace(Trainer=Trainer, TrainingArguments=arguments)
+        return builtins.__import__(name, *args, **kwargs)
+
+    names = {"model": model, "data": Tokens(64), "__builtins__": {**vars(builtins), "__import__": snippet_import}}
     snippet = readme_snippet()
     try:
         exec(compile(snippet, "README.md", "exec"), names)

@@ -14,7 +14,7 @@ Exit status of the supervisor:
 - 1 when a restart was due but the budget (`--max-restarts`) was spent: not 42, so an outer
   restarter (JobSet, torchelastic) does not loop on a job that keeps running out of memory;
 - SIGINT/SIGTERM to the supervisor are forwarded to the child's whole process group and end
-  supervision; what is still running `--kill-grace` seconds later gets SIGKILL. The exit status
+  supervision; what is still running `--grace-seconds` later gets SIGKILL. The exit status
   is then the child's (42 when it saved on SIGTERM, which tells a cluster to reschedule; 137
   when it had to be killed).
 
@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Sequence
 
@@ -57,7 +58,7 @@ OOM_MARKERS = (b"RESOURCE_EXHAUSTED", b"CUDA out of memory", b"OutOfMemoryError"
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 OUTPUT_TAIL_BYTES = 1 << 20  # of each stream, kept for the post-mortem of a crash
-DEFAULT_KILL_GRACE = 30.0  # seconds between a forwarded stop and SIGKILL: time for a checkpoint
+DEFAULT_GRACE_SECONDS = 30.0  # seconds between a forwarded stop and SIGKILL: time for a checkpoint
 _WAIT_POLL_SECONDS = 0.5  # how often a wait looks at the grace (a handler cannot wake os.waitpid)
 _DRAIN_SECONDS = 5.0  # output still open once the group is gone: held by a process that left it
 
@@ -226,7 +227,7 @@ def _pump(source: BinaryIO, sink: BinaryIO | None, scanner: OomScanner) -> None:
 
 
 def _run_child(command: list[str], restarts: int, stop: _StopRequest, stdout: BinaryIO,
-               stderr: BinaryIO, kill_grace: float, guard: Guard | None) -> ChildOutcome:
+               stderr: BinaryIO, grace_seconds: float, guard: Guard | None) -> ChildOutcome:
     env = {**os.environ, RESTART_COUNT_ENV: str(restarts)}
     death_signal = signal.SIGTERM if guard is not None and guard.alive else signal.SIGKILL
     try:
@@ -249,11 +250,11 @@ def _run_child(command: list[str], restarts: int, stop: _StopRequest, stdout: Bi
     for pump in pumps:
         pump.start()
     log.info("child_started", pid=child.pid, restarts_so_far=restarts, command=command)
-    returncode = _wait(child, stop, kill_grace)
+    returncode = _wait(child, stop, grace_seconds)
     # what the child leaves behind (a shell's command, a worker) goes now, not with the next run
-    leftover = end_group(group, kill_grace, signalled_at=stop.since)
+    leftover = end_group(group, grace_seconds, signalled_at=stop.since)
     if leftover is not None:
-        log.warning("job_leftovers_ended", pgid=group, signal=leftover.name, grace_seconds=kill_grace)
+        log.warning("job_leftovers_ended", pgid=group, signal=leftover.name, grace_seconds=grace_seconds)
     stop.group = None
     if guard is not None:
         guard.release(group)
@@ -269,7 +270,7 @@ def _run_child(command: list[str], restarts: int, stop: _StopRequest, stdout: Bi
     return ChildOutcome(returncode, saw_oom=marker is not None, output_tail=err.tail() + out.tail())
 
 
-def _wait(child: subprocess.Popen, stop: _StopRequest, kill_grace: float) -> int:
+def _wait(child: subprocess.Popen, stop: _StopRequest, grace_seconds: float) -> int:
     """The child's exit status; once a stop signal went to its group, SIGKILL to the group when the
     grace is over (a child that ignores SIGTERM must not keep the supervisor up for good)."""
     killed = False
@@ -278,64 +279,67 @@ def _wait(child: subprocess.Popen, stop: _StopRequest, kill_grace: float) -> int
             return child.wait(timeout=_WAIT_POLL_SECONDS)
         except subprocess.TimeoutExpired:
             pass
-        if stop.since is not None and not killed and time.monotonic() >= stop.since + kill_grace:
-            log.warning("child_killed_after_grace", pid=child.pid, grace_seconds=kill_grace,
+        if stop.since is not None and not killed and time.monotonic() >= stop.since + grace_seconds:
+            log.warning("child_killed_after_grace", pid=child.pid, grace_seconds=grace_seconds,
                         signal=signal.Signals(stop.signal).name)
             signal_group(child.pid, signal.SIGKILL)
             killed = True
 
 
-def check_options(max_restarts: int, backoff: float, max_backoff: float, kill_grace: float = DEFAULT_KILL_GRACE
+def check_options(max_restarts: int, backoff: float, max_backoff: float, grace_seconds: float = DEFAULT_GRACE_SECONDS
                   ) -> None:
     """InputError unless the budget is a count and the waits are finite seconds (a NaN wait is no wait)."""
     if max_restarts < 0:
         raise InputError(f"--max-restarts must be >= 0, got {max_restarts}")
-    for flag, seconds in (("--backoff", backoff), ("--max-backoff", max_backoff), ("--kill-grace", kill_grace)):
+    for flag, seconds in (("--backoff", backoff), ("--max-backoff", max_backoff), ("--grace-seconds", grace_seconds)):
         if not (math.isfinite(seconds) and seconds >= 0):
             raise InputError(f"{flag} must be a finite number of seconds >= 0, got {seconds}")
 
 
 def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float = 1.0,
-              max_backoff: float = 60.0, kill_grace: float = DEFAULT_KILL_GRACE,
+              max_backoff: float = 60.0, grace_seconds: float = DEFAULT_GRACE_SECONDS,
               stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
-              on_exit: Callable[[ChildOutcome, int], None] | None = None) -> int:
+              on_exit: Callable[[ChildOutcome, int], None] | None = None, kill_grace: float | None = None) -> int:
     """Run `command` until it finishes, restarting it as `decide` says; returns the supervisor's exit status.
 
     `on_exit(outcome, run)` is told of every exit of the child (run 0 is the first): the command
     line records it and prints a post-mortem of a crash. Must run on the main thread (it installs
-    SIGINT/SIGTERM handlers for the duration).
+    SIGINT/SIGTERM handlers for the duration). `kill_grace`: `grace_seconds`' old name, deprecated.
     """
+    if kill_grace is not None:
+        warnings.warn("supervise(kill_grace=) is deprecated; pass grace_seconds=", DeprecationWarning, stacklevel=2)
+        grace_seconds = kill_grace
     command = list(command)
     if not command:
         raise InputError("no command to supervise: hbm-watchdog supervise [options] -- CMD ...")
-    check_options(max_restarts, backoff, max_backoff, kill_grace)
+    check_options(max_restarts, backoff, max_backoff, grace_seconds)
     stdout = stdout or sys.stdout.buffer
     stderr = stderr or sys.stderr.buffer
-    guard = _start_guard(kill_grace)
+    guard = _start_guard(grace_seconds)
     try:
-        return _supervise(command, max_restarts, backoff, max_backoff, kill_grace, stdout, stderr, guard,
+        return _supervise(command, max_restarts, backoff, max_backoff, grace_seconds, stdout, stderr, guard,
                           on_exit)
     finally:
         if guard is not None:
             guard.close()
 
 
-def _start_guard(kill_grace: float) -> Guard | None:
+def _start_guard(grace_seconds: float) -> Guard | None:
     try:
-        return start_guard(kill_grace)
+        return start_guard(grace_seconds)
     except OSError as exc:
         log.warning("supervisor_guard_not_started", error=str(exc),
                     note="a SIGKILL to the supervisor would leave the job's other processes running")
         return None
 
 
-def _supervise(command: list[str], max_restarts: int, backoff: float, max_backoff: float, kill_grace: float,
+def _supervise(command: list[str], max_restarts: int, backoff: float, max_backoff: float, grace_seconds: float,
                stdout: BinaryIO, stderr: BinaryIO, guard: Guard | None,
                on_exit: Callable[[ChildOutcome, int], None] | None = None) -> int:
     restarts = 0
     with _StopRequest() as stop:
         while True:
-            outcome = _run_child(command, restarts, stop, stdout, stderr, kill_grace, guard)
+            outcome = _run_child(command, restarts, stop, stdout, stderr, grace_seconds, guard)
             if on_exit is not None:
                 try:
                     on_exit(outcome, restarts)
@@ -364,3 +368,10 @@ def _log_end(decision: Decision, outcome: ChildOutcome, restarts: int, max_resta
         log.info("supervision_ended", **fields)
     else:
         log.error("child_failed_not_restarting", **fields)
+
+
+def __getattr__(name: str):
+    if name == "DEFAULT_KILL_GRACE":  # its old name, kept one release
+        warnings.warn("DEFAULT_KILL_GRACE is deprecated; use DEFAULT_GRACE_SECONDS", DeprecationWarning, stacklevel=2)
+        return DEFAULT_GRACE_SECONDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,2 +1,5 @@
-"""The `hbm-watchdog` command line: routing (`cli`) and the subcommands that are not a part of
-their own (`analyze`, `report`, `supervise`); `train` and `bench` live with their packages."""
+"""The `hbm-watchdog` command line: `cli` routes each subcommand to its module (`train` and `bench`
+live with their packages).
+
+Its modules, one job each, are mapped in watchdog/ARCHITECTURE.md (Layers).
+"""

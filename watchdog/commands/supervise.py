@@ -1,4 +1,4 @@
-"""`hbm-watchdog supervise [--max-restarts N] [--backoff S] [--kill-grace S] [--postmortem-dir DIR] -- CMD ...`:
+"""`hbm-watchdog supervise [--max-restarts N] [--backoff S] [--grace-seconds S] [--postmortem-dir DIR] -- CMD ...`:
 restart CMD on exit 42 or an OOM crash, and say why it crashed.
 
 The loop itself, its decisions and its exit statuses are in `watchdog.actions.supervisor`; the
@@ -32,8 +32,9 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from watchdog.actions.supervisor import DEFAULT_KILL_GRACE, ChildOutcome, check_options, describe, supervise
+from watchdog.actions.supervisor import DEFAULT_GRACE_SECONDS, ChildOutcome, check_options, describe, supervise
 from watchdog.commands import postmortem
+from watchdog.commands.renamed import renamed_option
 from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.inputs import open_regular
 from watchdog.core.numbers import option, parse_count
@@ -54,10 +55,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="wait before the first restart; doubles each time (default 1)")
     parser.add_argument("--max-backoff", type=float, default=60.0, metavar="SECONDS",
                         help="cap on the wait between restarts (default 60)")
-    parser.add_argument("--kill-grace", type=float, default=DEFAULT_KILL_GRACE, metavar="SECONDS",
+    parser.add_argument("--grace-seconds", type=float, default=DEFAULT_GRACE_SECONDS, metavar="SECONDS",
                         help="after SIGTERM or SIGINT is forwarded to the job's process group (or what is "
                              "left of it once the command exits), SIGKILL it this much later "
-                             f"(default {DEFAULT_KILL_GRACE:g}: time to save a checkpoint)")
+                             f"(default {DEFAULT_GRACE_SECONDS:g}: time to save a checkpoint; as watch's)")
+    renamed_option(parser, "--kill-grace", "--grace-seconds", type=float)
     parser.add_argument("--postmortem-dir", metavar="DIR", type=Path,
                         help="keep the job's flight record, every exit and the end of its output here, for "
                              "`hbm-watchdog postmortem DIR` (and the post-mortem printed on a crash)")
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="hbm-watchdog-job-") if named is None else nullcontext() as folder_:
         job_file = _start_job_file(named or Path(folder_) / f"job{goodput.SUFFIX}")
         status = supervise(command, max_restarts=args.max_restarts, backoff=args.backoff,
-                           max_backoff=args.max_backoff, kill_grace=args.kill_grace,
+                           max_backoff=args.max_backoff, grace_seconds=args.grace_seconds,
                            on_exit=lambda outcome, run: _after_exit(outcome, run, folder))
         _print_goodput(job_file)
         return status
@@ -91,7 +93,7 @@ def _check_inputs(args: argparse.Namespace, command: list[str], job_file: Path |
     """Every input, checked before anything is written (reads only): a refusal leaves no debris."""
     if not command:
         raise InputError("no command to supervise: hbm-watchdog supervise [options] -- CMD ...")
-    check_options(args.max_restarts, args.backoff, args.max_backoff, args.kill_grace)
+    check_options(args.max_restarts, args.backoff, args.max_backoff, args.grace_seconds)
     if job_file is not None:
         try:
             existing_records(job_file)

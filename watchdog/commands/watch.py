@@ -17,7 +17,7 @@ import signal
 from watchdog.core.errors import InputError
 from watchdog.core.numbers import option, parse_interval, parse_pid, parse_seconds
 from watchdog.core.units import positive_size
-from watchdog.station.exporter import add_metrics_options
+from watchdog.station.endpoint import add_metrics_options
 
 TPU_CHIPS = ("V2", "V3", "V4", "V5E", "V5P", "V6E", "V7X")  # tpu_info.device.TpuChip, listed without importing it
 
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from watchdog.daemon.metrics import build_watch_registry
     from watchdog.daemon.stopping import StopFlag
     from watchdog.logs import get_logger
-    from watchdog.station.exporter import serve_registry
+    from watchdog.station.endpoint import serve_registry
 
     log = get_logger("watchdog.daemon")
     config, finder, make_reader = build(args)

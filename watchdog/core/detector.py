@@ -279,7 +279,7 @@ class LeakDetector:
     def reset(self) -> None:
         """Forget history: a new baseline (the old trend described the old process state)."""
         self._seen = 0
-        self._last_step: float = -INF
+        self._previous_step: float = -INF
         self._width = self.config.bucket_steps
         self._xs: list[float] = []  # bucket centre (step)
         self._ts: list[float] = []  # bucket centre (timestamp)
@@ -312,9 +312,9 @@ class LeakDetector:
         """`update` without building the verdict: a replay asks for one only while `status` says an
         OOM is projected (the verdict is a pure function of the state this leaves and the sample)."""
         step = sample.step
-        if step < self._last_step:
+        if step < self._previous_step:
             self.reset()  # steps went back: a restarted process appending to the same trace
-        self._last_step = step
+        self._previous_step = step
         self._seen += 1
         if self._seen <= self._warmup_samples:
             return
@@ -346,9 +346,9 @@ class LeakDetector:
         training floor after it, where a leak belongs.
         """
         step = sample.step
-        if step < self._last_step:
+        if step < self._previous_step:
             self.reset()
-        self._last_step = step
+        self._previous_step = step
         self._seen += 1
         if self._seen > self._warmup_samples and self._end > -INF:
             if sample.bytes_used > self._b_max:

@@ -87,7 +87,7 @@ class Judge:
         self._floor_at_action: float | None = None  # the floor the last checkpoint action was taken at
         self._update = self.detector.update  # bound once: judge() runs once per sample
         self._route = self._update
-        self._last_step = -math.inf
+        self._previous_step = -math.inf
         self._label = ""  # the phase label of the last sample
         self._episode: PhaseEpisode | None = None  # the bounded phase running now, if any
         self._phase_steps: dict[str, float] = {}  # how long each bounded phase ran last time
@@ -115,9 +115,9 @@ class Judge:
         if sample.bytes_limit != self._device_limit:
             self._device_limit = sample.bytes_limit
             self._set_limit(effective_limit(sample.bytes_limit, self.memory_limit_bytes))
-        if sample.phase != self._label or sample.step < self._last_step:
+        if sample.phase != self._label or sample.step < self._previous_step:
             self._transition(sample)
-        self._last_step = sample.step
+        self._previous_step = sample.step
         self._unjudged = None
         verdict = self._route(sample)  # the detector, or the watch on a bounded phase
         if sample.bytes_used + self.detector.rising_bytes_per_step * self._margin_steps >= self._line:
@@ -135,10 +135,10 @@ class Judge:
         loop (`analyze`, `report`, `bench`): most samples of a trace are quiet.
         """
         step = sample.step
-        if (sample.bytes_limit != self._device_limit or sample.phase != self._label or step < self._last_step
+        if (sample.bytes_limit != self._device_limit or sample.phase != self._label or step < self._previous_step
                 or self._episode is not None):
             return self.judge(sample)  # a limit, a phase or a process changed: the whole way
-        self._last_step = step
+        self._previous_step = step
         detector = self.detector
         detector.absorb(sample)
         at_limit = sample.bytes_used + detector.rising_bytes_per_step * self._margin_steps >= self._line
@@ -178,7 +178,7 @@ class Judge:
         self._decide, self._observe = policy.decide, policy.observe  # bound once: they run once per sample
 
     def _transition(self, sample: Sample) -> None:
-        if sample.step < self._last_step:
+        if sample.step < self._previous_step:
             self._new_process()
         if sample.phase != self._label:
             self._phase_changed(sample)

@@ -136,7 +136,7 @@ class ActionPolicy:
         self._growth_at_action = 0.0
         self._cautious = True  # no checkpoint action yet since the detector's baseline began
         self._asked = False  # this policy asked for the checkpoint action whose reinit comes next
-        self._last_step: int | None = None
+        self._previous_step: int | None = None
         self._largest_gap = 0  # steps between two verdicts, at most
 
     def rearm(self) -> None:
@@ -203,9 +203,9 @@ class ActionPolicy:
         """Steps watched so far and the longest gap between two verdicts (the horizons use both)."""
         if self._first_step is None:
             self._first_step = step
-        elif step - self._last_step > self._largest_gap:
-            self._largest_gap = step - self._last_step
-        self._last_step = step
+        elif step - self._previous_step > self._largest_gap:
+            self._largest_gap = step - self._previous_step
+        self._previous_step = step
 
     def _checkpoint_action(self) -> Action:
         wants_restart = self.config.prefer_restart or self._escalate

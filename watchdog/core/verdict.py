@@ -1,7 +1,7 @@
 """The vocabulary passed down the pipeline: source -> Sample -> detector -> Verdict -> policy -> Action.
 
 These types are shared by the pure parts (detector, policy, replay) and the threaded ones
-(sidecar, exporter), so they live alone and import nothing heavy.
+(sidecar, station, exporter), so they live alone and import nothing heavy.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Verdict(NamedTuple):
 
         The detector builds its analysis's verdict once, by name, when a bucket closes, and calls
         this at every sample in between. Positional inside, in the field order (written here once,
-        beside the fields, and checked against `_replace` by tests/test_verdict.py): a keyword
+        beside the fields, and checked against `_replace` by tests/test_station.py): a keyword
         construction of all 17 fields costs about three times as much, once per sample."""
         (_, _, status, _, excursion, limit, slope, low, high, per_second, _, _, _, explanation, _, window,
          leak) = self

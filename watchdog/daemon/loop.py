@@ -9,7 +9,7 @@
     the target exits -> wait for it to come back (pattern, pidfile) -> attach again ...
 
 Each device goes through its own `Station` (`station/station.py`), the sidecar's path: a Judge,
-telemetry, a best-effort trace, and the same lines (`leak_detected`, `watchdog_action`,
+telemetry, a best-effort trace, and the same lines (`leak_detected`, `action_decided`,
 `restart_measured`) as in process. The daemon supplies the readings and carries out what a
 checkpoint action asks for: a signal, then the escalation ladder. A new segment (a restarted
 process) tells every station `restarted()` and numbers samples from 0 again (so the trace shows
@@ -44,7 +44,7 @@ from watchdog.daemon.signalling import Escalation, Step, send
 from watchdog.daemon.stopping import StopFlag
 from watchdog.daemon.targets import Finder, WatchedProcess
 from watchdog.daemon.timeaxis import TimeAxis
-from watchdog.logs import get_logger
+from watchdog.logs import OncePerKind, exception_text, get_logger
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 from watchdog.station.trace_sink import TraceSink
@@ -109,8 +109,7 @@ class Daemon:
         self._escalation = Escalation(config.axis.grace_seconds, config.escalate_to)  # type: ignore[arg-type]
         self._signalled_at: float | None = None  # monotonic time of the last signal to the current target
         self._restart_after_signal = False  # the current target replaced one the daemon had signalled
-        self._errors_logged: set[str] = set()
-        self.errors = 0
+        self._error_log = OncePerKind(log, "watch_error")  # each kind once; the counter has them all
 
     # -- the life of the daemon ---------------------------------------------------------------
 
@@ -315,15 +314,15 @@ class Daemon:
         log.error(event, signal=signum.name, process_group=sent.group, **fields)
         return True
 
+    @property
+    def errors(self) -> int:
+        """Errors so far (reads, sends, re-attachments), each kind logged once."""
+        return self._error_log.count
+
     def _count_error(self, kind: str, exc: BaseException) -> None:
-        self.errors += 1
         for device in self.devices.values():
             device.telemetry.sample_errors_total += 1
-        key = f"{kind}:{type(exc).__name__}"
-        if key not in self._errors_logged:  # each kind once; the counter has them all
-            self._errors_logged.add(key)
-            log.warning("watch_error", kind=kind, error=f"{type(exc).__name__}: {exc}",
-                        note="further errors of this kind are counted, not logged")
+        self._error_log(kind, type(exc).__name__, error=exception_text(exc))
 
 
 def _pessimistic_seconds(verdict: Verdict, interval: float) -> float:

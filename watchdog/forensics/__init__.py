@@ -1,4 +1,5 @@
-"""What is leaking, inside a training process: a census of what keeps memory alive (`census`),
-who holds it (`holders`), what autograd graphs keep (`autograd_graphs`), where tensors were made
-(`creation_sites`), and when each runs on the training thread (`follower`). Reads metadata only:
-no device sync, no transfer, no compilation."""
+"""What is leaking, inside a training process: what keeps memory alive, who holds it, where it was
+made. Reads metadata only: no device sync, no transfer, no compilation.
+
+Its modules, one job each, are mapped in watchdog/ARCHITECTURE.md (Layers).
+"""

@@ -1,1 +1,4 @@
-"""Integrations with training frameworks."""
+"""Callbacks that make a framework's trainer drive the `Watchdog` (Lightning, Hugging Face).
+
+Its modules, one job each, are mapped in watchdog/ARCHITECTURE.md (Layers).
+"""

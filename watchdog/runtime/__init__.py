@@ -1,2 +1,5 @@
-"""Inside a training process: memory sources, the sidecar thread, the telemetry cache, the
-Prometheus exporter, XLA counters and the flight record (the census is forensics/). Feeds the core, never decides."""
+"""Inside a training process: memory sources, the sidecar thread (`Watchdog`), XLA's counters, the
+flight record and the job file. Feeds the station, never decides.
+
+Its modules, one job each, are mapped in watchdog/ARCHITECTURE.md (Layers).
+"""

@@ -38,7 +38,7 @@ from watchdog.core import strict_json
 from watchdog.core.inputs import open_regular
 from watchdog.core.verdict import Verdict
 from watchdog.fileio import write_atomically
-from watchdog.logs import get_logger
+from watchdog.logs import OncePerKind, get_logger
 
 log = get_logger(__name__)
 
@@ -147,7 +147,7 @@ class FlightRecorder:
         claim(path)
         self.path = path
         self.min_interval_seconds = min_interval_seconds
-        self.errors = 0
+        self._error_log = OncePerKind(log, "flight_record_write_failed", level="error")
         self._state: dict[str, Any] = {
             "version": VERSION, "process": _process_identity(rank),
             "trace_file": str(trace_file) if trace_file is not None else None,
@@ -218,12 +218,16 @@ class FlightRecorder:
         self._state["written_at"] = time.time()
         try:
             write_atomically(self.path, strict_json.dumps(self._state, default=str) + "\n")
-        except OSError as exc:  # telemetry: a full disk never reaches training, and is said once
-            self.errors += 1
-            if self.errors == 1:
-                log.error("flight_record_write_failed", path=str(self.path), error=exc.strerror or str(exc),
-                          note="training goes on; a post-mortem will lack this process's flight record "
-                               "until a write succeeds")
+        except OSError as exc:  # telemetry: a full disk never reaches training, and is said once per cause
+            reason = exc.strerror or str(exc)
+            self._error_log("write", reason, path=str(self.path), error=reason,
+                            note="training goes on; a post-mortem will lack this process's flight record "
+                                 f"until a write succeeds, and {OncePerKind.NOTE}")
+
+    @property
+    def errors(self) -> int:
+        """Failed writes so far."""
+        return self._error_log.count
 
 
 def read(path: str | os.PathLike) -> dict[str, Any] | None:

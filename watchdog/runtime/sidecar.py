@@ -5,7 +5,7 @@ Training thread                          Sidecar thread
 step(n):  remember n                     block on the mailbox
           every N steps: post n          read memory -> Sample -> history
           hand over a pending action     the station: trace, telemetry, Judge -> Verdict, Action,
-                                           and its lines (leak report up or down, watchdog_action)
+                                           and its lines (leak report up or down, action_decided)
                                          CHECKPOINT_*: queue it for step()
 
 `step()` is O(1): an attribute write, a modulo, a deque check, and every N steps one put on
@@ -19,7 +19,7 @@ due: a baseline census at the first `step()` and after each rebuild, a capture o
 armed once a leak is suspected, and a census when an action is handed over. `step()` checks one
 deque for that and for actions (`_chores`); the census itself (milliseconds to seconds, logged
 with its cost) runs only then.
-The action's block for the terminal (`watchdog_acted`) is logged when the host says what it did
+The action's block for the terminal (`action_outcome`) is logged when the loop says what it did
 (`report_action`, or `carry_out`, which does both), or at the next `step()` if it never says.
 
 The host's memory is watched beside the device's (`HostWatch`, on by `WatchdogConfig.host_memory`):
@@ -31,7 +31,7 @@ Many ranks take one decision (`runtime/agreement.py`): when torch.distributed ru
 `start()`, an action is not handed over by the rank that decided it but held, and on each sampling
 step every rank offers what it holds (one all_gather on a gloo group of the watchdog's own) and
 every rank gets the most severe offer, at the same step. Forced actions (`forced_actions`) and a
-host's own proposals (`propose`, e.g. a preemption) take the same path, so every host gets them.
+loop's own proposals (`propose`, e.g. a preemption) take the same path, so every loop gets them.
 
 The trace file is best-effort telemetry (`TraceSink`): an I/O error writing it never reaches
 training or its exit status.
@@ -52,6 +52,7 @@ import queue
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from typing import Any, Callable
 
@@ -67,7 +68,7 @@ from watchdog.core.restarts import restarts_so_far
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
-from watchdog.logs import get_logger
+from watchdog.logs import OncePerKind, exception_text, get_logger, log_event
 from watchdog.runtime import agreement, xla_stats
 from watchdog.runtime.agreement import Agreement, severity
 from watchdog.runtime.compile_watch import CompileWatch
@@ -86,7 +87,7 @@ _SAMPLE, _REINIT, _BARRIER, _STOP = "sample", "reinit", "barrier", "stop"
 _SAMPLE_REQUEST = (_SAMPLE, None)  # the step to sample is read from `_requested_step` when handled
 _FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
 DEVICE = "device"  # which memory asked for an action: the device's, or HOST
-HANDED_OVER = "handed to the training loop"  # the outcome of an action whose host never said what it did
+HANDED_OVER = "handed to the training loop"  # the outcome of an action whose loop never said what it did
 REINITIALISED, RESTART_REQUESTED = "reinitialised in process", "exit 42: restart requested"
 FORCED = "forced (a drill)"
 _NEVER = 1 << 62  # no forced action to come
@@ -100,11 +101,11 @@ class Watchdog:
     def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None,
                  telemetry: Telemetry | None = None, reports_actions: bool = False,
                  follower: LeakFollower | None = None, agreement: Agreement | None = None):
-        """`reports_actions`: the host says what it did with every action (`report_action`), perhaps
+        """`reports_actions`: the loop says what it did with every action (`report_action`), perhaps
         some steps later (after an evaluation): the block is never logged for it at the next step.
-        `follower`: a host that drives its own `LeakFollower` (the trainer) shares it, so that the
+        `follower`: a loop that drives its own `LeakFollower` (the trainer) shares it, so that the
         watchdog's `suspects` and flight record see its censuses; the watchdog then drives none.
-        `agreement`: a host that agrees on more than the watchdog's actions (the trainer: whether
+        `agreement`: a loop that agrees on more than the watchdog's actions (the trainer: whether
         every rank's save landed) shares its own; by default `start()` joins one when several ranks run."""
         config = config or WatchdogConfig()
         if config.restarts_so_far is None:  # what the restart engine tells this process
@@ -119,7 +120,7 @@ class Watchdog:
         self.last_recovery: Recovery | None = None  # what the last reinit gave back (the terminal's action block)
         self._source = source
         self._every = self.config.sample_every
-        self._last_step = -1
+        self._newest_step = -1
         self._mailbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._post = self._mailbox.put  # bound once: the hot path skips an attribute lookup
         self._requested_step = 0
@@ -137,8 +138,8 @@ class Watchdog:
         self._flight: FlightRecorder | None = None
         self._thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
-        self._host: HostWatch | None = None
-        self._failed_kinds: set[str] = set()
+        self._host_watch: HostWatch | None = None
+        self._error_log = OncePerKind(log, "watchdog_error")  # each kind logged once, every one counted
         self._stall_seen_step = -1
         self._stall_seen_at = time.monotonic()
         self._compile_watch: CompileWatch | None = None
@@ -198,7 +199,7 @@ class Watchdog:
         if self._flight is not None:
             self._flight.ended()
         missed = 0
-        for station in (self.station, self._host.station if self._host is not None else None):
+        for station in (self.station, self._host_watch.station if self._host_watch is not None else None):
             if station is not None and station.trace is not None:
                 station.close()
                 missed += station.trace.samples_missed
@@ -216,10 +217,10 @@ class Watchdog:
         """The host's series beside the device's, or one series where they are the same memory."""
         try:
             if self._source.name == "rss":
-                self._host = merge_into_rss(self._source, self.config, self.telemetry)
+                self._host_watch = merge_into_rss(self._source, self.config, self.telemetry)
                 return
             host_telemetry = Telemetry()
-            self._host = HostWatch(self.config, host_telemetry, trace_retry_seconds=lambda: self.trace_retry_seconds)
+            self._host_watch = HostWatch(self.config, host_telemetry, trace_retry_seconds=lambda: self.trace_retry_seconds)
             self.telemetry.host_series = host_telemetry
         except InputError:
             raise
@@ -250,10 +251,14 @@ class Watchdog:
     @property
     def verdict(self) -> Verdict | None:
         """The device series' newest verdict (None before the first sample). An attribute read: a
-        host may read it every step."""
+        loop may read it every step."""
         return self.telemetry.verdict
 
-    latest_verdict = verdict  # the name it had before the station; kept for code written against it
+    @property
+    def latest_verdict(self) -> Verdict | None:
+        """Deprecated (0.1): `verdict`. Kept one release for code written against it."""
+        warnings.warn("Watchdog.latest_verdict is deprecated; read Watchdog.verdict", DeprecationWarning, stacklevel=2)
+        return self.verdict
 
     @property
     def limit_bytes(self) -> int | None:
@@ -272,11 +277,11 @@ class Watchdog:
     @property
     def host_verdict(self) -> Verdict | None:
         """The host series' newest verdict (None where the host is not watched apart from the device)."""
-        return self._host.station.verdict if self._host is not None and self._host.station is not None else None
+        return self._host_watch.station.verdict if self._host_watch is not None and self._host_watch.station is not None else None
 
     @property
     def judge(self) -> Judge:
-        """The device series' Judge (its limit, its detector), for hosts and tests that read them."""
+        """The device series' Judge (its limit, its detector), for loops and tests that read them."""
         return self.station.judge
 
     @property
@@ -290,7 +295,7 @@ class Watchdog:
 
         With several ranks, every rank must call it with the same step numbers (the global step):
         on sampling steps the ranks agree, and every rank gets the same action at the same step."""
-        self._last_step = step
+        self._newest_step = step
         if step >= self._forced_at:
             self._force(step)
         if step % self._every == 0:
@@ -329,14 +334,14 @@ class Watchdog:
         return scope
 
     def propose(self, action: Action, origin: str) -> None:
-        """Ask for a checkpoint action on the host's own account (`origin` says why: "preempted"):
+        """Ask for a checkpoint action on the loop's own account (`origin` says why: "preempted"):
         handed back by the next `step()`, or with several ranks at the next sampling step, agreed
         like the watchdog's own. Call on the training thread."""
         if action.needs_checkpoint:
             self._chores.append((action, self.verdict, DEVICE, origin, False))  # not the watchdog's restart to count
 
     def state_dict(self) -> dict:
-        """What a host keeps in its checkpoint so the watchdog's restart budget and its window span
+        """What a loop keeps in its checkpoint so the watchdog's restart budget and its window span
         processes: its restarts in a row and the newest one's step (give it back with
         `WatchdogConfig.resumed`). Read it when saving: a restart handed over counts at once."""
         count, step = self._handed.restarts
@@ -403,14 +408,14 @@ class Watchdog:
 
     def report_action(self, outcome: str, *, checkpoint: str | None = None,
                       report: ActionReport | None = None) -> None:
-        """Log the block of an action (`watchdog_acted`): what was seen, what is leaking, what the
-        host did (`outcome`, `checkpoint`) and, after a reinit, what it gave back. `report`: an
-        action the host decided with others (agreement across ranks, a forced action); by default
+        """Log the block of an action (`action_outcome`): what was seen, what is leaking, what the
+        loop did (`outcome`, `checkpoint`) and, after a reinit, what it gave back. `report`: an
+        action the loop decided with others (agreement across ranks, a forced action); by default
         the one `step()` handed over last. Call on the training thread."""
         handed = self._handed
         if report is None:
             report = handed.unreported
-        handed.unreported = None  # reported, or superseded by what the host decided
+        handed.unreported = None  # reported, or superseded by what the loop decided
         if report is None:
             return
         report.outcome, report.checkpoint = outcome, checkpoint
@@ -477,7 +482,7 @@ class Watchdog:
 
     def _between_steps(self, step: int) -> None:
         # Its marker was taken off before looking: a capture the sidecar arms meanwhile queues another.
-        if self._handed.unreported is not None and not self._handed.reports:  # its host never said
+        if self._handed.unreported is not None and not self._handed.reports:  # its loop never said
             self.report_action(HANDED_OVER)
         if self._drives_follower:
             self._follower.between_steps(step)
@@ -487,10 +492,10 @@ class Watchdog:
     def _hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "",
                    counts: bool = True) -> Action:
         """An action leaves for the training loop: name the leak now (its suspects go into the
-        block), keep what the host needs to report it, and count a restart that is the watchdog's
-        (`counts`: not one a host proposed on its own account, such as a preemption)."""
+        block), keep what the loop needs to report it, and count a restart that is the watchdog's
+        (`counts`: not one a loop proposed on its own account, such as a preemption)."""
         handed = self._handed
-        if handed.unreported is not None:  # an earlier one its host never reported
+        if handed.unreported is not None:  # an earlier one its loop never reported
             self.report_action(HANDED_OVER)
         suspects = self._follower.name(step) if self._drives_follower and action.needs_checkpoint else []
         if action is Action.CHECKPOINT_RESTART and counts:
@@ -542,7 +547,7 @@ class Watchdog:
         telemetry.chips = reading.devices
         verdict, action = self.station.observe(sample)
         self._act_on(action, verdict, DEVICE)
-        if self._host is not None and self._host.due(step):
+        if self._host_watch is not None and self._host_watch.due(step):
             self._watch_host_at(step, phase)
         if self._flight is not None:
             self._flight.observe(step, verdict, actions={a.value: n for a, n in telemetry.actions_snapshot().items() if n},
@@ -553,21 +558,21 @@ class Watchdog:
 
     def _watch_host_at(self, step: int, phase: str) -> None:
         try:
-            judged = self._host.observe(step, phase)  # type: ignore[union-attr]
+            judged = self._host_watch.observe(step, phase)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - a failing read is counted, never raised
             self._count_error("host_read", exc)
             return
         if judged is None:  # one memory: the device's series is the host's, and so is its verdict
             if self._flight is not None and self.verdict is not None:
-                self._flight.observe_host(self._host.reading, self.verdict)  # type: ignore[union-attr]
+                self._flight.observe_host(self._host_watch.reading, self.verdict)  # type: ignore[union-attr]
             return
         verdict, action = judged
         self._act_on(action, verdict, HOST)
         if self._flight is not None:
-            self._flight.observe_host(self._host.reading, verdict)  # type: ignore[union-attr]
+            self._flight.observe_host(self._host_watch.reading, verdict)  # type: ignore[union-attr]
 
     def _act_on(self, action: Action, verdict: Verdict, memory: str) -> None:
-        """The in-process host's part of an action (its station logged and counted it): queue a
+        """The in-process loop's part of an action (its station logged and counted it): queue a
         checkpoint for the training thread, and arm the follower when a leak is suspected,
         whichever memory it is in."""
         if self._drives_follower and (action is not Action.NONE
@@ -578,32 +583,28 @@ class Watchdog:
             self._chores.append((action, verdict, memory, "", True))
 
     def _after_reinit(self, reading: MemoryReading | None) -> None:
-        if self._host is not None:
-            self._host.reinit_finished()
+        if self._host_watch is not None:
+            self._host_watch.reinit_finished()
         if reading is None:
             return
         self.last_recovery = self.station.reinit_finished(float(reading.bytes_used))
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         self.telemetry.sample_errors_total += 1
-        key = f"{kind}:{type(exc).__name__}"
-        if key not in self._failed_kinds:  # log each kind of failure once, count all of them
-            self._failed_kinds.add(key)
-            log.warning("watchdog_error", kind=kind, error=f"{type(exc).__name__}: {exc}",
-                        note="further errors of this kind are counted, not logged")
+        self._error_log(kind, type(exc).__name__, error=exception_text(exc))
 
     # ---- stall watch ---------------------------------------------------------------------------
 
     def _start_stall_watch(self) -> None:
         interval = min(self.config.stall_check_seconds, self.config.stall_after_seconds / 4)
-        self._stall_seen_step, self._stall_seen_at = self._last_step, time.monotonic()
+        self._stall_seen_step, self._stall_seen_at = self._newest_step, time.monotonic()
         self._scheduler = _quiet_scheduler()
         self._scheduler.add_job(self._check_stall, "interval", seconds=interval, max_instances=1,
                                 coalesce=True, misfire_grace_time=None, id="stall-watch", executor=EXECUTOR)
         self._scheduler.start()
 
     def _check_stall(self) -> None:
-        now, step = time.monotonic(), self._last_step
+        now, step = time.monotonic(), self._newest_step
         telemetry = self.telemetry
         telemetry.training_step = max(step, 0)
         if step != self._stall_seen_step:
@@ -624,7 +625,7 @@ class Watchdog:
 
 class _HandedOver:
     """The actions step() handed over: the newest, the one whose block is not logged yet, and
-    whether the host always reports its own."""
+    whether the loop always reports its own."""
 
     __slots__ = ("last", "unreported", "reports", "held", "restarts")
 
@@ -638,7 +639,7 @@ class _HandedOver:
 
 def log_acted(report: ActionReport) -> None:
     """One readable block for a person (and its fields for a log pipeline)."""
-    log.warning("watchdog_acted", block=report.block(), **report.fields())
+    log_event(log, logging.WARNING, "action_outcome", block=report.block(), **report.fields())
 
 
 class PhaseScope:
@@ -660,7 +661,7 @@ class PhaseScope:
         self._watchdog._phase = self._previous
 
 
-# ---- the stall watch's scheduler: a quiet guest in the host's log --------------------------------
+# ---- the stall watch's scheduler: a quiet guest in the loop's log --------------------------------
 
 SCHEDULER_LOGGER = "watchdog.runtime.scheduler"
 EXECUTOR = "hbm-watchdog"  # apscheduler logs a job's runs to "apscheduler.executors.<alias>"
@@ -673,7 +674,7 @@ class _WarningsOnly(logging.Filter):
 
 def _quiet_scheduler() -> BackgroundScheduler:
     """A scheduler whose routine lines (a job added, run, executed: every stall check, at INFO)
-    never reach the host's log, while its warnings and errors (a missed run, a check that raised)
+    never reach the loop's log, while its warnings and errors (a missed run, a check that raised)
     do. It logs through loggers of its own, filtered there, so a user who runs apscheduler for
     their own jobs keeps all of its lines and nobody's levels are changed."""
     quiet = _WarningsOnly()

@@ -1,15 +1,10 @@
-"""The station: one memory series' path, from a sample to an action a host carries out, and its sinks.
+"""The station: one memory series' path, from a sample to an action a loop carries out, and its
+sinks (trace, telemetry, the Prometheus exporter and its endpoint).
 
-Shared by every host, in the training process (the sidecar's `Watchdog`, and through it the
-trainer, Lightning and Hugging Face) and outside it (the `watch` daemon):
+Shared by every loop, in the training process (the sidecar's `Watchdog`, and through it the
+trainer, Lightning and Hugging Face) and outside it (the `watch` daemon). It imports only the core:
+a loop plugs in below it (how memory is read) and above it (what an action does), never inside
+it.
 
-    station.py      sample -> trace -> telemetry -> Judge -> verdict, action, and the lines they log
-    telemetry.py    what a station last saw, for scrapes (one per series)
-    exporter.py     /metrics: telemetry as Prometheus series, served off the training thread
-    trace_sink.py   the trace CSV, best-effort: a failing disk never reaches training
-    leak_report.py  the leak report's lines, up and cleared
-    reports.py      an action's block for the terminal
-
-It imports only the core: a host plugs in below it (how memory is read) and above it (what an
-action does), never inside it.
+Its modules, one job each, are mapped in watchdog/ARCHITECTURE.md (Layers).
 """

@@ -1,6 +1,6 @@
 """The two things a person reads on the terminal of a long job: what the watchdog did, and how the
 run ended. Pure: records in, text out; the trainer, the Lightning callback and `watch` fill the
-records and log them (event `watchdog_acted`, `run_summary`) with the text as the `block` field,
+records and log them (event `action_outcome`, `run_summary`) with the text as the `block` field,
 which the console prints as is and JSON carries beside the raw fields.
 """
 

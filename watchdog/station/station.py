@@ -1,7 +1,7 @@
 """The station: one memory series' whole path, written once for every host.
 
     sample -> trace -> telemetry -> Judge -> verdict, action
-           -> the leak report's lines (up, cleared) -> the action's line (`watchdog_action`)
+           -> the leak report's lines (up, cleared) -> the action's line (`action_decided`)
            -> the action, handed back to the host to carry out
     what the action gave back (a reinit, a restart) -> the Judge, and its line
 
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
-from watchdog.logs import get_logger
+from watchdog.logs import get_logger, log_event
 from watchdog.station import leak_report
 from watchdog.station.telemetry import Telemetry
 
@@ -94,9 +94,9 @@ class Station:
 
 
 def log_action(action: Action, verdict: Verdict, context: dict[str, Any]) -> None:
-    """`watchdog_action`: what the watchdog decided and why (what the host then did is its own line)."""
+    """`action_decided`: what the watchdog decided and why (what the host then did is `action_outcome`)."""
     level = logging.WARNING if action is Action.WARN else logging.ERROR
-    log.log(level, "watchdog_action", action=action.value, **context, step=verdict.step,
+    log_event(log, level, "action_decided", action=action.value, **context, step=verdict.step,
             status=verdict.status.value, explanation=verdict.explanation,
             projected_oom_step=verdict.projected_oom_step, projected_oom_steps=_finite(verdict.projected_oom_steps),
             projected_oom_seconds=_finite(verdict.projected_oom_seconds))

@@ -15,7 +15,7 @@ from typing import Callable
 
 from watchdog.core.errors import InputError
 from watchdog.core.sample import Sample, TraceWriter
-from watchdog.logs import get_logger
+from watchdog.logs import OncePerKind, get_logger
 from watchdog.station.telemetry import Telemetry
 
 log = get_logger(__name__)
@@ -32,7 +32,7 @@ class TraceSink:
         self._retry_seconds = retry_seconds
         self._writer: TraceWriter | None = None
         self._retry_at = 0.0
-        self._failed_kinds: set[str] = set()
+        self._error_log = OncePerKind(log, "trace_write_failed", level="error")
         self._open(at_start=True)
 
     def _open(self, *, at_start: bool = False) -> bool:
@@ -76,10 +76,5 @@ class TraceSink:
         self._retry_at = time.monotonic() + retry
         self._telemetry.trace_errors_total += 1
         reason = "cannot append to it" if exc is None else (exc.strerror or type(exc).__name__)
-        key = f"{kind}:{reason}"
-        if key not in self._failed_kinds:
-            self._failed_kinds.add(key)
-            log.error("trace_write_failed", path=str(self.path), kind=kind, error=reason,
-                      errno=getattr(exc, "errno", None),
-                      note=f"training goes on; the trace is retried every {retry:g} s, "
-                           "and further errors of this kind are counted, not logged")
+        self._error_log(kind, reason, path=str(self.path), error=reason, errno=getattr(exc, "errno", None),
+                     note=f"training goes on; the trace is retried every {retry:g} s, and {OncePerKind.NOTE}")

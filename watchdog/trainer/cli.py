@@ -17,7 +17,7 @@ from watchdog.core.errors import InputError
 from watchdog.core.numbers import option, parse_count, parse_positive, parse_seed, parse_step
 from watchdog.core.units import positive_size
 from watchdog.logs import console_wanted, get_logger
-from watchdog.station.exporter import add_metrics_options
+from watchdog.station.endpoint import add_metrics_options
 from watchdog.trainer.leaks import FORMS, parse_leak_spec
 
 DEFAULT_STEPS = 600

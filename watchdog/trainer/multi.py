@@ -21,7 +21,7 @@ from pathlib import Path
 
 from watchdog.core.errors import EXIT_OK, InputError
 from watchdog.fileio import write_atomically
-from watchdog.station.exporter import DEFAULT_ADDRESS
+from watchdog.station.endpoint import DEFAULT_ADDRESS
 
 
 def train_replicated(config, num_devices: int, *, metrics_port: int | None = None,

@@ -29,7 +29,7 @@ class Progress:
     def __init__(self, steps_total: int, first_step: int, log_every: int, bar: bool | None = None):
         self.steps_total, self.log_every = steps_total, log_every
         self.losses: dict[int, float] = {}
-        self._last_time, self._last_step = time.perf_counter(), first_step
+        self._previous_time, self._previous_step = time.perf_counter(), first_step
         self._bar = None
         self._redirect = contextlib.ExitStack()
         if bar if bar is not None else sys.stderr.isatty():
@@ -50,8 +50,8 @@ class Progress:
         value = float(loss.item())
         self.losses[step] = value
         now = time.perf_counter()
-        rate = (done - self._last_step) / (now - self._last_time) if now > self._last_time else 0.0
-        self._last_time, self._last_step = now, done
+        rate = (done - self._previous_step) / (now - self._previous_time) if now > self._previous_time else 0.0
+        self._previous_time, self._previous_step = now, done
         if self._bar is not None:
             self._bar.set_postfix_str(bar_text(value, watchdog), refresh=False)
         # logged under the bar too: the console shows it only at debug (a routine event), a
