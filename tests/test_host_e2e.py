@@ -33,10 +33,10 @@ def flat_device(tmp_path) -> list[str]:
 
 
 def _host_action(records) -> dict:
-    (acted,) = logged(records, "watchdog_acted")
+    (acted,) = logged(records, "action_outcome")
     assert acted["memory"] == "host" and acted["action"] == "checkpoint_restart", acted
     assert "(host memory)" in acted["block"] and acted["outcome"] == "exit 42: restart requested"
-    assert not [e for e in logged(records, "watchdog_action") if e["memory"] != "host"]  # the device stayed quiet
+    assert not [e for e in logged(records, "action_decided") if e["memory"] != "host"]  # the device stayed quiet
     return acted
 
 
@@ -82,7 +82,7 @@ def test_a_clean_run_with_periodic_checkpoints_gets_no_host_action(tmp_path, run
                   "--trace-file", str(trace), "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert out.returncode == 0, out.stderr[-4000:]
     records = json_lines(out.stderr)
-    assert not logged(records, "watchdog_action") and not logged(records, "leak_detected")
+    assert not logged(records, "action_decided") and not logged(records, "leak_detected")
     assert "steps 400/400" in out.stdout
     assert len(load_trace(labelled_trace_path(trace, "host"))) >= 75  # it was watched all along
 
@@ -139,7 +139,7 @@ def test_inside_a_memory_cgroup_the_leak_is_acted_on_before_the_kernels_oom_kill
     assert one["host_domain"] == "cgroup" and one["host_limit_bytes"] == BUDGET
     # The leak lives in the training state, so a reinit in process gives it back (measured), and
     # the device's policy, which this one series follows, tries that first.
-    acted = logged(records, "watchdog_acted")
+    acted = logged(records, "action_outcome")
     assert acted and all(a["action"] == "checkpoint_reinit" for a in acted)
     assert "attribute 'host' of LeakSinks" in acted[0]["suspects"][0], acted[0]["suspects"]
     assert all(m["recovered_bytes"] > GiB // 2 for m in logged(records, "reinit_measured"))

@@ -104,7 +104,7 @@ def test_the_leaking_rank_stays_under_its_budget_in_every_attempt(leaky):
 
 def test_the_rank_that_did_not_ask_logs_the_block_saying_who_did(leaky):
     host, run = leaky
-    (acted,) = [r for r in rank_logs(run.out, 1, attempt=0) if r["event"] == "watchdog_acted"]
+    (acted,) = [r for r in rank_logs(run.out, 1, attempt=0) if r["event"] == "action_outcome"]
     assert acted["origin"] == "asked by rank 0, agreed by all 2 ranks"
     assert "decided" in acted["block"] and "asked by rank 0" in acted["block"]
     joined = [r for r in rank_logs(run.out, 1, attempt=0) if r["event"] == "agreement_joined"]

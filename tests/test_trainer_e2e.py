@@ -31,7 +31,7 @@ def test_tensors_leak_is_caught_and_reinit_happens_before_the_budget(leak_caught
     assert [(r["step"], r["steps_total"], r["first_step"], r["reinits"]) for r in logged(records, "train_finished")
             ] == [(600, 600, 0, 1)]
 
-    [action] = [a for a in logged(records, "watchdog_action") if a["action"] != "warn"]  # the next OOM only warns
+    [action] = [a for a in logged(records, "action_decided") if a["action"] != "warn"]  # the next OOM only warns
     assert action["action"] == "checkpoint_reinit"
     # At the action: what is leaking and what holds it. The action also armed a capture of creation
     # sites; it runs on the rebuilt state, and the census after it says where the leak is made.
@@ -69,7 +69,7 @@ def test_a_leak_far_from_any_oom_is_reported_with_its_holder_and_creation_site_a
     assert out.returncode == 0, out.stderr[-4000:]
     records = json_lines(out.stderr)
     assert "steps 500/500 (this run from 0), reinits 0, restarts 0" in out.stdout
-    assert logged(records, "watchdog_action") == []
+    assert logged(records, "action_decided") == []
 
     [reported] = logged(records, "leak_detected")
     assert 1.4 * 2**20 < reported["slope_bytes_per_step"] < 3 * 2**20, reported
@@ -96,7 +96,7 @@ def test_global_leak_escalates_to_restart_under_supervise_and_finishes(tmp_path,
     assert out.returncode == 0, out.stderr[-4000:]
     records = json_lines(out.stderr)
 
-    actions = [(r["action"], r["step"]) for r in logged(records, "watchdog_action") if r["action"] != "warn"]
+    actions = [(r["action"], r["step"]) for r in logged(records, "action_decided") if r["action"] != "warn"]
     assert [a for a, _ in actions[:2]] == ["checkpoint_reinit", "checkpoint_restart"], actions
     measured = logged(records, "reinit_measured")[0]
     assert measured["bytes_after"] > 0.9 * measured["floor_before_bytes"]  # the global leak survived
