@@ -4,8 +4,9 @@ Lightning handles SIGTERM itself (2.x): its signal connector sets `trainer.recei
 the training loop raises `SIGTERMException` (a `SystemExit` with no code, so status 0) at the next
 batch boundary, calling every callback's `on_exception` first. Exit status 0 would tell a
 supervisor the job finished, so this script does what a preemptible Lightning job must: its
-`on_exception` saves a checkpoint, and the `SIGTERMException` becomes exit 42. Started again it
-resumes from that checkpoint (`fit(ckpt_path=...)`).
+`on_exception` saves a checkpoint, and the `SIGTERMException` becomes exit 42 (at once, without
+Python's shutdown: `saved_and_gone`). Started again it resumes from that checkpoint
+(`fit(ckpt_path=...)`).
 
 A SIGTERM that comes once `fit` has returned (after the last step, while the job tears down)
 is handled the same way: the job saves, says it was preempted and exits 42, so its supervisor
@@ -74,11 +75,23 @@ trainer = L.Trainer(max_steps=args.steps, max_epochs=-1, accelerator="cpu", logg
 resume = args.checkpoint if os.path.exists(args.checkpoint) else None
 start = torch.load(resume, weights_only=False)["global_step"] if resume else 0
 print(f"started step={start} pid={os.getpid()}", flush=True)
+
+
+def saved_and_gone() -> None:
+    """Exit 42 at once: the checkpoint is on disk and nothing is left to do. Python's own shutdown
+    of this process, holding its leaked tensors, took 1.3 s and raised its resident memory by
+    120 MiB for a moment (measured here at 800 MiB held, in the 20 ms before it ended); a
+    watchdog that signalled 170 MiB below the budget saw the job pass it after the signal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(42)
+
+
 try:
     trainer.fit(LeakyModule(), DataLoader(data, batch_size=8), ckpt_path=resume)
 except SIGTERMException:
-    sys.exit(42)
+    saved_and_gone()
 if sigterm_seen:  # after the last batch, or while fit tore down: saved at the last step all the same
     save_and_say_preempted(trainer)
-    sys.exit(42)
+    saved_and_gone()
 print(f"finished step={trainer.global_step}", flush=True)
