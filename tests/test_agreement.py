@@ -15,18 +15,15 @@ from watchdog import Watchdog, WatchdogConfig
 from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, ConfigError, InputError
 from watchdog.core.restarts import restarts_so_far
 from watchdog.core.verdict import Action
-from watchdog.runtime.agreement import Agreement, PeerLost, RanksOutOfStep, most_severe, severity
+from watchdog.runtime.agreement import Agreement, PeerLost, RanksOutOfStep, severity
 from watchdog.runtime.sidecar import FORCED
 
 REINIT, RESTART, WARN = Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART, Action.WARN
 QUIET = dict(host_memory=False, forensics=False, memory_limit_bytes=1 << 40)
 
 
-def test_severity_order_and_most_severe():
+def test_severity_order():
     assert [severity(a) for a in (None, Action.NONE, WARN, REINIT, RESTART)] == [0, 0, 1, 2, 3]
-    assert most_severe([None, WARN, RESTART, REINIT]) is RESTART
-    assert most_severe([None, Action.NONE]) is None
-    assert most_severe([]) is None
 
 
 def test_a_forced_action_comes_at_its_step_alone_and_never_after_a_resume_past_it():

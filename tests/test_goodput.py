@@ -325,3 +325,21 @@ def test_an_action_against_an_oom_past_the_jobs_last_step_saved_nothing():
     (action,) = goodput.account(records).actions
     assert action.job_ended_first and action.crash_cost_seconds is None and action.cost_seconds == 1.0
     assert "the job ended before the OOM it projected at step 1200" in goodput.account(records).block()
+
+
+@pytest.mark.slow
+def test_a_process_starts_after_it_was_asked_for_and_before_its_first_line():
+    """A restart's disruption is the gap from the old process's last line to the new one's start: a
+    start read a second early (psutil adds the boot time in whole seconds) made that gap 0."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, hbm_watchdog_env
+
+    asked = time.time()
+    out = subprocess.run([sys.executable, "-c", "import time; now = time.time(); "
+                          "from watchdog.runtime.job_ledger import process_started; print(process_started(), now)"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=hbm_watchdog_env())
+    started, first_line = map(float, out.stdout.split())
+    assert asked - 0.02 <= started <= first_line, (asked, started, first_line)  # /proc's clocks tick in 10 ms

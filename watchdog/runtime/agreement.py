@@ -45,12 +45,6 @@ def severity(action: Action | None) -> int:
     return 0 if action is None else _SEVERITY[action]
 
 
-def most_severe(actions) -> Action | None:
-    """The most severe of several proposals; None when none of them asks for anything."""
-    level = max((severity(a) for a in actions), default=0)
-    return _BY_SEVERITY[level] if level else None
-
-
 def world_size() -> int:
     """Ranks of an initialised torch.distributed job, else 1; a dict lookup when torch.distributed is unused."""
     dist = sys.modules.get("torch.distributed")
