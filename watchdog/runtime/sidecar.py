@@ -71,6 +71,7 @@ from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import OncePerKind, exception_text, get_logger, log_event
 from watchdog.runtime import agreement, xla_stats
 from watchdog.runtime.agreement import Agreement, severity
+from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
@@ -113,6 +114,7 @@ class Watchdog:
         self.config = config
         self.telemetry = telemetry or Telemetry(rank=self.config.rank)
         self.telemetry.restarts_total = self.config.restarts_so_far
+        self.checkpoint_figures = self.telemetry.part(CheckpointFigures)  # served from the first scrape
         self.station = Station(Judge(self.config.detector, self.config.policy,
                                      memory_limit_bytes=self.config.memory_limit_bytes,
                                      restarts_so_far=self.config.restart_budget_spent), self.telemetry, memory=DEVICE)
@@ -368,7 +370,8 @@ class Watchdog:
         self._post((_REINIT, reading))
 
     def observe_checkpoint(self, seconds: float) -> None:
-        self.telemetry.observe_checkpoint(seconds)
+        """A save the loop made, timed (`hbmwatch_checkpoint_seconds`)."""
+        self.checkpoint_figures.observe_save(seconds)
 
     @property
     def last_action(self) -> ActionReport | None:
@@ -551,10 +554,16 @@ class Watchdog:
             self._watch_host_at(step, phase)
         if self._flight is not None:
             self._flight.observe(step, verdict, actions={a.value: n for a, n in telemetry.actions_snapshot().items() if n},
-                                 suspects=self.suspects, compilations=telemetry.xla_compilations_total,
-                                 recompilation=telemetry.recompilation)
+                                 suspects=self.suspects, **self._compile_figures())
         if self._compile_watch is not None:  # after the memory pipeline: nothing here may delay an action
             self._compile_watch.observe(sample.step)
+
+    def _compile_figures(self) -> dict:
+        """The compile watch's newest figures, for the flight record (none off XLA)."""
+        if self._compile_watch is None:
+            return {"compilations": None, "recompilation": None}
+        figures = self._compile_watch.figures
+        return {"compilations": figures.compilations, "recompilation": figures.finding}
 
     def _watch_host_at(self, step: int, phase: str) -> None:
         try:

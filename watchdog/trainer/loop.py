@@ -60,6 +60,7 @@ from watchdog.forensics.follower import LeakFollower
 from watchdog.station.reports import ActionReport, RunSummary
 from watchdog.runtime import agreement, job_ledger
 from watchdog.runtime.agreement import Agreement
+from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.footprint import retained_bytes
 from watchdog.runtime.job_ledger import JobLedger
 from watchdog.runtime.sidecar import REINITIALISED, RESTART_REQUESTED, Watchdog, log_acted
@@ -828,8 +829,7 @@ class Trainer:
         space = self.checkpoints.disk_space()
         telemetry = self.watchdog.telemetry if self.watchdog is not None else self.telemetry
         if telemetry is not None:
-            telemetry.checkpoint_disk_free_bytes = space.free_bytes
-            telemetry.checkpoint_size_bytes = space.checkpoint_bytes
+            telemetry.part(CheckpointFigures).observe_space(space.free_bytes, space.checkpoint_bytes)
 
     def _reinit(self) -> bool:
         """Save, drop every reference to the state (its leaks included), collect, rebuild from disk.
