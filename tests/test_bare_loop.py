@@ -108,7 +108,7 @@ def test_carry_out_without_a_rebuild_asks_for_a_restart_and_a_warn_needs_nothing
     assert job.saved_at == [3, 4]
     assert wd.checkpoint_figures.saves == 2, "both saves were timed"
     assert not events.named("action_outcome"), "no action was handed over, so there is no block to log"
-    wd.report_action(RESTART_REQUESTED)  # nothing handed over: nothing to report
+    wd.log_outcome(RESTART_REQUESTED)  # nothing handed over: no outcome to log
 
 
 def test_a_clean_loop_gets_one_baseline_census_and_nothing_else(events):
