@@ -294,8 +294,8 @@ def test_the_watchdog_keeps_within_cpythons_shared_key_dict():
 
 
 def test_the_watchdogs_restarts_in_a_row_span_processes_through_its_state_dict():
-    """The restart budget counts the watchdog's own restarts in a row, in every host: it counts one
-    when it hands a restart over, a host keeps `state_dict()` in its checkpoint, and the next
+    """The restart budget counts the watchdog's own restarts in a row, in every loop: it counts one
+    when it hands a restart over, a loop keeps `state_dict()` in its checkpoint, and the next
     process gets it back with `WatchdogConfig.resumed`; a restart after the window starts over."""
     from watchdog.core.policy import PolicyConfig
 
