@@ -106,9 +106,9 @@ def test_carry_out_without_a_rebuild_asks_for_a_restart_and_a_warn_needs_nothing
     assert not wd.carry_out(Action.CHECKPOINT_REINIT, save=lambda: job.save(3))
     assert not wd.carry_out(Action.CHECKPOINT_RESTART, save=lambda: job.save(4))
     assert job.saved_at == [3, 4]
-    assert wd.telemetry.checkpoint_snapshot()[3] == 2, "both saves were timed"
+    assert wd.checkpoint_figures.saves == 2, "both saves were timed"
     assert not events.named("action_outcome"), "no action was handed over, so there is no block to log"
-    wd.report_action(RESTART_REQUESTED)  # nothing handed over: nothing to report
+    wd.log_outcome(RESTART_REQUESTED)  # nothing handed over: no outcome to log
 
 
 def test_a_clean_loop_gets_one_baseline_census_and_nothing_else(events):

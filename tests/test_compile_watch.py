@@ -64,25 +64,25 @@ def test_the_capture_is_off_until_found_on_for_a_bounded_window_then_off(monkeyp
         runtime.compile(line=1)
         w.observe(step)
     step = 10
-    while telemetry.recompilation_detected is not True:
+    while w.figures.detected is not True:
         runtime.compile(line=1)
         w.observe(step)
         step += 1
     assert owned.path.is_file() and not owned.path.is_symlink(), "found: the capture is on"
-    assert telemetry.recompilation is None, "the cause is reported once captured"
+    assert w.figures.finding is None, "the cause is reported once captured"
     with caplog.at_level(logging.WARNING, logger="watchdog.runtime.compile_watch"):
         for _ in range(2):
             runtime.compile(line=88)
             w.observe(step)
             step += 1
     assert owned.path.is_symlink(), "reported: the capture is off again"
-    finding = telemetry.recompilation
+    finding = w.figures.finding
     assert (finding["cause"], finding["file"], finding["line"]) == ("value_read", "/home/me/train.py", 88)
     assert finding["compiles_explained"] == 2, "only what came after the finding was read"
     assert finding["explanation"].startswith("graph recompiled every step: `loss.item()` at train.py:88")
     assert finding["compile_seconds_after_warmup"] == pytest.approx(0.5 * finding["compiles_after_warmup"])
     assert any(r.levelno == logging.WARNING and "recompilation" in str(r.msg) for r in caplog.records)
-    assert telemetry.steps_per_recompilation == pytest.approx(1.0, rel=0.2)
+    assert w.figures.steps_per_recompilation == pytest.approx(1.0, rel=0.2)
 
 
 def test_when_the_analysis_cannot_be_read_the_finding_says_why_at_once(monkeypatch):
@@ -90,11 +90,11 @@ def test_when_the_analysis_cannot_be_read_the_finding_says_why_at_once(monkeypat
     w = watch(CompileAnalysis(None, owned=False, unavailable="torch_xla ran a graph before the watchdog"),
               telemetry)
     step = 0
-    while telemetry.recompilation is None and step < 100:
+    while w.figures.finding is None and step < 100:
         runtime.compile()
         w.observe(step)
         step += 1
-    finding = telemetry.recompilation
+    finding = w.figures.finding
     assert finding["cause"] == "unknown" and finding["line"] is None
     assert finding["explanation"].endswith("cause unknown: torch_xla ran a graph before the watchdog")
     assert finding["step"] == step - 1, "reported when found, not after a window"
@@ -104,14 +104,14 @@ def test_a_run_that_ends_mid_capture_reports_what_it_has_and_turns_the_capture_o
     runtime, telemetry = Runtime(monkeypatch, owned.path), Telemetry()
     w = watch(owned, telemetry)
     step = 0
-    while telemetry.recompilation_detected is not True:
+    while w.figures.detected is not True:
         runtime.compile()
         w.observe(step)
         step += 1
     runtime.compile(line=42)  # one of the two wanted, then the run stops
     w.close()
     assert owned.path.is_symlink()
-    assert telemetry.recompilation["line"] == 42 and telemetry.recompilation["compiles_explained"] == 1
+    assert w.figures.finding["line"] == 42 and w.figures.finding["compiles_explained"] == 1
 
 
 def test_the_users_own_analysis_file_is_read_from_its_end_and_never_replaced(monkeypatch, tmp_path):
@@ -120,20 +120,21 @@ def test_the_users_own_analysis_file_is_read_from_its_end_and_never_replaced(mon
     runtime, telemetry = Runtime(monkeypatch, path), Telemetry()
     w = watch(CompileAnalysis(path, owned=False, unavailable=None), telemetry)
     step = 0
-    while telemetry.recompilation is None and step < 100:
+    while w.figures.finding is None and step < 100:
         runtime.compile(line=88)
         w.observe(step)
         step += 1
-    assert telemetry.recompilation["line"] == 88
+    assert w.figures.finding["line"] == 88
     assert path.is_file() and not path.is_symlink()
     assert path.read_text().startswith(report(7) * 3)
 
 
 def test_off_xla_nothing_is_watched(monkeypatch):
     monkeypatch.setattr(xla_stats, "compilations", lambda: None)
-    telemetry = Telemetry()
-    watch(None, telemetry).observe(5)
-    assert telemetry.recompilation_detected is None and telemetry.xla_compilations_total is None
+    w = watch(None)
+    w.observe(5)
+    assert w.figures.detected is None and w.figures.compilations is None
+    assert list(w.figures.collect()) == [], "absent off XLA, never a made-up 0"
 
 
 @pytest.fixture

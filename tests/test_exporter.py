@@ -18,7 +18,10 @@ from watchdog.core.errors import InputError
 from watchdog.core.sample import Sample, write_trace
 from watchdog.core.verdict import Action, Status, Verdict
 from watchdog.station.exporter import serve_metrics
+from watchdog.runtime.checkpoint_figures import CheckpointFigures
+from watchdog.runtime.compile_watch import CompileFigures
 from watchdog.runtime.host_memory import HostReading
+from watchdog.runtime.job_ledger import GoodputFigures
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.station.telemetry import Telemetry
 
@@ -56,17 +59,18 @@ def leaking_telemetry() -> Telemetry:
                         projected_oom_seconds=1080.0, projected_oom_steps_pessimistic=2000.0, window_steps=640.0,
                         leak_detected=True)
     t.training_step = 1210
-    t.samples_total, t.sample_errors_total, t.restarts_total, t.xla_compilations_total = 120, 2, 1, 7
-    t.recompilation_detected, t.steps_per_recompilation = True, 2.5
+    t.samples_total, t.sample_errors_total, t.restarts_total = 120, 2, 1
+    compiles = t.part(CompileFigures)  # each component's own figures, served with the series
+    compiles.compilations, compiles.detected, compiles.steps_per_recompilation = 7, True, 2.5
     t.count_action(Action.WARN)
     t.count_action(Action.CHECKPOINT_REINIT)
     t.count_action(Action.CHECKPOINT_REINIT)
     for seconds in (0.3, 4.0, 40.0):
-        t.observe_checkpoint(seconds)
+        t.part(CheckpointFigures).observe_save(seconds)
     # one memory (the rss source's case): the host's own figures ride on the device's series
     t.host_reading = HostReading(900 * MiB, 1024 * MiB, "cgroup", 880 * MiB, 20 * 1024 * MiB, oom_kills=0)
     # the job's time so far: 10 s to start, 80 s of steps (5 s of them compiling), a 5 s save
-    t.goodput = goodput.account([
+    t.part(GoodputFigures).account = goodput.account([
         {"v": 1, "event": "process", "t": 10.0, "started": 0.0, "step": 0},
         {"v": 1, "event": "span", "t": 10.0, "cause": "startup", "seconds": 10.0},
         {"v": 1, "event": "steps", "t": 90.0, "first": 0, "last": 1200, "seconds": 80.0, "compile_seconds": 5.0},
@@ -93,6 +97,24 @@ def test_the_host_series_is_served_beside_the_devices_one_family_per_metric(serv
     with urllib.request.urlopen(served(device).url, timeout=5) as response:
         text = response.read().decode()
     assert text.count("# TYPE hbmwatch_memory_used_bytes gauge") == 1  # merged: one family, two series
+    checkpointed = {dict(labels)["device"] for name, labels in samples if name == "hbmwatch_checkpoint_seconds_count"}
+    assert checkpointed == {"xla:0"}, "a component's figures are served with the series that owns them, once"
+
+
+def test_a_components_figures_are_made_once_per_series_and_labelled_when_scraped(served):
+    t = Telemetry()
+    figures = t.part(CheckpointFigures)
+    assert t.part(CheckpointFigures) is figures, "whoever asks second gets the same figures"
+    t.device, t.rank = "xla:1", 5  # the sidecar names its device at start, after the trainer asked
+    samples = scrape(served(t))
+    assert value(samples, "hbmwatch_checkpoint_seconds_count", device="xla:1", rank="5") == 0  # there before any save
+    assert "hbmwatch_checkpoint_size_bytes" not in names(samples)  # unknown until the disk is read
+    figures.observe_save(0.2)
+    figures.observe_space(free_bytes=10 * MiB, checkpoint_bytes=2 * MiB)
+    samples = scrape(served(t))
+    assert value(samples, "hbmwatch_checkpoint_seconds_bucket", le="0.25") == 1
+    assert value(samples, "hbmwatch_checkpoint_size_bytes") == 2 * MiB
+    assert value(samples, "hbmwatch_checkpoint_disk_free_bytes") == 10 * MiB
 
 
 @pytest.fixture

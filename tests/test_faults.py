@@ -47,6 +47,7 @@ from watchdog.core.sample import (
     write_trace,
 )
 from watchdog.station.endpoint import MAX_CONNECTIONS, REQUEST_DEADLINE_SECONDS
+from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.station.exporter import serve_metrics
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.station.telemetry import Telemetry
@@ -352,8 +353,9 @@ def test_free_space_and_checkpoint_size_are_exported(tmp_path):
     finally:
         trainer.close()
     (newest,) = tmp_path.glob("ckpt-*.pt")
-    assert telemetry.checkpoint_size_bytes == newest.stat().st_size
-    assert 0 < telemetry.checkpoint_disk_free_bytes <= shutil.disk_usage(tmp_path).total
+    figures = telemetry.part(CheckpointFigures)
+    assert figures.size_bytes == newest.stat().st_size
+    assert 0 < figures.disk_free_bytes <= shutil.disk_usage(tmp_path).total
     with serve_metrics(telemetry, 0) as server:
         text = urllib.request.urlopen(server.url, timeout=10).read().decode()
     assert f"hbmwatch_checkpoint_size_bytes{{device=\"unknown\",rank=\"0\"}} {float(newest.stat().st_size)}" in text
@@ -372,7 +374,8 @@ def test_free_space_below_one_checkpoint_is_a_warning_at_start_and_after_each_sa
                 trainer.run()
             finally:
                 trainer.close()
-        assert telemetry.checkpoint_disk_free_bytes < telemetry.checkpoint_size_bytes
+        figures = telemetry.part(CheckpointFigures)
+        assert figures.disk_free_bytes < figures.size_bytes
     assert any(isinstance(r.msg, dict) and r.msg["event"] == "checkpoint_disk_low" for r in caplog.records)
 
 

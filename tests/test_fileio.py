@@ -28,11 +28,11 @@ VICTIM_BYTES = b"the user's own file"
 # ---- the writers, each as `write(folder) -> the path it wrote` ----------------------------------------
 
 def write_report(folder: Path) -> Path:
-    from watchdog.commands.report import render_report
+    from watchdog.commands.report import draw_trace
     from watchdog.core.sample import Sample
 
     samples = [Sample(step, 1000.0 + step, (100 + step) << 20, 1 << 30) for step in range(0, 400, 4)]
-    return render_report(samples, folder / "report.png")
+    return draw_trace(samples, folder / "report.png")
 
 
 def write_checkpoint(folder: Path) -> Path:

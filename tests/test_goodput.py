@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from watchdog.commands.cli import main
 from watchdog.core import goodput
 from watchdog.core.errors import InputError
-from watchdog.runtime.job_ledger import JobLedger, start_job
+from watchdog.runtime.job_ledger import GoodputFigures, JobLedger, start_job
 from watchdog.station.exporter import TelemetryCollector
 from watchdog.station.telemetry import Telemetry
 
@@ -215,7 +215,8 @@ def test_the_ledger_partitions_a_process_into_steps_and_spans_and_the_next_proce
     assert (first_steps["first"], first_steps["last"], first_steps["compile_seconds"]) == (0, 2, 0.25)
     account = goodput.account(records)
     assert account.processes == 2 and account.steps_kept == 3 and account.ended == "done"
-    assert telemetry.goodput is not None and telemetry.goodput.steps_kept == 2  # the live account, first process
+    live = telemetry.part(GoodputFigures).account
+    assert live is not None and live.steps_kept == 2  # the live account, first process
 
 
 def test_a_job_file_that_cannot_be_written_never_reaches_training(tmp_path, events):
@@ -240,7 +241,7 @@ def test_the_job_series_are_served_by_cause_and_absent_without_a_job_file():
                 for family in text_string_to_metric_families(text) for s in family.samples}
 
     assert not any(name.startswith("hbmwatch_goodput") for name, _ in served())
-    telemetry.goodput = goodput.account(crashed_and_resumed_job())
+    telemetry.part(GoodputFigures).account = goodput.account(crashed_and_resumed_job())
     samples = served()
     assert samples[("hbmwatch_goodput_seconds_total", None)] == pytest.approx(37.0)
     assert samples[("hbmwatch_elapsed_seconds_total", None)] == 81.0

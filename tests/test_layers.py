@@ -2,7 +2,7 @@
 read (with `ast`, nothing is imported) and checked against what its layer may use.
 
 Pure code stays pure (core imports nothing of ours outside core); the in-process runtime never
-reaches up into what drives it; the station (one series' path and its sinks, shared by every host)
+reaches up into what drives it; the station (one series' path and its sinks, shared by every loop)
 uses only the core; the `watch` daemon, which runs outside the job, uses the station and the host's
 /proc reader, never the in-process runtime (the sidecar, its sources) or the forensics that walk a
 training process's objects; and the forensics, which only read a process's objects, use nothing

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from watchdog.commands.cli import main
-from watchdog.commands.report import render_report
+from watchdog.commands.report import draw_trace
 from watchdog.core.sample import write_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -52,8 +52,8 @@ def test_report_writes_a_self_contained_html_page(tmp_path, trace_file):
     assert "http" not in page.replace("http-equiv", "")  # nothing fetched from elsewhere
 
 
-def test_render_report_marks_the_true_oom_of_a_benchmark_trace(tmp_path, leak_trace):
-    path = render_report(leak_trace.samples, tmp_path / "x.png", name=leak_trace.name,
+def test_draw_trace_marks_the_true_oom_of_a_benchmark_trace(tmp_path, leak_trace):
+    path = draw_trace(leak_trace.samples, tmp_path / "x.png", name=leak_trace.name,
                          memory_limit_bytes=leak_trace.limit_bytes, true_oom_step=leak_trace.oom_step)
     assert png_size(path.read_bytes())[0] >= 1000
 
@@ -95,3 +95,9 @@ def test_steps_beyond_the_bound_are_one_line_not_a_matplotlib_error(tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{trace}:2: step" in err[0]
     assert not (tmp_path / "x.png").exists()
+
+
+def test_the_old_name_render_report_still_draws_and_says_it_is_deprecated():
+    from watchdog.commands import report
+    with pytest.warns(DeprecationWarning, match="draw_trace"):
+        assert report.render_report is draw_trace

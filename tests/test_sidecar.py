@@ -131,6 +131,21 @@ def test_the_old_name_latest_verdict_still_reads_the_verdict_and_says_it_is_depr
     assert old is wd.verdict and old is not None
 
 
+def test_the_old_outcome_names_still_log_the_outcome_and_say_they_are_deprecated(events):
+    """`report_action`, `Watchdog(reports_actions=)` and `log_acted`: renamed, kept one release."""
+    from watchdog.runtime import sidecar
+    from watchdog.station.blocks import ActionOutcome
+    with pytest.warns(DeprecationWarning, match="logs_outcomes"):
+        wd = Watchdog(WatchdogConfig(memory_limit_bytes=1 << 40), source=RssSource(1 << 40), reports_actions=True)
+    decided = ActionOutcome(7, Action.CHECKPOINT_RESTART, None)
+    with pytest.warns(DeprecationWarning, match="log_outcome"):
+        wd.report_action(sidecar.RESTART_REQUESTED, checkpoint="ckpt-7", report=decided)
+    with pytest.warns(DeprecationWarning, match="log_action_outcome"):
+        assert sidecar.log_acted is sidecar.log_action_outcome
+    (logged,) = events.named("action_outcome")
+    assert (logged["step"], logged["checkpoint"], logged["outcome"]) == (7, "ckpt-7", sidecar.RESTART_REQUESTED)
+
+
 def test_stop_is_idempotent_and_start_returns_self():
     wd = Watchdog(WatchdogConfig(memory_limit_bytes=1 << 40), source=RssSource(1 << 40))
     assert wd.start() is wd
@@ -279,8 +294,8 @@ def test_the_watchdog_keeps_within_cpythons_shared_key_dict():
 
 
 def test_the_watchdogs_restarts_in_a_row_span_processes_through_its_state_dict():
-    """The restart budget counts the watchdog's own restarts in a row, in every host: it counts one
-    when it hands a restart over, a host keeps `state_dict()` in its checkpoint, and the next
+    """The restart budget counts the watchdog's own restarts in a row, in every loop: it counts one
+    when it hands a restart over, a loop keeps `state_dict()` in its checkpoint, and the next
     process gets it back with `WatchdogConfig.resumed`; a restart after the window starts over."""
     from watchdog.core.policy import PolicyConfig
 

@@ -32,6 +32,7 @@ import torch, torch_xla
 from watchdog import Watchdog, WatchdogConfig
 from watchdog.core.recompilation import RecompilationConfig
 from watchdog.logs import configure_logging
+from watchdog.runtime.compile_watch import CompileFigures
 
 configure_logging("json")
 CONFIG = WatchdogConfig(sample_every=2, memory_limit_bytes=64 << 30,
@@ -39,9 +40,10 @@ CONFIG = WatchdogConfig(sample_every=2, memory_limit_bytes=64 << 30,
 
 
 def report(telemetry, extra=None):
-    print(json.dumps({"finding": telemetry.recompilation, "detected": telemetry.recompilation_detected,
-                      "steps_per_recompilation": telemetry.steps_per_recompilation,
-                      "compilations": telemetry.xla_compilations_total, **(extra or {})}))
+    figures = telemetry.part(CompileFigures)
+    print(json.dumps({"finding": figures.finding, "detected": figures.detected,
+                      "steps_per_recompilation": figures.steps_per_recompilation,
+                      "compilations": figures.compilations, **(extra or {})}))
 """
 
 LIGHTNING = PRELUDE + f"""

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from watchdog.bench.corpus import synthetic_corpus
-from watchdog.commands.report import render_report
+from watchdog.commands.report import draw_trace
 
 LEAK_TRACE = "late_onset_leak-03"
 CLEAN_TRACE = "eval_buffers_kept-02"
@@ -24,7 +24,7 @@ def make_pictures(out_dir: str | Path = DEFAULT_DIR, leak: str = LEAK_TRACE, cle
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     for name, file_name in ((leak, "report_leak.png"), (clean, "report_clean.png")):
         trace = traces[name]
-        written.append(render_report(trace.samples, Path(out_dir) / file_name,
+        written.append(draw_trace(trace.samples, Path(out_dir) / file_name,
                                      name=f"{trace.name} ({trace.description})",
                                      memory_limit_bytes=trace.limit_bytes, true_oom_step=trace.oom_step))
     return written

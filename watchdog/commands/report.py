@@ -17,6 +17,7 @@ import io
 import math
 import os
 import textwrap
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,8 +196,8 @@ def summary_rows(name: str, samples: list[Sample], picture: ReplayPicture) -> li
     ]
 
 
-def render_report(samples: list[Sample], output: str | Path, *, name: str = "trace",
-                  memory_limit_bytes: int | None = None, true_oom_step: int | None = None) -> Path:
+def draw_trace(samples: list[Sample], output: str | Path, *, name: str = "trace",
+               memory_limit_bytes: int | None = None, true_oom_step: int | None = None) -> Path:
     """Replay, draw and write `output` (.png or .html). Returns the path written."""
     output = Path(output)
     check_output(output)
@@ -270,6 +271,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     check_output(Path(args.output))
     samples = load_trace(args.trace)
-    path = render_report(samples, args.output, name=Path(args.trace).name, memory_limit_bytes=args.memory_limit)
+    path = draw_trace(samples, args.output, name=Path(args.trace).name, memory_limit_bytes=args.memory_limit)
     print(f"wrote {path}")
     return 0
+
+
+def __getattr__(name: str):
+    if name == "render_report":  # deprecated (0.1): kept one release
+        warnings.warn("render_report is deprecated; use watchdog.commands.report.draw_trace", DeprecationWarning,
+                      stacklevel=2)
+        return draw_trace
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

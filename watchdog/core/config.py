@@ -47,8 +47,8 @@ class WatchdogConfig:
     """Of those, the restarts the watchdog itself asked for, in a row (the `Watchdog` counts them,
     starting over after `policy.restart_window_steps`): what the restart budget counts. A preemption or a crash restart is not the watchdog's
     to spend, and counting them left a job preempted `max_restarts` times unable to restart out of
-    a leak a reinit cannot free. None: every restart counts (a host that does not know which).
-    Hosts keep it in their checkpoints through `Watchdog.state_dict()` and give it back with `resumed`."""
+    a leak a reinit cannot free. None: every restart counts (a loop that does not know which).
+    Loops keep it in their checkpoints through `Watchdog.state_dict()` and give it back with `resumed`."""
     watchdog_restart_step: int | None = None
     """The step of the watchdog's newest restart, kept with `watchdog_restarts`: a restart
     `policy.restart_window_steps` after it starts the count over."""

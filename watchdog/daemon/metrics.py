@@ -1,7 +1,7 @@
 """The daemon's Prometheus view: the sidecar's metrics for every device it watches, plus its own.
 
 Each device keeps a `Telemetry` exactly as the sidecar fills it, turned into metric families by the
-sidecar's own `TelemetryCollector`; families of the same name are merged, so several devices (the
+sidecar's own `TelemetryCollector` (with any component's figures, `Telemetry.part`); families of the same name are merged, so several devices (the
 chips of a TPU host) come out as one family with one series per `device`. Labels stay bounded:
 `device` (`process`, or `tpu:N`) and `rank`. The watched PID changes with every restart, so it
 is a gauge's value, never a label; the Prometheus target labels (`job`, `pod`) name the job.

@@ -1,4 +1,4 @@
-"""The training thread's half of "what is leaking", shared by every host that trains in process.
+"""The training thread's half of "what is leaking", shared by every loop that trains in process.
 
 A census (`forensics.census`) and a creation-site capture (`CreationSites`) must run on the
 training thread, between steps: the census walks the garbage collector's objects while no step

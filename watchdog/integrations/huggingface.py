@@ -89,7 +89,7 @@ class HbmWatchdogCallback(TrainerCallback):
         self._eval_batches, self._phase, self._pending = 0, None, None
         self.exit_code, self.action_step, self.findings = EXIT_OK, None, []  # this train()'s, not an earlier one's
         # Every rank starts its watchdog here, together: with several ranks they agree on every action.
-        self.watchdog = Watchdog(config, source=self.source, reports_actions=True).start()
+        self.watchdog = Watchdog(config, source=self.source, logs_outcomes=True).start()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.watchdog is None:
@@ -154,10 +154,10 @@ class HbmWatchdogCallback(TrainerCallback):
         checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         log.error("huggingface_checkpoint_and_stop", action=action.value, step=state.global_step,
                   checkpoint=checkpoint, exit_code=self.exit_code)
-        report = self.watchdog.last_action
-        if report is not None and self.findings:
-            report.suspects = [*self.findings[-1:], *report.suspects]
-        self.watchdog.report_action(f"the Trainer saves and stops, {RESTART_REQUESTED}", checkpoint=checkpoint)
+        decided = self.watchdog.last_action
+        if decided is not None and self.findings:
+            decided.suspects = [*self.findings[-1:], *decided.suspects]
+        self.watchdog.log_outcome(f"the Trainer saves and stops, {RESTART_REQUESTED}", checkpoint=checkpoint)
 
     def _stop(self) -> None:
         if self.watchdog is not None:

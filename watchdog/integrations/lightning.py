@@ -107,7 +107,7 @@ class HbmWatchdogCallback(Callback):
         self._validation_batches, self._phase, self._pending = 0, None, None
         self.exit_code, self.action_step = EXIT_OK, None  # what this fit asks for, not an earlier one's
         # Every rank starts its watchdog here, together: with several ranks they agree on every action.
-        self.watchdog = Watchdog(config, source=self.source, reports_actions=True).start()
+        self.watchdog = Watchdog(config, source=self.source, logs_outcomes=True).start()
         self._resumed = None  # consumed: a later fit resumes from its own checkpoint, or starts afresh
 
     def state_dict(self) -> dict:
@@ -158,7 +158,7 @@ class HbmWatchdogCallback(Callback):
         trainer.should_stop = True
         log.error("lightning_checkpoint_and_stop", action=action.value, step=trainer.global_step,
                   checkpoint=str(self.checkpoint_path), exit_code=self.exit_code)
-        self.watchdog.report_action(f"fit stopped, {RESTART_REQUESTED}", checkpoint=str(self.checkpoint_path))
+        self.watchdog.log_outcome(f"fit stopped, {RESTART_REQUESTED}", checkpoint=str(self.checkpoint_path))
 
     def _save_atomically(self, trainer) -> None:
         """Lightning writes the checkpoint (on global rank zero) to a temporary that becomes the real

@@ -5,20 +5,48 @@ it raises a finding, torch_xla's compile analysis is captured (see `xla_stats`) 
 `capture_compiles` compilations have been explained or `capture_steps` steps have passed; then one
 WARN event, `recompilation`, carries the counts, the rate and the cause with the user's file and
 line. Everything here runs on the sidecar thread; the training thread never waits for it.
+
+Its figures are its own (`CompileFigures`, one per series): `hbmwatch_xla_compilations_total`,
+`hbmwatch_recompilation_detected` and `hbmwatch_steps_per_recompilation`, absent off XLA.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from prometheus_client.core import Metric
 
 from watchdog.core.compile_causes import SourceView, explain, parse_compile_analysis
 from watchdog.core.recompilation import Recompilation, RecompilationConfig, RecompilationDetector
 from watchdog.logs import get_logger
 from watchdog.runtime import xla_stats
-from watchdog.station.telemetry import Telemetry
 from watchdog.runtime.xla_stats import AnalysisReader, CompileAnalysis
+from watchdog.station.exporter import counter_family, gauge_family
+from watchdog.station.telemetry import Telemetry
 
 log = get_logger(__name__)
+
+
+class CompileFigures:
+    """What the compile watch last saw, replaced whole by the sidecar thread; None: not watched."""
+
+    def __init__(self, labels: Callable[[], list[str]]):
+        self._labels = labels
+        self.compilations: int | None = None  # XLA graphs compiled in this process
+        self.detected: bool | None = None  # a recompilation finding is up
+        self.steps_per_recompilation: float | None = None  # since warm-up; inf while none
+        self.finding: dict | None = None  # the newest `recompilation` finding, as logged
+
+    def collect(self) -> Iterator[Metric]:
+        labels, detected = self._labels(), self.detected
+        yield from counter_family("xla_compilations", "XLA graphs compiled in this process (absent off XLA).",
+                                  labels, self.compilations)
+        yield from gauge_family("recompilation_detected", "1 while XLA keeps compiling new graphs after warm-up (the "
+                                "watchdog's `recompilation` finding, which names the cause), else 0; absent off XLA.",
+                                labels, None if detected is None else float(detected))
+        yield from gauge_family("steps_per_recompilation", "Training steps per XLA compilation since warm-up; +Inf "
+                                "when none (absent off XLA).", labels, self.steps_per_recompilation)
 
 
 @dataclass
@@ -36,7 +64,7 @@ class CompileWatch:
     def __init__(self, config: RecompilationConfig, telemetry: Telemetry, *,
                  analysis: CompileAnalysis | None = None, source: SourceView | None = None):
         self.config = config
-        self.telemetry = telemetry
+        self.figures = telemetry.part(CompileFigures)
         self.detector = RecompilationDetector(config)
         self._analysis = analysis
         self._source = source
@@ -47,8 +75,8 @@ class CompileWatch:
     def observe(self, step: int) -> None:
         """Call at each sample, after the step's sync."""
         compiles = xla_stats.compilations()
-        telemetry = self.telemetry
-        telemetry.xla_compilations_total = compiles
+        figures = self.figures
+        figures.compilations = compiles
         if compiles is None:
             return
         self._last = (step, compiles)
@@ -58,10 +86,10 @@ class CompileWatch:
             self._warmup_seconds = None
         elif self._warmup_seconds is None:  # read twice per finding, not at every sample: it copies samples
             self._warmup_seconds = xla_stats.compile_seconds()
-        telemetry.recompilation_detected = self.detector.active is not None
+        figures.detected = self.detector.active is not None
         if was_active is not None and self.detector.active is None:
             log.info("recompilation_stopped", step=step, found_at_step=was_active.step, compilations=compiles)
-        telemetry.steps_per_recompilation = self.detector.steps_per_compile
+        figures.steps_per_recompilation = self.detector.steps_per_compile
         if found is not None:
             now = xla_stats.compile_seconds()
             seconds = None if now is None or self._warmup_seconds is None else max(0.0, now - self._warmup_seconds)
@@ -113,5 +141,5 @@ class CompileWatch:
             "compiles_captured": compiles - capture.start_compiles, **cause.fields(),
         }
         finding["explanation"] = finding.pop("message")
-        self.telemetry.recompilation = finding
+        self.figures.finding = finding
         log.warning("recompilation", **finding)

@@ -14,7 +14,8 @@ records and their accounting are `core/goodput.py`'s; this module only measures 
 Times partition the process: each stretch of steps runs from the end of the previous record to
 the step boundary, so steps and spans never overlap (spans do not nest). A write error is
 telemetry's, never training's: the file is dropped for the rest of the process and said once.
-The newest account goes to the telemetry (`Telemetry.goodput`), for `/metrics`.
+The newest account is the ledger's own figures (`GoodputFigures`, one per series), for `/metrics`:
+`hbmwatch_elapsed_seconds_total`, `hbmwatch_goodput_seconds_total`, `hbmwatch_badput_seconds_total{cause}`.
 
 Only a job file is ever written, cut or read for the account (`_claimed`): a file created new, an
 empty one, or one whose every line is a job record (what this project always wrote), opened
@@ -33,10 +34,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
+from prometheus_client.core import CounterMetricFamily, Metric
+
 from watchdog.core import goodput, strict_json
 from watchdog.core.errors import InputError
 from watchdog.core.inputs import open_regular
 from watchdog.logs import get_logger
+from watchdog.station.exporter import BASE_LABELS, PREFIX, counter_family
+from watchdog.station.telemetry import Telemetry
 
 log = get_logger(__name__)
 
@@ -130,17 +135,44 @@ def start_job(path: Path) -> None:
         handle.write((strict_json.dumps({"v": goodput.VERSION, "event": "job", "t": time.time()}) + "\n").encode("utf-8"))
 
 
+class GoodputFigures:
+    """The job's time so far, across its processes and reinits (core/goodput.py); None: no job file.
+
+    Job totals, not this process's: a new process starts from what the job file holds (a reset
+    to Prometheus, as any restart). The share is goodput over elapsed; badput is by cause."""
+
+    def __init__(self, labels: Callable[[], list[str]]):
+        self._labels = labels
+        self.account: goodput.Account | None = None  # replaced whole at every record the ledger writes
+
+    def collect(self) -> Iterator[Metric]:
+        account, labels = self.account, self._labels()
+        if account is None:
+            return
+        yield from counter_family("elapsed_seconds", "Wall-clock seconds of the job so far, every process and the "
+                                  "gaps between them.", labels, max(0.0, account.elapsed_seconds))
+        yield from counter_family("goodput_seconds", "Seconds of training steps whose progress the job kept.",
+                                  labels, max(0.0, account.productive_seconds))
+        badput = CounterMetricFamily(PREFIX + "badput_seconds", "Seconds of the job not spent on kept training "
+                                     "progress, by cause (start-up, recompilation, checkpoint save and restore, "
+                                     "reinit, evaluation, steps redone, time between processes, other).",
+                                     labels=(*BASE_LABELS, "cause"))
+        for cause, seconds in account.badput_seconds.items():
+            badput.add_metric([*labels, cause], max(0.0, seconds))
+        yield badput
+
+
 class JobLedger:
     def __init__(self, path: Path, *, checkpoint_every: int = 0, flush_seconds: float = FLUSH_SECONDS,
-                 compile_seconds: Callable[[], float | None] = lambda: None, telemetry: Any = None,
+                 compile_seconds: Callable[[], float | None] = lambda: None, telemetry: Telemetry | None = None,
                  started: float | None = None):
         """`compile_seconds`: XLA's total compile time so far in this process (None off XLA).
-        `telemetry`: given, its `goodput` is set to the job's account at every write."""
+        `telemetry`: given, the ledger's figures (`GoodputFigures`) are served with its series."""
         self.path = path
         self.checkpoint_every = checkpoint_every
         self.flush_seconds = flush_seconds
         self._compile_seconds = compile_seconds
-        self._telemetry = telemetry
+        self._figures = telemetry.part(GoodputFigures) if telemetry is not None else None
         self._started = process_started() if started is None else started
         self._records = self._earlier_records()
         self._handle: IO[bytes] | None = None
@@ -217,8 +249,8 @@ class JobLedger:
     def _write(self, event: str, **fields: Any) -> None:
         record = {"v": goodput.VERSION, "event": event, "t": time.time(), **fields}
         self._records.append(record)
-        if self._telemetry is not None:
-            self._telemetry.goodput = self.account()
+        if self._figures is not None:
+            self._figures.account = self.account()
         if self._broken:
             return
         try:

@@ -19,8 +19,8 @@ due: a baseline census at the first `step()` and after each rebuild, a capture o
 armed once a leak is suspected, and a census when an action is handed over. `step()` checks one
 deque for that and for actions (`_chores`); the census itself (milliseconds to seconds, logged
 with its cost) runs only then.
-The action's block for the terminal (`action_outcome`) is logged when the loop says what it did
-(`report_action`, or `carry_out`, which does both), or at the next `step()` if it never says.
+The action's outcome, its block for the terminal (`action_outcome`), is logged when the loop says
+what it did (`log_outcome`, or `carry_out`, which does both), or at the next `step()` if it never says.
 
 The host's memory is watched beside the device's (`HostWatch`, on by `WatchdogConfig.host_memory`):
 the sidecar reads it every `host_sample_every` steps, judges it with a Judge of its own and acts on
@@ -71,12 +71,13 @@ from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import OncePerKind, exception_text, get_logger, log_event
 from watchdog.runtime import agreement, xla_stats
 from watchdog.runtime.agreement import Agreement, severity
+from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
 from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
                                       select_source)
-from watchdog.station.reports import ActionReport
+from watchdog.station.blocks import ActionOutcome
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 from watchdog.station.trace_sink import TraceSink
@@ -99,20 +100,27 @@ class Watchdog:
     trace_retry_seconds = 30.0  # after a trace I/O error, wait this long before reopening the file
 
     def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None,
-                 telemetry: Telemetry | None = None, reports_actions: bool = False,
-                 follower: LeakFollower | None = None, agreement: Agreement | None = None):
-        """`reports_actions`: the loop says what it did with every action (`report_action`), perhaps
+                 telemetry: Telemetry | None = None, logs_outcomes: bool = False,
+                 follower: LeakFollower | None = None, agreement: Agreement | None = None,
+                 reports_actions: bool | None = None):
+        """`logs_outcomes`: the loop says what it did with every action (`log_outcome`), perhaps
         some steps later (after an evaluation): the block is never logged for it at the next step.
+        (`reports_actions`: its old name, deprecated, kept one release.)
         `follower`: a loop that drives its own `LeakFollower` (the trainer) shares it, so that the
         watchdog's `suspects` and flight record see its censuses; the watchdog then drives none.
         `agreement`: a loop that agrees on more than the watchdog's actions (the trainer: whether
         every rank's save landed) shares its own; by default `start()` joins one when several ranks run."""
+        if reports_actions is not None:
+            warnings.warn("Watchdog(reports_actions=) is deprecated; pass logs_outcomes=", DeprecationWarning,
+                          stacklevel=2)
+            logs_outcomes = reports_actions
         config = config or WatchdogConfig()
         if config.restarts_so_far is None:  # what the restart engine tells this process
             config = dataclasses.replace(config, restarts_so_far=restarts_so_far(os.environ))
         self.config = config
         self.telemetry = telemetry or Telemetry(rank=self.config.rank)
         self.telemetry.restarts_total = self.config.restarts_so_far
+        self.checkpoint_figures = self.telemetry.part(CheckpointFigures)  # served from the first scrape
         self.station = Station(Judge(self.config.detector, self.config.policy,
                                      memory_limit_bytes=self.config.memory_limit_bytes,
                                      restarts_so_far=self.config.restart_budget_spent), self.telemetry, memory=DEVICE)
@@ -129,7 +137,7 @@ class Watchdog:
         self._labels: dict[tuple[str, int | None], str] = {}  # phase labels, validated once each
         # Kept together: an instance over 30 attributes loses CPython's shared-key dict, and step()
         # pays for every attribute it reads (tests/test_sidecar.py counts them).
-        self._handed = _HandedOver(reports_actions, config.restart_budget_spent, config.watchdog_restart_step)
+        self._handed = _HandedOver(logs_outcomes, config.restart_budget_spent, config.watchdog_restart_step)
         self._drives_follower = follower is None and self.config.forensics
         self._follower = follower if follower is not None else (LeakFollower() if self._drives_follower else None)
         # Work for the training thread between steps, in one deque so that step() checks one thing:
@@ -192,8 +200,8 @@ class Watchdog:
         self._thread = None
         if self._compile_watch is not None:
             self._compile_watch.close()
-        if self._handed.unreported is not None:
-            self.report_action(HANDED_OVER)
+        if self._handed.unlogged is not None:
+            self.log_outcome(HANDED_OVER)
         if self._drives_follower:
             self._follower.close()
         if self._flight is not None:
@@ -368,10 +376,11 @@ class Watchdog:
         self._post((_REINIT, reading))
 
     def observe_checkpoint(self, seconds: float) -> None:
-        self.telemetry.observe_checkpoint(seconds)
+        """A save the loop made, timed (`hbmwatch_checkpoint_seconds`)."""
+        self.checkpoint_figures.observe_save(seconds)
 
     @property
-    def last_action(self) -> ActionReport | None:
+    def last_action(self) -> ActionOutcome | None:
         """The action step() handed over last, with the verdict behind it and the suspects."""
         return self._handed.last
 
@@ -401,30 +410,37 @@ class Watchdog:
         if action is Action.CHECKPOINT_REINIT and rebuild is not None:
             rebuild()
             self.reinit_finished()
-            self.report_action(REINITIALISED, checkpoint=checkpoint)
+            self.log_outcome(REINITIALISED, checkpoint=checkpoint)
             return True
-        self.report_action(RESTART_REQUESTED, checkpoint=checkpoint)
+        self.log_outcome(RESTART_REQUESTED, checkpoint=checkpoint)
         return False
 
-    def report_action(self, outcome: str, *, checkpoint: str | None = None,
-                      report: ActionReport | None = None) -> None:
-        """Log the block of an action (`action_outcome`): what was seen, what is leaking, what the
-        loop did (`outcome`, `checkpoint`) and, after a reinit, what it gave back. `report`: an
-        action the loop decided with others (agreement across ranks, a forced action); by default
-        the one `step()` handed over last. Call on the training thread."""
+    def log_outcome(self, outcome: str, *, checkpoint: str | None = None,
+                    decided: ActionOutcome | None = None) -> None:
+        """Log an action's outcome, its block (`action_outcome`): what was seen, what is leaking,
+        what the loop did (`outcome`, `checkpoint`) and, after a reinit, what it gave back.
+        `decided`: an action the loop decided with others (agreement across ranks, a forced
+        action); by default the one `step()` handed over last. Call on the training thread."""
         handed = self._handed
-        if report is None:
-            report = handed.unreported
-        handed.unreported = None  # reported, or superseded by what the loop decided
-        if report is None:
+        if decided is None:
+            decided = handed.unlogged
+        handed.unlogged = None  # logged, or superseded by what the loop decided
+        if decided is None:
             return
-        report.outcome, report.checkpoint = outcome, checkpoint
-        if report.action is Action.CHECKPOINT_REINIT and outcome == REINITIALISED:
+        decided.outcome, decided.checkpoint = outcome, checkpoint
+        if decided.action is Action.CHECKPOINT_REINIT and outcome == REINITIALISED:
             self.drain(timeout=10)  # the sidecar measures what the rebuild gave back
             recovery = self.last_recovery
             if recovery is not None:
-                report.recovered_bytes, report.memory_after_bytes = recovery.recovered_bytes, recovery.bytes_after
-        log_acted(report)
+                decided.recovered_bytes, decided.memory_after_bytes = recovery.recovered_bytes, recovery.bytes_after
+        log_action_outcome(decided)
+
+    def report_action(self, outcome: str, *, checkpoint: str | None = None,
+                      report: ActionOutcome | None = None) -> None:
+        """Deprecated (0.1): `log_outcome` (`report` is its `decided`). Kept one release."""
+        warnings.warn("Watchdog.report_action is deprecated; call Watchdog.log_outcome (report= is decided=)",
+                      DeprecationWarning, stacklevel=2)
+        self.log_outcome(outcome, checkpoint=checkpoint, decided=report)
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Block until the sidecar has handled everything posted so far; False on timeout."""
@@ -482,8 +498,8 @@ class Watchdog:
 
     def _between_steps(self, step: int) -> None:
         # Its marker was taken off before looking: a capture the sidecar arms meanwhile queues another.
-        if self._handed.unreported is not None and not self._handed.reports:  # its loop never said
-            self.report_action(HANDED_OVER)
+        if self._handed.unlogged is not None and not self._handed.logs_outcomes:  # its loop never said
+            self.log_outcome(HANDED_OVER)
         if self._drives_follower:
             self._follower.between_steps(step)
             if self._follower.pending:
@@ -492,18 +508,18 @@ class Watchdog:
     def _hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "",
                    counts: bool = True) -> Action:
         """An action leaves for the training loop: name the leak now (its suspects go into the
-        block), keep what the loop needs to report it, and count a restart that is the watchdog's
+        block), keep what the loop needs to log its outcome, and count a restart that is the watchdog's
         (`counts`: not one a loop proposed on its own account, such as a preemption)."""
         handed = self._handed
-        if handed.unreported is not None:  # an earlier one its loop never reported
-            self.report_action(HANDED_OVER)
+        if handed.unlogged is not None:  # an earlier one whose outcome its loop never said
+            self.log_outcome(HANDED_OVER)
         suspects = self._follower.name(step) if self._drives_follower and action.needs_checkpoint else []
         if action is Action.CHECKPOINT_RESTART and counts:
             count, previous = handed.restarts
             handed.restarts = (restarts_in_a_row(count, previous, step, self.config.policy.restart_window_steps), step)
-        handed.last = handed.unreported = ActionReport(step, action, verdict, suspects=suspects, memory=memory,
-                                                       origin=origin)
-        if not handed.reports:  # its block is logged at the next step, if nobody reports it
+        handed.last = handed.unlogged = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
+                                                      origin=origin)
+        if not handed.logs_outcomes:  # its block is logged at the next step, if the loop says nothing
             self._chores.append(_FOLLOW)
         return action
 
@@ -551,10 +567,16 @@ class Watchdog:
             self._watch_host_at(step, phase)
         if self._flight is not None:
             self._flight.observe(step, verdict, actions={a.value: n for a, n in telemetry.actions_snapshot().items() if n},
-                                 suspects=self.suspects, compilations=telemetry.xla_compilations_total,
-                                 recompilation=telemetry.recompilation)
+                                 suspects=self.suspects, **self._compile_figures())
         if self._compile_watch is not None:  # after the memory pipeline: nothing here may delay an action
             self._compile_watch.observe(sample.step)
+
+    def _compile_figures(self) -> dict:
+        """The compile watch's newest figures, for the flight record (none off XLA)."""
+        if self._compile_watch is None:
+            return {"compilations": None, "recompilation": None}
+        figures = self._compile_watch.figures
+        return {"compilations": figures.compilations, "recompilation": figures.finding}
 
     def _watch_host_at(self, step: int, phase: str) -> None:
         try:
@@ -625,21 +647,29 @@ class Watchdog:
 
 class _HandedOver:
     """The actions step() handed over: the newest, the one whose block is not logged yet, and
-    whether the loop always reports its own."""
+    whether the loop always logs their outcomes itself."""
 
-    __slots__ = ("last", "unreported", "reports", "held", "restarts")
+    __slots__ = ("last", "unlogged", "logs_outcomes", "held", "restarts")
 
-    def __init__(self, reports: bool, restarts: int, restart_step: int | None):
-        self.last: ActionReport | None = None
-        self.unreported: ActionReport | None = None
-        self.reports = reports
+    def __init__(self, logs_outcomes: bool, restarts: int, restart_step: int | None):
+        self.last: ActionOutcome | None = None
+        self.unlogged: ActionOutcome | None = None
+        self.logs_outcomes = logs_outcomes
         self.held: tuple | None = None  # several ranks: the action offered at the next agreement
         self.restarts = (restarts, restart_step)  # the watchdog's restarts in a row, and the newest one's step
 
 
-def log_acted(report: ActionReport) -> None:
+def log_action_outcome(outcome: ActionOutcome) -> None:
     """One readable block for a person (and its fields for a log pipeline)."""
-    log_event(log, logging.WARNING, "action_outcome", block=report.block(), **report.fields())
+    log_event(log, logging.WARNING, "action_outcome", block=outcome.block(), **outcome.fields())
+
+
+def __getattr__(name: str):
+    if name == "log_acted":  # deprecated (0.1): kept one release
+        warnings.warn("log_acted is deprecated; use watchdog.runtime.sidecar.log_action_outcome", DeprecationWarning,
+                      stacklevel=2)
+        return log_action_outcome
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class PhaseScope:

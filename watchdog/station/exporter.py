@@ -21,7 +21,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 
@@ -58,7 +57,9 @@ class TelemetryCollector:
     """Turns one `Telemetry` into metric families at scrape time. Reads the cache, nothing else.
 
     A device's telemetry that carries the host's series (`host_series`) serves it too, merged
-    family by family: one family per metric, one series per `device` ("host" among them)."""
+    family by family: one family per metric, one series per `device` ("host" among them). The
+    figures a component owns (`Telemetry.parts`: checkpoints, compilations, the job's time) are
+    that component's own collectors; they are served beside the series they are labelled with."""
 
     def __init__(self, telemetry: Telemetry):
         self.telemetry = telemetry
@@ -70,11 +71,9 @@ class TelemetryCollector:
 
     def collect(self) -> Iterator[Metric]:
         t = self.telemetry
-        host = t.host_series
-        if host is None:
-            yield from self._families(t)
-        else:
-            yield from merge_families([self._families(t), self._families(host)])
+        series = [t] if t.host_series is None else [t, t.host_series]
+        yield from merge_families([self._families(s) for s in series]
+                                  + [part.collect() for s in series for part in s.parts()])
 
     @staticmethod
     def _families(t: Telemetry) -> Iterator[Metric]:
@@ -82,18 +81,10 @@ class TelemetryCollector:
         labels = [t.device, str(t.rank)]
 
         def gauge(name: str, doc: str, value: float | None) -> Iterator[Metric]:
-            if value is None:
-                return
-            family = GaugeMetricFamily(PREFIX + name, doc, labels=BASE_LABELS)
-            family.add_metric(labels, float(value))
-            yield family
+            return gauge_family(name, doc, labels, value)
 
         def counter(name: str, doc: str, value: float | None) -> Iterator[Metric]:
-            if value is None:
-                return
-            family = CounterMetricFamily(PREFIX + name, doc, labels=BASE_LABELS)
-            family.add_metric(labels, float(value))
-            yield family
+            return counter_family(name, doc, labels, value)
 
         build = GaugeMetricFamily(PREFIX + "build_info", "Always 1: version and memory source in use.",
                                   labels=(*BASE_LABELS, "version", "source"))
@@ -141,27 +132,6 @@ class TelemetryCollector:
         yield from counter("sample_errors", "Failed memory reads and sidecar errors.", t.sample_errors_total)
         yield from counter("trace_errors", "Failed writes of the trace file (disk full, read-only); training goes on.",
                            t.trace_errors_total)
-        yield from counter("xla_compilations", "XLA graphs compiled in this process (absent off XLA).",
-                           t.xla_compilations_total)
-        detected = t.recompilation_detected
-        yield from gauge("recompilation_detected", "1 while XLA keeps compiling new graphs after warm-up (the "
-                         "watchdog's `recompilation` finding, which names the cause), else 0; absent off XLA.",
-                         None if detected is None else float(detected))
-        yield from gauge("steps_per_recompilation", "Training steps per XLA compilation since warm-up; +Inf when "
-                         "none (absent off XLA).", t.steps_per_recompilation)
-
-        yield from gauge("checkpoint_disk_free_bytes", "Free bytes on the file system checkpoints are written to.",
-                         t.checkpoint_disk_free_bytes)
-        yield from gauge("checkpoint_size_bytes", "Size of the newest checkpoint: about what the next one needs.",
-                         t.checkpoint_size_bytes)
-
-        bounds, counts, total, count = t.checkpoint_snapshot()
-        histogram = HistogramMetricFamily(PREFIX + "checkpoint_seconds", "Time to write a checkpoint.",
-                                          labels=BASE_LABELS)
-        buckets = [(_bucket_label(b), float(c)) for b, c in zip(bounds, counts)] + [("+Inf", float(count))]
-        histogram.add_metric(labels, buckets, total)
-        yield histogram
-        yield from _goodput_counters(t, labels)
 
 
 def merge_families(sources: list) -> Iterator[Metric]:
@@ -174,30 +144,6 @@ def merge_families(sources: list) -> Iterator[Metric]:
             else:
                 families[family.name] = family
     yield from families.values()
-
-
-def _goodput_counters(t: Telemetry, labels: list[str]) -> Iterator[Metric]:
-    """The job's time, across its processes and reinits (core/goodput.py), where a job file is kept.
-
-    Job totals, not this process's: a new process starts from what the job file holds (a reset
-    to Prometheus, as any restart). The share is goodput over elapsed; badput is by cause."""
-    account = t.goodput
-    if account is None:
-        return
-    for name, doc, value in (
-            ("elapsed_seconds", "Wall-clock seconds of the job so far, every process and the gaps between them.",
-             account.elapsed_seconds),
-            ("goodput_seconds", "Seconds of training steps whose progress the job kept.", account.productive_seconds)):
-        family = CounterMetricFamily(PREFIX + name, doc, labels=BASE_LABELS)
-        family.add_metric(labels, max(0.0, value))
-        yield family
-    badput = CounterMetricFamily(PREFIX + "badput_seconds", "Seconds of the job not spent on kept training "
-                                 "progress, by cause (start-up, recompilation, checkpoint save and restore, reinit, "
-                                 "evaluation, steps redone, time between processes, other).",
-                                 labels=(*BASE_LABELS, "cause"))
-    for cause, seconds in account.badput_seconds.items():
-        badput.add_metric([*labels, cause], max(0.0, seconds))
-    yield badput
 
 
 def _host_gauges(t: Telemetry, labels: list[str]) -> Iterator[Metric]:
@@ -241,8 +187,20 @@ def _chip_gauges(t: Telemetry, rank: str) -> Iterator[Metric]:
         yield limit
 
 
-def _bucket_label(bound: float) -> str:
-    return str(float(bound))
+def gauge_family(name: str, doc: str, labels: list[str], value: float | None) -> Iterator[Metric]:
+    """One gauge of one series (`device`, `rank`); nothing while the value is unknown (None)."""
+    if value is not None:
+        family = GaugeMetricFamily(PREFIX + name, doc, labels=BASE_LABELS)
+        family.add_metric(labels, float(value))
+        yield family
+
+
+def counter_family(name: str, doc: str, labels: list[str], value: float | None) -> Iterator[Metric]:
+    """One counter of one series (`device`, `rank`); nothing while the value is unknown (None)."""
+    if value is not None:
+        family = CounterMetricFamily(PREFIX + name, doc, labels=BASE_LABELS)
+        family.add_metric(labels, float(value))
+        yield family
 
 
 def build_registry(telemetry: Telemetry) -> CollectorRegistry:

@@ -1,15 +1,15 @@
-"""The station: one memory series' whole path, written once for every host.
+"""The station: one memory series' whole path, written once for every loop.
 
     sample -> trace -> telemetry -> Judge -> verdict, action
            -> the leak report's lines (up, cleared) -> the action's line (`action_decided`)
-           -> the action, handed back to the host to carry out
+           -> the action, handed back to the loop to carry out
     what the action gave back (a reinit, a restart) -> the Judge, and its line
 
 Every series goes through one: the sidecar's device series and its host series (in the training
-process), and each device the `watch` daemon reads (outside it). A host supplies only what it alone
+process), and each device the `watch` daemon reads (outside it). A loop supplies only what it alone
 knows: how memory is read (it builds the `Sample`), and what it does with an action (queue it for
 the training thread, or signal a process). It never decides what to log or count: the station's
-lines and counters are the same whichever host drives it, so a log pipeline or a dashboard reads
+lines and counters are the same whichever loop drives it, so a log pipeline or a dashboard reads
 the trainer, a Lightning job and a watched process alike.
 
 `context` goes on every line the station logs, to say which series it is: `memory="device"` or

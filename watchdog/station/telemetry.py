@@ -3,6 +3,11 @@
 Scrapes read this and nothing else: they never call into the XLA runtime. Fields are
 replaced whole (immutable samples and verdicts), so readers need no lock to see a
 consistent value; counters only grow.
+
+It holds what every series has (its sample, verdict, actions, counts). A component that owns
+figures of its own (the checkpoints, the compile watch, the job ledger) keeps them in an object
+of its own with a `collect()`, made once per series by `Telemetry.part` (the exporter yields them
+beside the series'): the series' labels are the only thing it takes from here.
 """
 
 from __future__ import annotations
@@ -11,34 +16,13 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
-from watchdog.core.goodput import Account
 from watchdog.core.readings import DeviceMemory, HostReading
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 
-CHECKPOINT_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-
-
-@dataclass
-class Histogram:
-    """Cumulative histogram in Prometheus's shape: bucket upper bounds, counts, sum."""
-
-    bounds: tuple[float, ...] = CHECKPOINT_SECONDS_BUCKETS
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.counts:
-            self.counts = [0] * len(self.bounds)
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-        self.total += value
-        self.count += 1
+P = TypeVar("P")
 
 
 @dataclass
@@ -58,31 +42,35 @@ class Telemetry:
     trace_errors_total: int = 0
     samples_total: int = 0
     peak_bytes_seen: int = 0  # the highest usage or high-water mark any sample showed (the run summary)
-    xla_compilations_total: int | None = None
-    recompilation_detected: bool | None = None  # None: not watched (off XLA)
-    steps_per_recompilation: float | None = None  # since warm-up; inf while none
-    recompilation: dict | None = None  # the newest `recompilation` finding, as logged
-    checkpoint_seconds: Histogram = field(default_factory=Histogram)
-    checkpoint_disk_free_bytes: int | None = None  # free space where checkpoints go (the trainer fills it)
-    checkpoint_size_bytes: int | None = None  # the newest checkpoint's size: what the next one needs
     host_reading: HostReading | None = None  # the host's series only: its newest reading in full
     host_series: Telemetry | None = None  # the device's: the host's series, served beside it
-    goodput: Account | None = None  # the job's time so far, where a job file is kept (runtime/job_ledger.py)
+    _parts: dict = field(default_factory=dict, repr=False)  # kind -> that component's figures (`part`)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count_action(self, action: Action) -> None:
         with self._lock:
             self.actions_total[action] += 1
 
-    def observe_checkpoint(self, seconds: float) -> None:
-        with self._lock:
-            self.checkpoint_seconds.observe(seconds)
-
     def actions_snapshot(self) -> dict[Action, int]:
         with self._lock:
             return {action: self.actions_total.get(action, 0) for action in Action if action is not Action.NONE}
 
-    def checkpoint_snapshot(self) -> tuple[tuple[float, ...], list[int], float, int]:
+    def labels(self) -> list[str]:
+        """The labels every series of this memory carries: `device`, `rank`."""
+        return [self.device, str(self.rank)]
+
+    def part(self, kind: Callable[[Callable[[], list[str]]], P]) -> P:
+        """This series' one `kind` of component figures, made (with its labels) the first time asked.
+
+        One per series whoever asks first (the trainer, the Watchdog, a loop): no two copies of a
+        component's figures can be served, and a scrape sees them from the moment they exist."""
         with self._lock:
-            h = self.checkpoint_seconds
-            return h.bounds, list(h.counts), h.total, h.count
+            found = self._parts.get(kind)
+            if found is None:
+                found = self._parts[kind] = kind(self.labels)
+            return found
+
+    def parts(self) -> list:
+        """Every component's figures kept for this series, for the exporter."""
+        with self._lock:
+            return list(self._parts.values())

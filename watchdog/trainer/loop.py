@@ -57,12 +57,13 @@ from watchdog.core.restarts import restarts_so_far
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.forensics.follower import LeakFollower
-from watchdog.station.reports import ActionReport, RunSummary
+from watchdog.station.blocks import ActionOutcome, RunSummary
 from watchdog.runtime import agreement, job_ledger
 from watchdog.runtime.agreement import Agreement
+from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.footprint import retained_bytes
 from watchdog.runtime.job_ledger import JobLedger
-from watchdog.runtime.sidecar import REINITIALISED, RESTART_REQUESTED, Watchdog, log_acted
+from watchdog.runtime.sidecar import REINITIALISED, RESTART_REQUESTED, Watchdog, log_action_outcome
 from watchdog.runtime.sources import release_host_memory
 from watchdog.station.telemetry import Telemetry
 from watchdog.trainer import leaks
@@ -484,11 +485,11 @@ class Trainer:
                     with self._timed("eval", step):
                         action = self._evaluate(step)
                 suspects = self._follow_the_leak(step, action if self._stop_signal is None else None)
-                report = None
+                decided = None
                 if suspects is not None:
-                    report = self._report(step, action, suspects)
+                    decided = self._outcome(step, action, suspects)
                 if action is not None and action.needs_checkpoint and self._stop_signal is None:
-                    self._record_action(action, report)
+                    self._record_action(action, decided)
                 if action is Action.CHECKPOINT_RESTART:
                     interrupted = self._stop_signal == signal.SIGINT
                     if self._stop_signal is not None:
@@ -496,12 +497,12 @@ class Trainer:
                                     signal=signal.Signals(self._stop_signal).name, step=step)
                     saved = self._save(restart=self._stop_signal is None)  # a preemption is not the watchdog's restart
                     exit_code = EXIT_INTERRUPTED if interrupted else EXIT_RESTART_REQUESTED if saved else EXIT_UNSAVED
-                    self._tell(report, saved, RESTART_REQUESTED if saved or interrupted else UNSAVED)
+                    self._tell(decided, saved, RESTART_REQUESTED if saved or interrupted else UNSAVED)
                 elif action is Action.CHECKPOINT_REINIT:
                     reinitialised = self._reinit()
                     if not reinitialised:  # no checkpoint to rebuild from: only a new process frees memory
                         exit_code = EXIT_UNSAVED
-                    self._tell(report, reinitialised, REINITIALISED if reinitialised else UNSAVED)
+                    self._tell(decided, reinitialised, REINITIALISED if reinitialised else UNSAVED)
                 elif self.config.checkpoint_every and self.state.step % self.config.checkpoint_every == 0:
                     self._save()  # a failure is logged; the next one may fit
                 progress.update(step, loss, self.watchdog)
@@ -600,7 +601,7 @@ class Trainer:
                                      watchdog_restart_step=self.watchdog_restart_step,
                                      rank=self.replica.rank, forced_actions=self.config.watchdog.forced_actions + forced)
         # The loop follows the leak itself and reports every action; the watchdog shares its censuses.
-        watchdog = Watchdog(config, telemetry=self.telemetry, reports_actions=True, follower=self._follower,
+        watchdog = Watchdog(config, telemetry=self.telemetry, logs_outcomes=True, follower=self._follower,
                             agreement=self._agreement).start()
         if self.on_watchdog_started is not None:
             self.on_watchdog_started(watchdog)
@@ -628,11 +629,11 @@ class Trainer:
         """A span of the job's time that is not training steps (see runtime/job_ledger.py)."""
         return self.ledger.span(cause, step) if self.ledger is not None else nullcontext()
 
-    def _record_action(self, action: Action, report: ActionReport | None) -> None:
+    def _record_action(self, action: Action, decided: ActionOutcome | None) -> None:
         """The action, with the OOM it was taken against in training steps, for what it saved."""
         if self.ledger is None:
             return
-        verdict = report.verdict if report is not None else None
+        verdict = decided.verdict if decided is not None else None
         projected = None
         if verdict is not None and verdict.projected_oom_step is not None and math.isfinite(verdict.projected_oom_step):
             projected = self.state.step + max(0, round(verdict.projected_oom_step - verdict.step))
@@ -731,28 +732,28 @@ class Trainer:
             return follower.name(step)
         return None
 
-    def _report(self, step: int, action: Action, suspects: list[str]) -> ActionReport:
-        """The record of an action for its block: the verdict it was decided on, and which memory
+    def _outcome(self, step: int, action: Action, suspects: list[str]) -> ActionOutcome:
+        """The record of an action for its outcome's block: the verdict it was decided on, and which memory
         asked for it, where this rank's watchdog handed it over at this step (else the newest)."""
         handed = self.watchdog.last_action if self.watchdog is not None else None
         if handed is not None and handed.step == watch_step(self.config, step) and handed.action is action:
-            return ActionReport(step, action, handed.verdict, suspects=suspects, memory=handed.memory,
-                                origin=handed.origin)
-        return ActionReport(step, action, self.watchdog.verdict if self.watchdog else None, suspects=suspects)
+            return ActionOutcome(step, action, handed.verdict, suspects=suspects, memory=handed.memory,
+                                 origin=handed.origin)
+        return ActionOutcome(step, action, self.watchdog.verdict if self.watchdog else None, suspects=suspects)
 
-    def _tell(self, report: ActionReport | None, saved: bool, outcome: str) -> None:
-        """The action's block: what the watchdog saw, what is leaking, what was done and, after a
-        reinit, what it gave back (the watchdog measures that)."""
+    def _tell(self, decided: ActionOutcome | None, saved: bool, outcome: str) -> None:
+        """The action's outcome, its block: what the watchdog saw, what is leaking, what was done
+        and, after a reinit, what it gave back (the watchdog measures that)."""
         checkpoint = str(self.checkpoints.list()[-1]) if saved and self.checkpoints.latest_step() is not None else None
-        if report is None:  # a stop signal's restart, proposed to the watchdog: its block says so
+        if decided is None:  # a stop signal's restart, proposed to the watchdog: its block says so
             if self.watchdog is not None:
-                self.watchdog.report_action(outcome, checkpoint=checkpoint)
+                self.watchdog.log_outcome(outcome, checkpoint=checkpoint)
             return
         if self.watchdog is not None:
-            self.watchdog.report_action(outcome, checkpoint=checkpoint, report=report)
+            self.watchdog.log_outcome(outcome, checkpoint=checkpoint, decided=decided)
         else:
-            report.outcome, report.checkpoint = outcome, checkpoint
-            log_acted(report)
+            decided.outcome, decided.checkpoint = outcome, checkpoint
+            log_action_outcome(decided)
 
     def run_summary(self, result: "TrainResult") -> RunSummary:
         """How the run ended, for the last lines of the terminal."""
@@ -828,8 +829,7 @@ class Trainer:
         space = self.checkpoints.disk_space()
         telemetry = self.watchdog.telemetry if self.watchdog is not None else self.telemetry
         if telemetry is not None:
-            telemetry.checkpoint_disk_free_bytes = space.free_bytes
-            telemetry.checkpoint_size_bytes = space.checkpoint_bytes
+            telemetry.part(CheckpointFigures).observe_space(space.free_bytes, space.checkpoint_bytes)
 
     def _reinit(self) -> bool:
         """Save, drop every reference to the state (its leaks included), collect, rebuild from disk.

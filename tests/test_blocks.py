@@ -1,12 +1,15 @@
-"""The terminal's two blocks: what the watchdog did, and how the run ended; every number has its unit."""
+"""The terminal's two blocks (station/blocks.py): an action's outcome, and how the run ended;
+every number has its unit."""
 
 from __future__ import annotations
 
 import math
 import re
 
+import pytest
+
 from watchdog.core.verdict import Action, Status, Verdict
-from watchdog.station.reports import ActionReport, RunSummary
+from watchdog.station.blocks import ActionOutcome, RunSummary
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -18,7 +21,7 @@ def leaking_verdict() -> Verdict:
 
 
 def test_the_action_block_says_what_was_seen_leaking_done_and_given_back():
-    report = ActionReport(step=270, action=Action.CHECKPOINT_REINIT, verdict=leaking_verdict(),
+    report = ActionOutcome(step=270, action=Action.CHECKPOINT_REINIT, verdict=leaking_verdict(),
                           suspects=["+301 tensors float32[1048576] (+1.2 GiB); held by list 'tensors'"],
                           checkpoint="ckpt/ckpt-00000270.pt", outcome="reinitialised in process",
                           recovered_bytes=1.2 * GiB, memory_after_bytes=780 * MiB)
@@ -32,7 +35,7 @@ def test_the_action_block_says_what_was_seen_leaking_done_and_given_back():
 
 
 def test_a_reinit_that_freed_nothing_says_what_comes_next():
-    report = ActionReport(step=9, action=Action.CHECKPOINT_REINIT, verdict=None, recovered_bytes=-3 * MiB)
+    report = ActionOutcome(step=9, action=Action.CHECKPOINT_REINIT, verdict=None, recovered_bytes=-3 * MiB)
     text = report.block()
     assert "nothing given back" in text and "restart" in text
     assert "no growing group of live tensors or Python buffers found" in text
@@ -50,3 +53,16 @@ def test_the_summary_table_has_units_and_the_command_to_draw_the_trace():
     assert "OOM projected, floor +4.0 MiB/step; OOM in 120 steps (step 271)" in text
     assert "runs/demo/ckpt (newest: step 600)" in text
     assert "hbm-watchdog report runs/demo/trace.csv -o runs/demo/trace.png" in text
+
+
+def test_the_old_names_action_report_and_station_reports_still_work_and_say_they_are_deprecated():
+    import importlib
+    import sys
+
+    from watchdog.station import blocks
+    with pytest.warns(DeprecationWarning, match="ActionOutcome"):
+        assert blocks.ActionReport is ActionOutcome
+    sys.modules.pop("watchdog.station.reports", None)
+    with pytest.warns(DeprecationWarning, match="watchdog.station.blocks"):
+        reports = importlib.import_module("watchdog.station.reports")
+    assert reports.ActionReport is ActionOutcome and reports.RunSummary is RunSummary
