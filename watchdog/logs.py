@@ -52,7 +52,7 @@ ROUTINE_EVENTS = frozenset({
 # moves; the console shows only the new one. docs/CHANGELOG.md lists them.
 RENAMED_EVENTS = {
     "action_decided": "watchdog_action",  # what the watchdog decided for a series, and why
-    "action_outcome": "watchdog_acted",  # the action's block: what the host did with it, what it gave back
+    "action_outcome": "watchdog_acted",  # the action's block: what the loop did with it, what it gave back
 }
 
 
