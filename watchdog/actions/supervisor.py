@@ -48,6 +48,7 @@ from typing import BinaryIO, Callable, Sequence
 
 from watchdog.actions.job_group import Guard, end_group, signal_group, start_guard
 from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
+from watchdog.core.renamed import old_names
 from watchdog.logs import get_logger
 from watchdog.core.restarts import RESTART_COUNT_ENV
 
@@ -370,8 +371,4 @@ def _log_end(decision: Decision, outcome: ChildOutcome, restarts: int, max_resta
         log.error("child_failed_not_restarting", **fields)
 
 
-def __getattr__(name: str):
-    if name == "DEFAULT_KILL_GRACE":  # its old name, kept one release
-        warnings.warn("DEFAULT_KILL_GRACE is deprecated; use DEFAULT_GRACE_SECONDS", DeprecationWarning, stacklevel=2)
-        return DEFAULT_GRACE_SECONDS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {"DEFAULT_KILL_GRACE": ("DEFAULT_GRACE_SECONDS", DEFAULT_GRACE_SECONDS)})

@@ -17,12 +17,12 @@ import io
 import math
 import os
 import textwrap
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from watchdog.core.errors import InputError
 from watchdog.core.numbers import option
+from watchdog.core.renamed import old_names
 from watchdog.core.sample import Sample, load_trace
 from watchdog.core.units import format_bytes, positive_size
 from watchdog.core.verdict import Action, Status, Verdict
@@ -276,9 +276,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def __getattr__(name: str):
-    if name == "render_report":  # deprecated (0.1): kept one release
-        warnings.warn("render_report is deprecated; use watchdog.commands.report.draw_trace", DeprecationWarning,
-                      stacklevel=2)
-        return draw_trace
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {"render_report": ("watchdog.commands.report.draw_trace", draw_trace)})

@@ -64,6 +64,7 @@ from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import phase_label
 from watchdog.core.policy import restarts_in_a_row
+from watchdog.core.renamed import old_names
 from watchdog.core.restarts import restarts_so_far
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
@@ -664,12 +665,7 @@ def log_action_outcome(outcome: ActionOutcome) -> None:
     log_event(log, logging.WARNING, "action_outcome", block=outcome.block(), **outcome.fields())
 
 
-def __getattr__(name: str):
-    if name == "log_acted":  # deprecated (0.1): kept one release
-        warnings.warn("log_acted is deprecated; use watchdog.runtime.sidecar.log_action_outcome", DeprecationWarning,
-                      stacklevel=2)
-        return log_action_outcome
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {"log_acted": ("watchdog.runtime.sidecar.log_action_outcome", log_action_outcome)})
 
 
 class PhaseScope:

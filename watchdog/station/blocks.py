@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 import shlex
-import warnings
 from dataclasses import dataclass, field
 
+from watchdog.core.renamed import old_names
 from watchdog.core.units import format_bytes, format_duration
 from watchdog.core.verdict import Action, Status, Verdict
 
@@ -142,9 +142,4 @@ class RunSummary:
         return text
 
 
-def __getattr__(name: str):
-    if name == "ActionReport":  # deprecated (0.1): kept one release
-        warnings.warn("ActionReport is deprecated; use watchdog.station.blocks.ActionOutcome", DeprecationWarning,
-                      stacklevel=2)
-        return ActionOutcome
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, {"ActionReport": ("watchdog.station.blocks.ActionOutcome", ActionOutcome)})
