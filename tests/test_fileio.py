@@ -237,7 +237,6 @@ ALLOWED = {  # (file, what the line says): why it is not a whole file written ar
     ("watchdog/actions/sharded_checkpoint.py", "os.replace(final, stale)"): "onto the helper's fresh directory",
     ("watchdog/actions/sharded_checkpoint.py", "os.replace(temp, final)"): "the step's commit; temp is the helper's",
     ("watchdog/core/sample.py", 'open(self.path, "a"'): "the trace CSV: appended in place, at the user's path",
-    ("watchdog/logs.py", 'open(fd, "a"'): "--log-file: a log, appended line by line, at the user's path",
     ("deploy/prometheus/local_stack.py", 'open(self.workdir / "prometheus.log", "wb")'):
         "the child Prometheus's log stream, in the run's own work folder",
     ("watchdog/bench/endurance.py", 'open(folder / "job.log", "wb")'):

@@ -19,13 +19,13 @@ import errno
 import logging
 import math
 import os
-import stat
 import sys
 from typing import IO
 
 import structlog
 
 from watchdog.core.errors import InputError
+from watchdog.core.inputs import open_regular
 from watchdog.core.units import format_bytes, format_duration
 
 _PRE_CHAIN = [
@@ -115,15 +115,10 @@ def open_log_file(path: str | os.PathLike) -> IO[str]:
     """`--log-file`: appended to, as logs are, and line-buffered, so a killed run keeps every line it
     logged. Never through a link, and only a regular file: a path that points elsewhere is refused."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0),
-                     0o644)
+        return open_regular(path, "a", what="--log-file ", follow_symlinks=False, buffering=1, encoding="utf-8")
     except OSError as exc:
         reason = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
         raise InputError(f"--log-file {os.fspath(path)!s}: cannot write it ({reason})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise InputError(f"--log-file {os.fspath(path)!s}: not a regular file")
-    return open(fd, "a", buffering=1, encoding="utf-8")
 
 
 def _without_old_names(record: logging.LogRecord) -> bool:
