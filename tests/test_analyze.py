@@ -73,7 +73,7 @@ def test_analyze_never_imports_torch(tmp_path):
     trace = _write(tmp_path / "t.csv", 500, 0)
     code = ("import sys; from watchdog.commands.cli import main; rc = main(['analyze', sys.argv[1], '--json']); "
             "assert rc == 0; assert 'torch' not in sys.modules, 'torch imported'; print('no torch')")
-    assert run_python(code, str(trace), timeout=120).strip().endswith("no torch")
+    assert run_python(code, str(trace), timeout=120, fresh=True).strip().endswith("no torch")
 
 
 def test_memory_over_the_budget_from_the_first_sample_is_acted_on_at_step_0(tmp_path, capsys):

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import REPO, hbm_watchdog_env, json_lines
+from conftest import REPO, hbm_watchdog_env, json_lines, python
 from watchdog.actions.checkpoint import CheckpointManager
 from watchdog.core import goodput
 
@@ -79,8 +79,7 @@ def preempt_when_past(job: subprocess.Popen, checkpoints, step: int, timeout: fl
 
 
 def test_a_run_with_a_reinit_a_restart_and_a_preemption_ends_bit_for_bit_where_one_without_them_ends(tmp_path):
-    straight = subprocess.run(train_command(tmp_path / "straight"), capture_output=True, text=True, cwd=REPO,
-                              env=ENV, timeout=600)
+    straight = python(train_command(tmp_path / "straight")[1:], env=ENV, timeout=600)
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     interrupted_dir = tmp_path / "interrupted"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, logged, run_python
+from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, logged, run_python, watchdog_cli
 
 from watchdog.actions.sharded_checkpoint import read_tensors
 from watchdog.commands.cli import main
@@ -32,9 +32,8 @@ SPMD_ENV = hbm_watchdog_env(CPU_NUM_DEVICES="4")
 SMALL = ["--depth", "1", "--width", "32", "--heads", "2", "--seq-len", "16", "--batch-size", "8"]
 
 
-def watchdog_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "watchdog", "--log-format", "json", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO, env=env or SPMD_ENV)
+def spmd_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return watchdog_cli(*args, env=SPMD_ENV, timeout=timeout)
 
 
 def train_command(*args: str) -> list[str]:
@@ -107,10 +106,10 @@ def test_spmd_shards_batch_parameters_and_optimizer_state_keeps_checkpointing_an
 @pytest.mark.long
 def test_a_resumed_spmd_run_is_bitwise_identical_to_an_uninterrupted_one(tmp_path):
     """Reinit at step 7 and a restart (exit 42 under supervise) at 15, against one straight run."""
-    straight = watchdog_cli("train", "--spmd", "--steps", "24", "--log-every", "8", *SMALL,
+    straight = spmd_cli("train", "--spmd", "--steps", "24", "--log-every", "8", *SMALL,
                             "--checkpoint-dir", str(tmp_path / "straight"), "--no-watchdog")
     assert straight.returncode == 0, straight.stderr[-3000:]
-    broken = watchdog_cli("supervise", "--max-restarts", "2", "--", *train_command(
+    broken = spmd_cli("supervise", "--max-restarts", "2", "--", *train_command(
         "--steps", "24", "--log-every", "8", *SMALL, "--checkpoint-dir", str(tmp_path / "broken"),
         "--resume", "auto", "--no-watchdog", "--force-action", "reinit@7", "--force-action", "restart@15"))
     assert broken.returncode == 0, broken.stderr[-3000:]
@@ -167,7 +166,7 @@ def test_sigkill_during_a_sharded_save_leaves_the_previous_step_to_load(tmp_path
     torn, kept = sorted(p.name for p in ckpt.iterdir())
     assert torn.startswith(".tmp-step-00000010.") and kept == "step-00000005"  # torn, never committed
 
-    resumed = watchdog_cli("train", "--spmd", *SMALL, "--steps", "12", "--no-watchdog", "--checkpoint-dir", str(ckpt))
+    resumed = spmd_cli("train", "--spmd", *SMALL, "--steps", "12", "--no-watchdog", "--checkpoint-dir", str(ckpt))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [e["step"] for e in logged(resumed, "resumed")] == [5]
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000005", "step-00000012"]  # the debris is gone
@@ -187,7 +186,7 @@ class RunsCode:
 
 def test_a_torn_or_unsafe_step_is_skipped_for_the_one_before(tmp_path):
     ckpt = tmp_path / "ckpt"
-    first = watchdog_cli("train", "--spmd", *SMALL, "--steps", "12", "--checkpoint-every", "4", "--no-watchdog",
+    first = spmd_cli("train", "--spmd", *SMALL, "--steps", "12", "--checkpoint-every", "4", "--no-watchdog",
                          "--checkpoint-dir", str(ckpt))
     assert first.returncode == 0, first.stderr[-3000:]
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000004", "step-00000008", "step-00000012"]
@@ -196,7 +195,7 @@ def test_a_torn_or_unsafe_step_is_skipped_for_the_one_before(tmp_path):
     marker = tmp_path / "pwned"
     (ckpt / "step-00000008" / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
 
-    resumed = watchdog_cli("train", "--spmd", *SMALL, "--steps", "14", "--no-watchdog", "--checkpoint-dir", str(ckpt))
+    resumed = spmd_cli("train", "--spmd", *SMALL, "--steps", "14", "--no-watchdog", "--checkpoint-dir", str(ckpt))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     skipped = {Path(e["path"]).name: e["reason"] for e in logged(resumed, "checkpoint_skipped")}
     assert set(skipped) == {"step-00000012", "step-00000008"}
@@ -226,7 +225,7 @@ print("OK", spmd.num_devices, state.step, spec)
 
 def test_a_checkpoint_from_four_devices_loads_on_two(tmp_path):
     ckpt = tmp_path / "ckpt"
-    first = watchdog_cli("train", "--spmd", *SMALL, "--steps", "6", "--no-watchdog", "--checkpoint-dir", str(ckpt))
+    first = spmd_cli("train", "--spmd", *SMALL, "--steps", "6", "--no-watchdog", "--checkpoint-dir", str(ckpt))
     assert first.returncode == 0, first.stderr[-3000:]
     out = run_python(RESHARD, str(ckpt), env=hbm_watchdog_env(CPU_NUM_DEVICES="2"))
     assert out.strip().splitlines()[-1] == "OK 2 6 {devices=[2,1]0,1}"
@@ -248,7 +247,7 @@ def test_a_leaking_spmd_run_finishes_every_step_under_its_budget(tmp_path, leak,
     budget left too little room: under CI's load the action came 2-14 MiB past it.)"""
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.csv"
     budget = 3 * GiB
-    out = watchdog_cli("supervise", "--max-restarts", "3", "--", *train_command(
+    out = spmd_cli("supervise", "--max-restarts", "3", "--", *train_command(
         *ONE_BLOCK, "--steps", "600", "--inject-leak", leak, "--memory-limit", str(budget), "--checkpoint-dir", str(ckpt),
         "--resume", "auto", "--trace-file", str(trace)), timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import REPO, hbm_watchdog_env, json_lines, run_python
+from conftest import REPO, hbm_watchdog_env, json_lines, python, run_python
 
 from watchdog.commands.cli import main
 from watchdog.core.config import WatchdogConfig
@@ -172,7 +172,7 @@ def test_sigterm_saves_at_the_step_boundary_exits_42_and_resumes(tmp_path):
     assert saved and saved[-1]["step"] == preempted[0]["step"] + 1
     assert "restart requested (exit 42)" in stdout
 
-    again = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=hbm_watchdog_env(), timeout=300)
+    again = python(args[1:], timeout=300)
     assert again.returncode == EXIT_OK, again.stderr[-3000:]
     assert f"steps 400/400 (this run from {saved[-1]['step']})" in again.stdout
 
