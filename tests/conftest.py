@@ -174,10 +174,11 @@ def json_lines(text: str) -> list[dict]:
     return records
 
 
-def watchdog_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`hbm-watchdog --log-format json ARGS...` in a new process, warm as run_python_args; returns the
-    CompletedProcess whatever its exit status."""
-    return python(["-m", "watchdog", "--log-format", "json", *args], timeout=timeout, env=env)
+def watchdog_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None, json_logs: bool = True
+                 ) -> subprocess.CompletedProcess:
+    """`hbm-watchdog [--log-format json] ARGS...` in a new process, warm as run_python_args; returns
+    the CompletedProcess whatever its exit status."""
+    return python(["-m", "watchdog", *(["--log-format", "json"] if json_logs else []), *args], timeout=timeout, env=env)
 
 
 @pytest.fixture
@@ -304,6 +305,7 @@ def _processes_only_in_slow_tests(request, monkeypatch):
     if request.node.get_closest_marker("slow") is not None:
         yield
         return
+    warm_children.stop()  # fast tests come last; some measure this process's tree, which holds the server
     import multiprocessing.process
 
     def refuse(*_args, **_kwargs):

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_python
+from conftest import run_python, watchdog_cli
 
 from watchdog.commands.cli import main
 from watchdog.core.sample import TRACE_HEADER, Sample, write_trace
@@ -19,7 +18,7 @@ MiB, GiB = 1 << 20, 1 << 30
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "watchdog", *args], capture_output=True, text=True, timeout=120)
+    return watchdog_cli(*args, json_logs=False, timeout=120)
 
 
 def _write(path: Path, steps: int, rate: int, limit: int | None = 16 * GiB) -> Path:

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ONE_BLOCK, REPO, hbm_watchdog_env
+from conftest import ONE_BLOCK, hbm_watchdog_env, watchdog_cli
 
 from watchdog.commands.cli import main
 from watchdog.core import goodput
@@ -180,8 +179,7 @@ def test_postmortem_never_quotes_the_file_a_flight_record_names(tmp_path, capsys
 # ---- the commands, as users run them ----------------------------------------------------------
 
 def run_watchdog(*argv: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "watchdog", *argv], cwd=REPO, capture_output=True, text=True,
-                          env=env or hbm_watchdog_env(), timeout=timeout)
+    return watchdog_cli(*argv, json_logs=False, env=env, timeout=timeout)
 
 
 @pytest.mark.slow

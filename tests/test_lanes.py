@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 CONFTEST = (Path(__file__).parent / "conftest.py").read_text()
+WARM_CHILDREN = (Path(__file__).parent / "warm_children.py").read_text()  # the conftest imports it
 
 STARTS_A_PROCESS = """
 import subprocess, sys
@@ -39,6 +40,7 @@ def test_starts_the_runtime():
 
 def run_suite(pytester, body: str, *, marked: bool, in_subprocess: bool = False):
     pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(warm_children=WARM_CHILDREN)
     pytester.makeini("[pytest]\nmarkers =\n    slow: marked slow\n")
     if marked:
         body = "import pytest\npytestmark = pytest.mark.slow\n" + body

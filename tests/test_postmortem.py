@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import ONE_BLOCK, REPO, hbm_watchdog_env
+from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, watchdog_cli
 from test_oom_message import COMPILE_HBM
 
 from watchdog import Watchdog, WatchdogConfig
@@ -136,8 +136,7 @@ def test_a_trainer_killed_by_sigkill_gets_a_post_mortem_with_its_trend_and_suspe
         job.wait(timeout=60)
     finally:
         job.kill()
-    out = subprocess.run([sys.executable, "-m", "watchdog", "postmortem", str(trace.parent), "--json"],
-                         cwd=REPO, env=hbm_watchdog_env(), capture_output=True, text=True, timeout=300)
+    out = watchdog_cli("postmortem", str(trace.parent), "--json", json_logs=False)
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout)
     assert row["ended"] == "unclean" and row["last_step"] > 0
@@ -170,8 +169,7 @@ LEAKS_THEN_IS_KILLED = (
 def supervise(tmp_path, script: str, *options: str) -> subprocess.CompletedProcess:
     child = [sys.executable, "-c", script]
     env = hbm_watchdog_env(PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", TRACE=str(tmp_path / "trace.csv"))
-    return subprocess.run([sys.executable, "-m", "watchdog", "--log-format", "json", "supervise", "--max-restarts", "0",
-                           *options, "--", *child], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return watchdog_cli("supervise", "--max-restarts", "0", *options, "--", *child, env=env)
 
 
 @pytest.mark.slow
@@ -198,8 +196,7 @@ def test_supervise_records_each_exit_and_postmortem_reads_the_folder(tmp_path):
     recorded = json.loads(exit_line)
     assert recorded["exit"] == "SIGKILL" and recorded["returncode"] == -signal.SIGKILL
     assert recorded["last_step"] is not None, "the flight record's newest step, as it stood at the kill"
-    row = subprocess.run([sys.executable, "-m", "watchdog", "postmortem", str(folder), "--json"], cwd=REPO,
-                         env=hbm_watchdog_env(), capture_output=True, text=True, timeout=120)
+    row = watchdog_cli("postmortem", str(folder), "--json", json_logs=False, timeout=120)
     assert row.returncode == 0, row.stderr
     found = json.loads(row.stdout)
     assert (found["ended"], found["exit"], found["diagnosis"]) == ("unclean", "SIGKILL", "leak")

@@ -9,8 +9,8 @@ CPU and `torchrun --max-restarts 2`:
 - as a clean twin: no leak anywhere.
 
 Lightning also runs under its own launcher (`strategy="ddp"` starts rank 1 from rank 0's script),
-restarted by `hbm-watchdog supervise`. Each run is started once per module (a fixture) and every
-test reads its records, logs and exit.
+restarted by `hbm-watchdog supervise`. Each run is started once per suite (`once_per_suite`) and
+every test reads its records, logs and exit.
 A run still going after its bound is killed and fails the test: a hang never stalls the suite.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import hbm_watchdog_env, rank_logs, torchrun
+from conftest import hbm_watchdog_env, once_per_suite, rank_logs, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +31,8 @@ CLEAN_STEPS = 120
 
 
 class Run:
-    def __init__(self, out: Path, completed):
-        self.out, self.returncode, self.output = out, completed.returncode, completed.stdout
+    def __init__(self, out: Path, outcome: dict):
+        self.out, self.returncode, self.output = out, outcome["returncode"], outcome["output"]
 
     def records(self, rank: int) -> list[dict]:
         import json
@@ -48,34 +48,40 @@ def steps_done(record: dict) -> int:
     return record["finished"] if "finished" in record else record["step"]
 
 
-def _run(tmp_path_factory, host: str, *args: str) -> Run:
-    out = tmp_path_factory.mktemp(host)
-    return Run(out, torchrun(JOBS / HOSTS[host], out, *args, timeout=300))
+def _run(tmp_path_factory, name: str, host: str, *args: str) -> Run:
+    """A torchrun job, once per suite: a module fixture runs again on every xdist worker that takes
+    one of its tests (seen: Lightning's leaky job twice in one run, 40 s each)."""
+    def run(out: Path) -> dict:
+        completed = torchrun(JOBS / HOSTS[host], out, *args, timeout=300)
+        return {"returncode": completed.returncode, "output": completed.stdout}
+
+    return Run(*once_per_suite(tmp_path_factory, f"ranks-{name}-{host}", run))
 
 
 @pytest.fixture(scope="module", params=sorted(HOSTS))
 def leaky(request, tmp_path_factory) -> tuple[str, Run]:
-    return request.param, _run(tmp_path_factory, request.param, "--leak-rank", "0", "--steps", str(STEPS))
+    return request.param, _run(tmp_path_factory, "leaky", request.param, "--leak-rank", "0", "--steps", str(STEPS))
 
 
 @pytest.fixture(scope="module")
 def lightning_launched(tmp_path_factory) -> Run:
     """Lightning's own launcher under `supervise`, with the leak on rank 0."""
-    out = tmp_path_factory.mktemp("lightning-launcher")
-    command = [sys.executable, "-m", "watchdog", "--log-format", "json", "supervise", "--max-restarts", "2", "--",
-               sys.executable, str(JOBS / HOSTS["lightning"]), str(out), "--leak-rank", "0", "--steps", str(STEPS)]
-    try:
-        completed = subprocess.run(command, cwd=out, env=hbm_watchdog_env(USE_TORCH_XLA="0"), capture_output=True,
-                                   text=True, timeout=300)
-    except subprocess.TimeoutExpired as exc:  # supervise's guard ends the job's group when it is killed
-        pytest.fail(f"Lightning's launcher under supervise still running after 300 s: {str(exc.stderr)[-2000:]}")
-    completed.stdout = completed.stderr  # supervise's own log, where torchrun's output would be
-    return Run(out, completed)
+    def run(out: Path) -> dict:
+        command = [sys.executable, "-m", "watchdog", "--log-format", "json", "supervise", "--max-restarts", "2", "--",
+                   sys.executable, str(JOBS / HOSTS["lightning"]), str(out), "--leak-rank", "0", "--steps", str(STEPS)]
+        try:
+            completed = subprocess.run(command, cwd=out, env=hbm_watchdog_env(USE_TORCH_XLA="0"), capture_output=True,
+                                       text=True, timeout=300)
+        except subprocess.TimeoutExpired as exc:  # supervise's guard ends the job's group when it is killed
+            pytest.fail(f"Lightning's launcher under supervise still running after 300 s: {str(exc.stderr)[-2000:]}")
+        return {"returncode": completed.returncode, "output": completed.stderr}  # supervise's own log
+
+    return Run(*once_per_suite(tmp_path_factory, "ranks-lightning-launcher", run))
 
 
 @pytest.fixture(scope="module", params=sorted(HOSTS))
 def clean(request, tmp_path_factory) -> tuple[str, Run]:
-    return request.param, _run(tmp_path_factory, request.param, "--steps", str(CLEAN_STEPS))
+    return request.param, _run(tmp_path_factory, "clean", request.param, "--steps", str(CLEAN_STEPS))
 
 
 def test_every_rank_takes_the_one_action_at_the_same_step_and_the_job_finishes(leaky):

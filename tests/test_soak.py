@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, hbm_watchdog_env
+from conftest import run_python_args
 
 
 def run_module(*argv: str) -> str:
-    out = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env=hbm_watchdog_env())
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+    return run_python_args(["-m", *argv], timeout=600).stdout
 
 
 @pytest.mark.slow

@@ -10,10 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
+from conftest import REPO, watchdog_cli
 
 from watchdog.actions.supervisor import (
     EXIT_BUDGET_EXHAUSTED,
@@ -24,7 +24,6 @@ from watchdog.actions.supervisor import (
     exit_status_of,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 PRELUDE = "import os, signal, sys, time\nrun = int(os.environ['HBMWATCH_RESTART_COUNT'])\nprint(f'run {run}', flush=True)\n"
 
 
@@ -306,8 +305,7 @@ def test_after_sigkill_of_supervise_the_whole_job_is_gone_even_ignoring_sigterm(
 ])
 @pytest.mark.slow
 def test_bad_usage_is_one_line_and_status_2(argv, message):
-    out = subprocess.run([sys.executable, "-m", "watchdog", "supervise", *argv], cwd=REPO,
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})
+    out = watchdog_cli("supervise", *argv, json_logs=False, timeout=60, env={**os.environ, "NO_COLOR": "1"})
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr
