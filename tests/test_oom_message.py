@@ -1,4 +1,4 @@
-"""XLA's out-of-memory messages, parsed. Pure, fast.
+"""XLA's and PyTorch CUDA's out-of-memory messages, parsed. Pure, fast.
 
 Each message below follows the layout of a public report, cited above it: the wording, the order
 of the lines and the fields are the report's; the figures, op names and paths are made up here
@@ -244,10 +244,85 @@ def test_sizes_are_binary_and_an_exact_count_wins(text, expected):
 def test_the_json_has_exactly_the_documented_keys():
     row = parse(COMPILE_HBM).to_json()
     assert list(row) == ["oom", "kind", "memory_space", "used_bytes", "capacity_bytes", "exceeded_bytes",
-                         "requested_bytes", "allocations", "python_sites"]
+                         "requested_bytes", "free_bytes", "allocated_bytes", "reserved_unallocated_bytes",
+                         "process_bytes", "processes", "allocations", "python_sites"]
     assert list(row["allocations"][0]) == ["size_bytes", "op_name", "source_file", "source_line", "shape",
                                            "allocation_type"]
     assert list(row["python_sites"][0]) == ["file", "line", "bytes", "allocations"]
+
+
+# ---- PyTorch's CUDA caching allocator --------------------------------------------------------------
+# Wordings as PyTorch printed them (pytorch/pytorch#13751 for 1.0, #37250 for 1.4-2.0, #99699 for
+# 2.1, a torch.OutOfMemoryError of 2.5+ in chatdoc-com/OCRFlux#64); the figures are made up here.
+
+CUDA_1_0 = ("RuntimeError: CUDA out of memory. Tried to allocate 24.00 MiB (GPU 0; 11.17 GiB total capacity; "
+            "10.50 GiB already allocated; 6.81 MiB free; 320.00 MiB cached)")
+CUDA_1_4 = ("RuntimeError: CUDA out of memory. Tried to allocate 512 bytes (GPU 1; 15.78 GiB total capacity; "
+            "14.00 GiB already allocated; 0 bytes free; 14.25 GiB reserved in total by PyTorch) If reserved "
+            "memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.")
+CUDA_2_1 = """torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB.
+GPU 0 has a total capacty of 23.69 GiB of which 100.00 MiB is free.
+Process 4242 has 1.50 GiB memory in use. Including non-PyTorch memory,
+this process has 22.00 GiB memory in use. Of the allocated memory
+20.00 GiB is allocated by PyTorch, and 1.25 GiB is reserved
+by PyTorch but unallocated. If reserved but unallocated memory is large
+try setting max_split_size_mb to avoid fragmentation.
+"""
+CUDA_2_5 = ("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+            "capacity of 79.19 GiB of which 1.00 GiB is free. Process 101 has 4.00 GiB memory in use. Process 202 "
+            "has 512.00 MiB memory in use. Including non-PyTorch memory, this process has 73.50 GiB memory in use. "
+            "Of the allocated memory 70.00 GiB is allocated by PyTorch, and 768.00 MiB is reserved by PyTorch but "
+            "unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+CUDA_NO_NVML = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total "
+                "capacity of 7.63 GiB of which 12.00 MiB is free. Of the allocated memory 7.00 GiB is allocated "
+                "by PyTorch, and 40.00 MiB is reserved by PyTorch but unallocated.")
+
+
+def test_pytorch_1_0s_cuda_message_reads_cached_as_reserved_but_unallocated():
+    message = parse(CUDA_1_0)
+    assert (message.kind, message.memory_space, message.requested_bytes) == ("allocation", "device", 24 * MiB)
+    assert message.capacity_bytes == round(11.17 * GiB) and message.allocated_bytes == round(10.5 * GiB)
+    assert message.free_bytes == round(6.81 * MiB) and message.reserved_unallocated_bytes == 320 * MiB
+    assert (message.process_bytes, message.processes, message.allocations) == (None, [], [])
+    assert message.fragmented, "320 MiB held unused, 24 MiB asked for: no block fitted"
+
+
+def test_pytorch_1_4s_cuda_message_subtracts_allocated_from_reserved_and_reads_bytes():
+    message = parse(CUDA_1_4)
+    assert (message.requested_bytes, message.free_bytes) == (512, 0)
+    assert message.capacity_bytes == round(15.78 * GiB) and message.allocated_bytes == 14 * GiB
+    assert message.reserved_unallocated_bytes == round(0.25 * GiB)
+
+
+def test_pytorch_2_1s_wrapped_cuda_message_names_every_process_and_this_ones_whole_use():
+    message = parse("epoch 3 step 800 loss 1.9\n" + CUDA_2_1)
+    assert (message.kind, message.memory_space, message.requested_bytes) == ("allocation", "device", 256 * MiB)
+    assert message.capacity_bytes == round(23.69 * GiB) and message.free_bytes == 100 * MiB
+    assert message.processes == [{"pid": 4242, "bytes": round(1.5 * GiB)}]
+    assert message.process_bytes == 22 * GiB and message.allocated_bytes == 20 * GiB
+    assert message.reserved_unallocated_bytes == round(1.25 * GiB) and message.fragmented
+
+
+def test_the_newest_cuda_message_under_torchrun_lists_each_other_process():
+    message = parse(CUDA_2_5)
+    assert message.requested_bytes == 2 * GiB and message.free_bytes == 1 * GiB
+    assert message.processes == [{"pid": 101, "bytes": 4 * GiB}, {"pid": 202, "bytes": 512 * MiB}]
+    assert message.process_bytes == round(73.5 * GiB) and message.allocated_bytes == 70 * GiB
+    assert message.reserved_unallocated_bytes == 768 * MiB and not message.fragmented
+    no_nvml = parse(CUDA_NO_NVML)
+    assert (no_nvml.process_bytes, no_nvml.processes) == (None, [])
+    assert no_nvml.allocated_bytes == 7 * GiB and no_nvml.reserved_unallocated_bytes == 40 * MiB
+
+
+def test_the_oldest_cuda_message_has_no_figures_and_the_last_cuda_message_is_the_one_read():
+    bare = parse("RuntimeError: CUDA error: out of memory\n")
+    assert (bare.kind, bare.memory_space, bare.requested_bytes, bare.capacity_bytes) == ("allocation", "device",
+                                                                                         None, None)
+    both = parse(CUDA_1_0 + "\nretrying with a smaller batch\n" + CUDA_2_5)
+    assert both.requested_bytes == 2 * GiB and len(both.processes) == 2
+    first = parse(CUDA_2_5 + "\n" + CUDA_NO_NVML)
+    assert first.requested_bytes == 64 * MiB and first.processes == [], "the next message's figures are not its own"
 
 
 # ---- `hbm-watchdog postmortem --oom-log` --------------------------------------------------------
@@ -292,3 +367,21 @@ def test_postmortem_on_a_log_with_no_oom_is_one_line_and_exit_2(tmp_path, capsys
     assert "missing.log" in capsys.readouterr().err
     assert main(["postmortem", "--oom-log", str(tmp_path)]) == 2
     assert "not a regular file" in capsys.readouterr().err
+
+
+def test_postmortem_explains_a_cuda_oom_and_names_fragmentation(tmp_path, capsys):
+    import json
+
+    from watchdog.commands.cli import main
+
+    log = tmp_path / "job.log"
+    log.write_text("step 10\n" * 20 + CUDA_2_1)
+    assert main(["postmortem", "--oom-log", str(log), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["kind"], row["memory_space"], row["requested_bytes"]) == ("allocation", "device", 256 * MiB)
+    assert row["processes"] == [{"pid": 4242, "bytes": round(1.5 * GiB)}] and row["process_bytes"] == 22 * GiB
+    assert main(["postmortem", "--oom-log", str(log)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("out of memory: a buffer could not be allocated in device")
+    assert "reserved but unallocated 1.2 GiB" in text and "other processes on the device: pid 4242 1.5 GiB" in text
+    assert "fragmentation:" in text

@@ -103,6 +103,29 @@ def test_postmortem_reads_the_message_in_the_jobs_output_beside_the_trace(tmp_pa
     assert "out of memory: the program does not fit in hbm" in out and "/home/me/model/attention.py:212" in out
 
 
+def test_the_cuda_allocators_oom_is_written_at_once_and_explained_without_a_log(tmp_path, capsys):
+    """What torch's OOM observer hands the flight record (device, bytes asked, allocated, free: made up
+    here, there is no GPU) is on disk before the OutOfMemoryError is raised, and `postmortem` reads
+    it as the out-of-memory message when no log is given."""
+    trace = tmp_path / "trace.csv"
+    wd = run_leak(trace, 60, stop=False)
+    try:
+        wd._flight.observe_device_oom(1, 2 * GiB, 70 * GiB, 512 * MiB)  # the observer's four arguments
+        record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
+        assert record["device_oom"] == {"device": "cuda:1", "requested_bytes": 2 * GiB, "allocated_bytes": 70 * GiB,
+                                        "free_bytes": 512 * MiB, "step": record["last_step"]}
+        assert main(["postmortem", str(tmp_path), "--json"]) == 0
+        oom = json.loads(capsys.readouterr().out)["oom_message"]
+        assert (oom["kind"], oom["memory_space"], oom["requested_bytes"]) == ("allocation", "device", 2 * GiB)
+        assert (oom["allocated_bytes"], oom["free_bytes"]) == (70 * GiB, 512 * MiB)
+        assert main(["postmortem", str(tmp_path)]) == 0
+        assert "out of memory: a buffer could not be allocated in device; requested 2.0 GiB" in capsys.readouterr().out
+    finally:
+        wd.stop()
+    with pytest.raises(Exception, match="device_oom.requested_bytes"):
+        diagnose([], record={"device_oom": {"requested_bytes": -1}})
+
+
 def test_postmortem_refuses_what_it_cannot_read_in_one_line(tmp_path, capsys):
     assert main(["postmortem"]) == 2
     assert "needs a trace" in capsys.readouterr().err

@@ -1,5 +1,5 @@
 """`hbm-watchdog postmortem PATH [--log FILE] [--json]`: how a run ended, and why.
-`hbm-watchdog postmortem --oom-log FILE [--json]`: what XLA's out-of-memory message says.
+`hbm-watchdog postmortem --oom-log FILE [--json]`: what XLA's or PyTorch CUDA's out-of-memory message says.
 
 PATH is a trace CSV or the folder holding it; beside the trace, the flight record
 (`TRACE.flight.json`, `runtime/flight_record.py`) says what the live watchdog knew and whether
@@ -7,9 +7,11 @@ it stopped in order. `--log` is the job's output, read for XLA's message. The di
 `watchdog.core.postmortem`'s.
 
 A job's output (or any file holding it) is read for XLA's out-of-memory message, in any of its
-layouts (`watchdog.core.oom_message`): its kind (compile, runtime, allocation), the memory space,
-used / capacity / exceeded / requested bytes, the largest allocations with their op and Python
-`file:line`, and those grouped by Python line, biggest first. With several messages the last one
+layouts, or PyTorch's CUDA one (`watchdog.core.oom_message`): its kind (compile, runtime,
+allocation), the memory space, used / capacity / exceeded / requested bytes, the largest
+allocations with their op and Python `file:line`, and those grouped by Python line, biggest first;
+for CUDA, free / allocated / reserved-but-unallocated bytes, this process's and the others' use,
+and fragmentation named as such. With several messages the last one
 is read. A file with no out-of-memory message is one line on stderr and exit status 2.
 
 An error names the file, the line and the problem, never what the file holds: the trace may be
@@ -215,9 +217,19 @@ def summary(message: OomMessage) -> str:
                 "allocation": f"a buffer could not be allocated in {message.memory_space}"}[message.kind]
     figures = [f"{name} {_size(value)}" for name, value in
                (("used", message.used_bytes), ("capacity", message.capacity_bytes),
-                ("exceeded by", message.exceeded_bytes), ("requested", message.requested_bytes))
+                ("exceeded by", message.exceeded_bytes), ("requested", message.requested_bytes),
+                ("free", message.free_bytes), ("allocated by PyTorch", message.allocated_bytes),
+                ("reserved but unallocated", message.reserved_unallocated_bytes),
+                ("this process in all", message.process_bytes))
                if value is not None]
     lines = [f"out of memory: {headline}" + (f"; {', '.join(figures)}" if figures else "")]
+    if message.processes:
+        others = ", ".join(f"pid {p['pid']} {_size(p['bytes'])}" for p in message.processes)
+        lines.append(f"other processes on the device: {others}")
+    if message.fragmented:
+        lines.append(f"fragmentation: the allocator held {_size(message.reserved_unallocated_bytes)} unused, more than "
+                     f"the {_size(message.requested_bytes)} asked for, but in no block large enough "
+                     f"(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets its blocks grow)")
     sites = message.python_sites
     if sites:
         lines.append("where the memory was asked for, biggest first:")

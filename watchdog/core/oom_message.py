@@ -1,4 +1,5 @@
-"""XLA's out-of-memory messages, parsed: which kind, how much, and which Python lines asked. Pure.
+"""XLA's and PyTorch CUDA's out-of-memory messages, parsed: which kind, how much, and which Python
+lines asked. Pure.
 
 When an OOM happens anyway, XLA's message already holds the map back to the program, in one of a
 few layouts (OpenXLA's error pages `docs/errors/error_1000.md`, `error_0100.md`, `error_0101.md`,
@@ -17,6 +18,18 @@ and what public reports show in older and newer wordings):
   "Out of memory while trying to allocate 6291456 bytes." with "Peak buffers:" (`Buffer N:`
   items, the same fields, or `Entry Parameter Subshape:` for an argument), or the allocator's
   "Failed to allocate request for 176.00MiB (184549376B) on device ordinal 0".
+
+PyTorch's CUDA caching allocator says "CUDA out of memory. Tried to allocate N" (kind allocation,
+memory space `device`), with its figures in one of three wordings:
+- 1.0 to 1.3: "(GPU 0; T total capacity; A already allocated; F free; C cached)", where "cached" is
+  what the allocator holds but no tensor uses (reserved but unallocated);
+- 1.4 to 2.0: the same with "R reserved in total by PyTorch" instead of "cached" (so R - A);
+- 2.1 on: "GPU 0 has a total capac(i)ty of T of which F is free.", one "Process P has M memory in
+  use." per other process, "Including non-PyTorch memory, this process has M memory in use." (where
+  NVML answered) and "Of the allocated memory A is allocated by PyTorch, and U is reserved by
+  PyTorch but unallocated."
+Its sizes are printed as "512 bytes", "12.50 KiB", "1.72 GiB". The oldest form, "CUDA error: out of
+memory" (or "cuda runtime error (2) : out of memory"), has no figures at all.
 
 Sizes with K/M/G/T suffixes are binary; a byte count in parentheses, where printed, wins. With
 several messages in one log the last one is parsed: it is the one that ended the job. A
@@ -56,7 +69,25 @@ _RESERVE = re.compile(rf"Attempting to reserve (?P<size>{_SIZE}) at the bottom o
 _ALLOCATE = re.compile(rf"Attempting to allocate (?P<size>{_SIZE})\. That was not possible")
 _GPU_ALLOCATE = re.compile(r"Out of memory while trying to allocate (?P<size>[0-9]+) bytes")
 _GPU_REQUEST = re.compile(rf"Failed to allocate request for (?P<size>{_SIZE})\s*(?:{_EXACT})? on device")
-_STARTS = (_COMPILE, _RESERVE, _ALLOCATE, _GPU_ALLOCATE, _GPU_REQUEST)
+_CUDA_SIZE = rf"{_SIZE}(?:\s*+bytes)?"  # PyTorch prints "512 bytes" below a KiB
+_TORCH_CUDA = re.compile(rf"CUDA out of memory\.\s++Tried to allocate (?P<size>{_CUDA_SIZE})")
+_TORCH_CUDA_BARE = re.compile(r"CUDA error: out of memory|cuda runtime error \(2\) : out of memory")
+_STARTS = (_COMPILE, _RESERVE, _ALLOCATE, _GPU_ALLOCATE, _GPU_REQUEST, _TORCH_CUDA, _TORCH_CUDA_BARE)
+_CUDA_FIGURES = 2000  # characters of a CUDA message after its headline that hold its figures
+
+# The CUDA message's figures; `\s++` between words, as a long message is often wrapped.
+_CUDA_TOTAL = re.compile(rf"(?P<size>{_CUDA_SIZE})\s++total\s++capacity")
+_CUDA_ALREADY = re.compile(rf"(?P<size>{_CUDA_SIZE})\s++already\s++allocated")
+_CUDA_FREE = re.compile(rf";\s*+(?P<size>{_CUDA_SIZE})\s++free")
+_CUDA_CACHED = re.compile(rf"(?P<size>{_CUDA_SIZE})\s++cached\)")
+_CUDA_RESERVED = re.compile(rf"(?P<size>{_CUDA_SIZE})\s++reserved\s++in\s++total\s++by\s++PyTorch")
+_CUDA_CAPACITY = re.compile(rf"has\s++a\s++total\s++capaci?ty\s++of\s++(?P<size>{_CUDA_SIZE})\s++of\s++which\s++"
+                            rf"(?P<free>{_CUDA_SIZE})\s++is\s++free")
+_CUDA_PROCESS = re.compile(rf"Process\s++(?P<pid>[0-9]{{1,10}})\s++has\s++(?P<size>{_CUDA_SIZE})\s++memory\s++in\s++use")
+_CUDA_THIS_PROCESS = re.compile(rf"this\s++process\s++has\s++(?P<size>{_CUDA_SIZE})\s++memory\s++in\s++use")
+_CUDA_BY_PYTORCH = re.compile(rf"Of\s++the\s++allocated\s++memory\s++(?P<size>{_CUDA_SIZE})\s++is\s++allocated\s++by\s++"
+                              rf"PyTorch,?\s++and\s++(?P<unallocated>{_CUDA_SIZE})\s++is\s++reserved\s++by\s++PyTorch"
+                              rf"\s++but\s++unallocated")
 
 _USED = re.compile(rf"Used (?P<used>{_SIZE}) of (?P<capacity>{_SIZE}) (?P<space>\w+)")
 _EXCEEDED = re.compile(rf"Exceeded \w+ capacity by (?P<size>{_SIZE})")
@@ -97,8 +128,19 @@ class OomMessage:
     capacity_bytes: int | None = None
     exceeded_bytes: int | None = None
     requested_bytes: int | None = None
+    free_bytes: int | None = None  # free on the device, as the message says
+    allocated_bytes: int | None = None  # PyTorch's allocator: what live tensors hold
+    reserved_unallocated_bytes: int | None = None  # held by PyTorch's allocator, in no tensor
+    process_bytes: int | None = None  # this process's whole use of the device (NVML), PyTorch's or not
+    processes: list[dict] = field(default_factory=list)  # the other processes on the device: {pid, bytes}
     allocations: list[Allocation] = field(default_factory=list)
     unreadable_sizes: int = 0  # listed allocations left out: a size out of range (0 to MAX_SIZE)
+
+    @property
+    def fragmented(self) -> bool:
+        """The allocator held more than was asked for, yet in no block that could take it."""
+        return (self.reserved_unallocated_bytes is not None and self.requested_bytes is not None
+                and self.reserved_unallocated_bytes >= self.requested_bytes)
 
     @property
     def python_sites(self) -> list[PythonSite]:
@@ -114,6 +156,9 @@ class OomMessage:
         return {"oom": True, "kind": self.kind, "memory_space": self.memory_space,
                 "used_bytes": self.used_bytes, "capacity_bytes": self.capacity_bytes,
                 "exceeded_bytes": self.exceeded_bytes, "requested_bytes": self.requested_bytes,
+                "free_bytes": self.free_bytes, "allocated_bytes": self.allocated_bytes,
+                "reserved_unallocated_bytes": self.reserved_unallocated_bytes, "process_bytes": self.process_bytes,
+                "processes": [dict(p) for p in self.processes],
                 "allocations": [vars(a).copy() for a in self.allocations],
                 "python_sites": [vars(s).copy() for s in self.python_sites]}
 
@@ -125,10 +170,11 @@ def size_bytes(text: str) -> int:
     exact = re.search(_EXACT, text)
     if exact:
         return _exact(exact.group(1), text)
-    match = re.fullmatch(r"\s*+([0-9]++)(?:\.([0-9]++))?\s*+([KMGTP]?)i?B?\s*+", text)
+    match = re.fullmatch(r"\s*+([0-9]++)(?:\.([0-9]++))?\s*+(?:([KMGTP]?)i?B?|bytes)\s*+", text)
     if match is None:
         raise ValueError(f"not a size: {text[:40]!r}")
     whole, fraction, unit = match.groups()
+    unit = unit or ""
     if len(whole.lstrip("0")) > 19:  # beyond any 64-bit count, whatever the unit: no float of it
         raise ValueError(f"not a size: {len(whole):,} digits")
     return _bounded(round(float(f"{whole}.{(fraction or '0')[:20]}") * _UNITS[unit]), text)
@@ -179,6 +225,7 @@ def parse(text: str) -> OomMessage | None:
         return None
     begin, index, match = starts[-1]  # a log often repeats a message (every device, the traceback)
     rest = body[begin:]
+    match = _STARTS[index].match(rest)  # the same match, its offsets now in `rest`
     message = _headline(_STARTS[index], match, rest)
     message.allocations, message.unreadable_sizes = _allocations(rest.splitlines())
     if not message.allocations:  # a one-line repeat (the exception's text) after the full dump
@@ -221,7 +268,39 @@ def _headline(pattern: re.Pattern, match: re.Match, rest: str) -> OomMessage:
                              requested_bytes=_sized(rest, match))
         _exceeded_from_free(message, rest)
         return message
+    if pattern is _TORCH_CUDA:
+        return _torch_cuda(OomMessage("allocation", "device", requested_bytes=_sized(rest, match)),
+                           rest[match.end():match.end() + _CUDA_FIGURES])
+    if pattern is _TORCH_CUDA_BARE:
+        return OomMessage("allocation", "device")
     return OomMessage("allocation", "device", requested_bytes=_sized(rest, match))
+
+
+def _torch_cuda(message: OomMessage, figures: str) -> OomMessage:
+    """The figures of PyTorch's CUDA message, in whichever of its wordings they come."""
+    following = _TORCH_CUDA.search(figures) or _TORCH_CUDA_BARE.search(figures)
+    figures = figures[:following.start()] if following else figures  # not the next message's
+    found = {name: _sized(figures, match) for name, pattern in (
+        ("capacity", _CUDA_TOTAL), ("capacity", _CUDA_CAPACITY), ("allocated", _CUDA_ALREADY),
+        ("allocated", _CUDA_BY_PYTORCH), ("free", _CUDA_FREE), ("cached", _CUDA_CACHED),
+        ("reserved", _CUDA_RESERVED), ("process", _CUDA_THIS_PROCESS)) if (match := pattern.search(figures))}
+    message.capacity_bytes = found.get("capacity")
+    message.allocated_bytes = found.get("allocated")
+    message.process_bytes = found.get("process")
+    message.free_bytes = found.get("free")
+    newer = _CUDA_CAPACITY.search(figures)
+    if newer:
+        message.free_bytes = _sized(figures, newer, "free")
+    by_pytorch = _CUDA_BY_PYTORCH.search(figures)
+    if by_pytorch:
+        message.reserved_unallocated_bytes = _sized(figures, by_pytorch, "unallocated")
+    elif "cached" in found:
+        message.reserved_unallocated_bytes = found["cached"]
+    elif found.get("reserved") is not None and message.allocated_bytes is not None:
+        message.reserved_unallocated_bytes = max(0, found["reserved"] - message.allocated_bytes)
+    message.processes = [{"pid": int(m.group("pid")), "bytes": _sized(figures, m)}
+                         for m in _CUDA_PROCESS.finditer(figures)]
+    return message
 
 
 def _exceeded_from_free(message: OomMessage, rest: str) -> None:

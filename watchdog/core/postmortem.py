@@ -140,13 +140,14 @@ _HOST = {"domain": _TEXT, "bytes_used": _SIZE, "bytes_limit": _SIZE, "process_by
          "available_bytes": _SIZE, "oom_kills": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
          "verdict": _VERDICT}
 _PROGRAM_SITE = {"op_name": _TEXT, "shape": _TEXT, "innermost": _TEXT, "user": _TEXT, "bytes": _SIZE}
+_DEVICE_OOM = {"device": _TEXT, "requested_bytes": _SIZE, "allocated_bytes": _SIZE, "free_bytes": _SIZE, "step": _STEP}
 RECORD_FIELDS: dict[str, Any] = {
     "ended": _TEXT, "trace_file": _TEXT, "last_step": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
     "suspects_step": _STEP, "compilations": _STEP, "creation_sites": (_flag, "true or false"),
     "verdict": _VERDICT, "host": _HOST, "process": {}, "recompilation": {},
     "suspects": (_list_of(_text), "a list of strings"),
     "actions": (lambda v: isinstance(v, dict) and all(_step(n) for n in v.values()), "an object of counts"),
-    "program_sites": [_PROGRAM_SITE],
+    "program_sites": [_PROGRAM_SITE], "device_oom": _DEVICE_OOM,
 }
 """What `diagnose` reads of a flight record, and what each must be (null or absent: unknown). A
 nested object is its own table of fields; `[table]` is a list of such objects."""
@@ -186,6 +187,8 @@ def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomM
     problem = record_problem(record)
     if problem is not None:
         raise InputError(f"flight record: {problem}")
+    if oom is None and record.get("device_oom"):  # no log given: what the allocator's OOM observer wrote
+        oom = _observed(record["device_oom"])
     result = replay(samples, memory_limit_bytes=memory_limit_bytes)
     final = result.final_verdict
     live = record.get("verdict") or {}
@@ -208,6 +211,12 @@ def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomM
         post.explanation += "; the largest allocations come from your lines " + ", ".join(
             line.text() for line in post.user_lines[:3])
     return post
+
+
+def _observed(device_oom: dict) -> OomMessage:
+    """The CUDA allocator's own OOM, as its observer recorded it in the flight record."""
+    return OomMessage("allocation", "device", requested_bytes=device_oom.get("requested_bytes"),
+                      allocated_bytes=device_oom.get("allocated_bytes"), free_bytes=device_oom.get("free_bytes"))
 
 
 def _first(*steps: int | None) -> int | None:

@@ -155,6 +155,7 @@ class FlightRecorder:
             "leak_reported_at": None, "oom_projected_at": None, "actions": {},
             "suspects": [], "suspects_step": None, "creation_sites": False,
             "compilations": None, "recompilation": None, "host": None, "program_sites": [],
+            "device_oom": None,
         }
         self._written_at = 0.0
         self._key: tuple = ()
@@ -197,6 +198,15 @@ class FlightRecorder:
         a post-mortem name the user's line behind an allocation XLA's message names. Any thread: it
         replaces one key, and the sidecar's next write carries it."""
         self._state["program_sites"] = ops
+
+    def observe_device_oom(self, device: int, requested: int, allocated: int, free: int) -> None:
+        """PyTorch's CUDA allocator is about to raise OutOfMemoryError (its OOM observer, on the thread
+        that asked): what it was asked for and what the device held, written at once, as the process
+        may be gone next."""
+        self._state["device_oom"] = {"device": f"cuda:{device}", "requested_bytes": int(requested),
+                                     "allocated_bytes": int(allocated), "free_bytes": int(free),
+                                     "step": self._state["last_step"]}
+        self._write(time.monotonic())
 
     def _write_if_due(self, key: tuple) -> None:
         now = time.monotonic()

@@ -177,6 +177,8 @@ class Watchdog:
             self._ranks = agreement.join(self.config.agreement_timeout_seconds)
         if device_kind(device) == "xla":
             self._compile_watch = CompileWatch(self.config.recompilation, self.telemetry)
+        if device_kind(device) == "cuda" and self._flight is not None:
+            _observe_cuda_ooms(self._flight)
         if self.config.trace_file is not None:
             self.station.trace = TraceSink(self.config.trace_file, self.telemetry, lambda: self.trace_retry_seconds)
         if self.config.host_memory:
@@ -710,3 +712,13 @@ def _quiet_scheduler() -> BackgroundScheduler:
             logger.addFilter(quiet)
     return BackgroundScheduler(daemon=True, logger=logging.getLogger(SCHEDULER_LOGGER),
                                executors={EXECUTOR: ThreadPoolExecutor(1)})
+
+
+def _observe_cuda_ooms(flight: FlightRecorder) -> None:
+    """Have PyTorch's CUDA allocator tell the flight record of an OOM as it happens (torch's OOM
+    observer; it cannot be removed, so it outlives the watchdog and keeps recording)."""
+    import torch
+
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is not None:
+        attach(flight.observe_device_oom)

@@ -7,8 +7,11 @@ Sources, most precise first:
 - `tpu`:  libtpu's runtime metrics (the in-process `libtpu.sdk.tpumonitoring`, else the gRPC
           endpoint tpu-info reads on localhost:8431): every local chip, so it works under SPMD,
           where one process drives all of them. The fullest chip drives the decision (an OOM
-          happens there first); every chip is kept in the reading for the exporter.
-- `cuda`: the caching allocator's stats, limit from `mem_get_info`.
+          happens there first); every chip is kept in the reading for the exporter. It is the
+          only reading on TorchTPU (`torch.device("tpu")`, torch-tpu), which has no memory
+          statistics of its own, and it needs nothing of torch_xla.
+- `cuda`: the caching allocator's stats, one `memory_stats()` a reading: what it cannot give
+          back (tensors and split blocks' remainders), against what it may still reserve.
 - `rss`:  resident set size of this process: PJRT CPU keeps device buffers in host memory.
           The limit comes from `--memory-limit`.
 - `replay`: serves a recorded trace in order (demos, tests, dashboards without hardware).
@@ -148,26 +151,55 @@ class TpuRuntimeSource:
 
 
 class CudaSource:
-    """The CUDA caching allocator: allocated bytes track live tensors, which is where leaks show."""
+    """PyTorch's CUDA caching allocator, from one `memory_stats()` per reading (host-side counters:
+    no device sync, no new CUDA context).
+
+    The series is what the allocator could not hand back if it had to: the bytes live tensors hold
+    plus the free remainders of blocks split for them (`inactive_split_bytes`), which stay
+    reserved while any part of their block is in use. Whole cached blocks are left out: on a
+    failed cudaMalloc the allocator frees them and retries, so they never cause an OOM, and a
+    cache that grows must not read as a leak. Fragmentation shows as that series rising while the
+    tensors' own bytes do not.
+
+    The limit is what this process's allocator may reserve: what it holds plus what the device
+    has free (other processes' memory and this one's outside PyTorch, a CUDA context, cuBLAS's
+    workspaces, NCCL's buffers, are already taken), capped by `set_per_process_memory_fraction`.
+    The peak is the peak since the previous reading, as `RssSource`'s: the allocator keeps only a
+    lifetime peak, which after a reinit would keep the old high and read as an OOM about to happen.
+    """
 
     name = "cuda"
 
-    def __init__(self, device: str):
-        import torch
+    def __init__(self, device: str, cuda: object | None = None):
+        if cuda is None:
+            import torch
 
-        if not torch.cuda.is_available():
-            raise SourceUnavailable("CUDA is not available")
-        self._torch = torch
-        self.device = torch.device(device if device.startswith("cuda") else "cuda")
+            if not torch.cuda.is_available():
+                raise SourceUnavailable("CUDA is not available")
+            cuda = torch.cuda
+        if not cuda.is_initialized():  # mem_get_info would create a context, hundreds of MB of the device
+            raise SourceUnavailable("this process has not used CUDA yet")
+        self._cuda = cuda
+        self.device = device if device.startswith("cuda") else "cuda"
+        self._lifetime_peak = int(cuda.memory_stats(self.device).get("allocated_bytes.all.peak", 0))
 
     def read(self) -> MemoryReading:
-        cuda = self._torch.cuda
-        _free, total = cuda.mem_get_info(self.device)
-        return MemoryReading(
-            bytes_used=int(cuda.memory_allocated(self.device)),
-            bytes_limit=int(total),
-            peak_bytes_used=int(cuda.max_memory_allocated(self.device)),
-        )
+        stats = self._cuda.memory_stats(self.device)
+        allocated = int(stats.get("allocated_bytes.all.current", 0))
+        split = int(stats.get("inactive_split_bytes.all.current", 0))
+        reserved = int(stats.get("reserved_bytes.all.current", 0))
+        lifetime_peak = int(stats.get("allocated_bytes.all.peak", allocated))
+        grew, self._lifetime_peak = lifetime_peak > self._lifetime_peak, lifetime_peak
+        used = allocated + split
+        return MemoryReading(used, self._limit(reserved), max(used, lifetime_peak) if grew else used)
+
+    def _limit(self, reserved: int) -> int:
+        free, total = self._cuda.mem_get_info(self.device)
+        limit = int(free) + reserved
+        fraction = getattr(self._cuda, "get_per_process_memory_fraction", None)  # torch 2.7 on
+        if fraction is not None:
+            limit = min(limit, int(fraction(self.device) * int(total)))
+        return limit
 
 
 def release_host_memory() -> None:
@@ -251,7 +283,12 @@ def current_device() -> str:
             return "xla:0"
         return str(torch_xla.device())
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch is None:
+        return "cpu"
+    tpu = getattr(torch, "tpu", None)  # TorchTPU registers `torch.tpu` when the program imports it
+    if tpu is not None and tpu.is_available():
+        return f"tpu:{tpu.current_device()}"
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         return f"cuda:{torch.cuda.current_device()}"
     return "cpu"
 
@@ -268,7 +305,8 @@ def candidates(kind: str, device: str, memory_limit_bytes: int | None,
     }
     if kind != "auto":
         return [(kind, build[kind])]
-    order = {"xla": ["xla", "tpu", "rss"], "cuda": ["cuda", "rss"]}.get(device_kind(device), ["rss"])
+    order = {"xla": ["xla", "tpu", "rss"], "tpu": ["tpu", "rss"], "cuda": ["cuda", "rss"]}.get(device_kind(device),
+                                                                                               ["rss"])
     return [(name, build[name]) for name in order]
 
 
