@@ -38,6 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     memory.add_argument("--tpu", action="store_true",
                         help="judge every TPU chip of this host, through libtpu's runtime metrics; the target "
                              "is the process signalled")
+    memory.add_argument("--gpu", action="store_true",
+                        help="judge every GPU of this host through NVML (nvidia-ml-py): the memory the target's "
+                             "processes hold on each, against what the other processes leave; no CUDA context")
     memory.add_argument("--tpu-address", default="localhost:8431", metavar="HOST:PORT",
                         help="libtpu's runtime-metrics endpoint (default %(default)s)")
     memory.add_argument("--tpu-chip", choices=TPU_CHIPS, type=str.upper, metavar="TYPE",
@@ -57,7 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="memory budget, e.g. 30GiB (default: the host's memory)")
     timing.add_argument("--host-memory-limit", type=option(positive_size),
                         help="the target's host RAM budget (default: its memory cgroup's limit, else the machine's "
-                             "memory); with --tpu the host is judged beside the chips, else it is the one series")
+                             "memory); with --tpu or --gpu the host is judged beside the devices, else it is the one series")
 
     act = parser.add_argument_group("action")
     act.add_argument("--signal", default="TERM", help="sent before the projected OOM (default TERM)")
@@ -110,8 +113,12 @@ def build(args: argparse.Namespace):
     else:
         finder = PidfileFinder(args.pidfile)
     host_limit = args.host_memory_limit
+    if args.tpu and args.gpu:
+        raise InputError("--tpu and --gpu: one accelerator per watch")
     if args.tpu:
         return config, finder, _tpu_reader_factory(args, host_limit)
+    if args.gpu:
+        return config, finder, _gpu_reader_factory(host_limit)
     return config, finder, lambda process: ProcessTreeReader(process, host_limit)
 
 
@@ -131,6 +138,17 @@ def _tpu_reader_factory(args: argparse.Namespace, host_limit: int | None):
     except SourceUnavailable as exc:
         raise InputError(f"--tpu: {exc} (install hbm-watchdog[tpu] on a TPU host, or give --tpu-chip)") from None
     return lambda process: WithHost(TpuChipsReader(process, chips), process, host_limit)
+
+
+def _gpu_reader_factory(host_limit: int | None):
+    """NVML started now: a host without it is exit 2 at start, not a failed read every interval."""
+    from watchdog.daemon.readers import GpuProcessesReader, NvmlGpus, ReaderUnavailable, WithHost
+
+    try:
+        gpus = NvmlGpus()
+    except ReaderUnavailable as exc:
+        raise InputError(f"--gpu: {exc}") from None
+    return lambda process: WithHost(GpuProcessesReader(process, gpus), process, host_limit)
 
 
 def run(args: argparse.Namespace) -> int:

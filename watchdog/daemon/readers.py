@@ -14,6 +14,8 @@ Readers here:
 - `TpuChipsReader`: every TPU chip of this host (`device="tpu:N"`) through libtpu's runtime
   metrics, the same per-chip readings as the in-process `tpu` memory source
   (`watchdog.runtime.sources.TpuRuntimeSource`); the watched process is whom to signal.
+- `GpuProcessesReader`: every GPU of this host through NVML (`device="cuda:N"`): on each, the
+  memory the target's process tree holds, against what the other processes leave it.
 - `WithHost`: another reader's devices plus the target's host memory (`device="host"`), read as
   the in-process host watch reads it (`watchdog.runtime.host_memory`). A process tree's resident
   memory already is the host's: there, one series, whose limit is the host's budget.
@@ -106,6 +108,69 @@ class TpuChipsReader:
             raise psutil.NoSuchProcess(self.process.pid)
         return [DeviceReading(chip.device, chip.bytes_used, chip.bytes_limit, None, None)
                 for chip in self._chips.read().devices]
+
+
+class ReaderUnavailable(RuntimeError):
+    """This reader cannot read here (no NVML, no GPU): the command says so at start, exit 2."""
+
+
+class NvmlGpus:
+    """This host's GPUs as NVML sees them (nvidia-ml-py): each one's total memory and the memory each
+    process holds on it. NVML reads the driver's own accounting, so the daemon creates no CUDA
+    context (`mem_get_info` would, several hundred MB on the GPU it watches). `ReaderUnavailable`
+    when NVML is not installed, cannot start or sees no GPU."""
+
+    def __init__(self, nvml=None):
+        if nvml is None:
+            try:
+                import pynvml as nvml  # the nvidia-ml-py distribution
+            except ImportError:
+                raise ReaderUnavailable("nvidia-ml-py is not installed (hbm-watchdog[gpu])") from None
+        try:
+            nvml.nvmlInit()
+            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        except nvml.NVMLError as exc:
+            raise ReaderUnavailable(f"NVML cannot start: {exc}") from None
+        if not self._handles:
+            raise ReaderUnavailable("NVML sees no GPU")
+        self._nvml = nvml
+
+    def read(self) -> list[tuple[int, int, dict[int, int]]]:
+        """(index, total bytes, {pid: bytes}) for every GPU; a process whose use NVML cannot tell
+        (None: no permission, a MIG slice) counts 0."""
+        gpus = []
+        for index, handle in enumerate(self._handles):
+            total = int(self._nvml.nvmlDeviceGetMemoryInfo(handle).total)
+            held: dict[int, int] = {}
+            for process in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                held[process.pid] = held.get(process.pid, 0) + int(process.usedGpuMemory or 0)
+            gpus.append((index, total, held))
+        return gpus
+
+
+class GpuProcessesReader:
+    """Every GPU of this host through NVML: on each, the memory the target and its descendants hold
+    (NVML's per-process figures, CUDA context included: what the device really gives them), against
+    what the other processes leave: the device's total less their memory. A GPU the job does not
+    use reads 0. NVML names processes by the host's PIDs: in a container without the host's PID
+    namespace the target's PID is not among them, and every GPU reads 0."""
+
+    source = "nvml"
+
+    def __init__(self, process: psutil.Process, gpus: NvmlGpus):
+        self.process, self._gpus = process, gpus
+        self._tree = ProcessTree(process)
+
+    def read(self) -> list[DeviceReading]:
+        if not self.process.is_running():
+            raise psutil.NoSuchProcess(self.process.pid)
+        ours = self._tree.pids()
+        readings = []
+        for index, total, held in self._gpus.read():
+            used = sum(b for pid, b in held.items() if pid in ours)
+            others = sum(b for pid, b in held.items() if pid not in ours)
+            readings.append(DeviceReading(f"cuda:{index}", used, max(0, total - others), None, self.process.pid))
+        return readings
 
 
 class WithHost:

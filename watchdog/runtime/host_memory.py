@@ -161,6 +161,12 @@ class ProcessTree:
         self._children: list[psutil.Process] = []
         self._scanned_at = -float("inf")
 
+    def pids(self) -> set[int]:
+        """The process's and its descendants' PIDs (the list kept as for `rss`)."""
+        if time.monotonic() - self._scanned_at >= self.rescan_seconds:
+            self._children, self._scanned_at = self.process.children(recursive=True), time.monotonic()
+        return {self.process.pid, *(child.pid for child in self._children)}
+
     def rss(self, own: int | None = None) -> int:
         """`own`: the process's own resident memory, if already read. Raises psutil.NoSuchProcess
         when the process itself is gone."""
