@@ -35,6 +35,7 @@ import tempfile
 import threading
 import traceback
 import types
+from pathlib import Path
 
 # What `import torch_xla` spends its time on, apart from torch_xla's own modules (python -X importtime).
 PRELOAD = ["torch", "torch._dynamo", "functorch.compile", "torch._functorch.aot_autograd",
@@ -130,7 +131,7 @@ def run(args: list[str], *, env: dict[str, str], cwd: str, timeout: float) -> su
             child.kill()
             child.join()
             raise subprocess.TimeoutExpired([sys.executable, *args], timeout)
-        stdout, stderr = (open(path, errors="replace").read() for path in paths)
+        stdout, stderr = (Path(path).read_text(errors="replace") for path in paths)
     return subprocess.CompletedProcess([sys.executable, *args], child.exitcode, stdout, stderr)
 
 

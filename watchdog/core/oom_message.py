@@ -280,24 +280,28 @@ def _torch_cuda(message: OomMessage, figures: str) -> OomMessage:
     """The figures of PyTorch's CUDA message, in whichever of its wordings they come."""
     following = _TORCH_CUDA.search(figures) or _TORCH_CUDA_BARE.search(figures)
     figures = figures[:following.start()] if following else figures  # not the next message's
-    found = {name: _sized(figures, match) for name, pattern in (
-        ("capacity", _CUDA_TOTAL), ("capacity", _CUDA_CAPACITY), ("allocated", _CUDA_ALREADY),
-        ("allocated", _CUDA_BY_PYTORCH), ("free", _CUDA_FREE), ("cached", _CUDA_CACHED),
-        ("reserved", _CUDA_RESERVED), ("process", _CUDA_THIS_PROCESS)) if (match := pattern.search(figures))}
-    message.capacity_bytes = found.get("capacity")
-    message.allocated_bytes = found.get("allocated")
-    message.process_bytes = found.get("process")
-    message.free_bytes = found.get("free")
-    newer = _CUDA_CAPACITY.search(figures)
-    if newer:
-        message.free_bytes = _sized(figures, newer, "free")
-    by_pytorch = _CUDA_BY_PYTORCH.search(figures)
-    if by_pytorch:
-        message.reserved_unallocated_bytes = _sized(figures, by_pytorch, "unallocated")
-    elif "cached" in found:
-        message.reserved_unallocated_bytes = found["cached"]
-    elif found.get("reserved") is not None and message.allocated_bytes is not None:
-        message.reserved_unallocated_bytes = max(0, found["reserved"] - message.allocated_bytes)
+    found = {name: pattern.search(figures) for name, pattern in (
+        ("capacity", _CUDA_CAPACITY), ("total", _CUDA_TOTAL), ("free", _CUDA_FREE),
+        ("this_process", _CUDA_THIS_PROCESS), ("by_pytorch", _CUDA_BY_PYTORCH), ("already", _CUDA_ALREADY),
+        ("cached", _CUDA_CACHED), ("reserved", _CUDA_RESERVED))}
+
+    def size(name: str, group: str = "size") -> int | None:
+        return _sized(figures, found[name], group) if found[name] else None
+
+    if found["capacity"]:  # 2.1 on: "a total capacity of T of which F is free"
+        message.capacity_bytes, message.free_bytes = size("capacity"), size("capacity", "free")
+    else:  # 1.0 to 2.0: "T total capacity; ...; F free"
+        message.capacity_bytes, message.free_bytes = size("total"), size("free")
+    message.process_bytes = size("this_process")
+    if found["by_pytorch"]:  # 2.1 on: "A is allocated by PyTorch, and U is reserved by PyTorch but unallocated"
+        message.allocated_bytes = size("by_pytorch")
+        message.reserved_unallocated_bytes = size("by_pytorch", "unallocated")
+    else:
+        message.allocated_bytes = size("already")
+        if found["cached"]:  # 1.0 to 1.3: "cached" is reserved but unallocated
+            message.reserved_unallocated_bytes = size("cached")
+        elif size("reserved") is not None and message.allocated_bytes is not None:  # 1.4 to 2.0: R in total
+            message.reserved_unallocated_bytes = max(0, size("reserved") - message.allocated_bytes)
     message.processes = [{"pid": int(m.group("pid")), "bytes": _sized(figures, m)}
                          for m in _CUDA_PROCESS.finditer(figures)]
     return message

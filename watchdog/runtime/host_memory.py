@@ -161,20 +161,21 @@ class ProcessTree:
         self._children: list[psutil.Process] = []
         self._scanned_at = -float("inf")
 
+    def _descendants(self) -> list[psutil.Process]:
+        now = time.monotonic()
+        if now - self._scanned_at >= self.rescan_seconds:
+            self._children, self._scanned_at = self.process.children(recursive=True), now
+        return self._children
+
     def pids(self) -> set[int]:
-        """The process's and its descendants' PIDs (the list kept as for `rss`)."""
-        if time.monotonic() - self._scanned_at >= self.rescan_seconds:
-            self._children, self._scanned_at = self.process.children(recursive=True), time.monotonic()
-        return {self.process.pid, *(child.pid for child in self._children)}
+        """The process's and its descendants' PIDs."""
+        return {self.process.pid, *(child.pid for child in self._descendants())}
 
     def rss(self, own: int | None = None) -> int:
         """`own`: the process's own resident memory, if already read. Raises psutil.NoSuchProcess
         when the process itself is gone."""
         total = self.process.memory_info().rss if own is None else own
-        now = time.monotonic()
-        if now - self._scanned_at >= self.rescan_seconds:
-            self._children, self._scanned_at = self.process.children(recursive=True), now
-        for child in self._children:
+        for child in self._descendants():
             try:
                 total += child.memory_info().rss
             except psutil.Error:

@@ -189,9 +189,10 @@ class CudaSource:
         split = int(stats.get("inactive_split_bytes.all.current", 0))
         reserved = int(stats.get("reserved_bytes.all.current", 0))
         lifetime_peak = int(stats.get("allocated_bytes.all.peak", allocated))
-        grew, self._lifetime_peak = lifetime_peak > self._lifetime_peak, lifetime_peak
         used = allocated + split
-        return MemoryReading(used, self._limit(reserved), max(used, lifetime_peak) if grew else used)
+        peak = peak_since(self._lifetime_peak, lifetime_peak, used)
+        self._lifetime_peak = lifetime_peak
+        return MemoryReading(used, self._limit(reserved), peak)
 
     def _limit(self, reserved: int) -> int:
         free, total = self._cuda.mem_get_info(self.device)
@@ -200,6 +201,13 @@ class CudaSource:
         if fraction is not None:
             limit = min(limit, int(fraction(self.device) * int(total)))
         return limit
+
+
+def peak_since(previous_lifetime_peak: int, lifetime_peak: int, current: int) -> int:
+    """The peak since the previous reading, where only a lifetime peak is kept (the kernel's
+    `ru_maxrss`, the allocator's `allocated_bytes.all.peak`): a new high shows as that peak growing;
+    otherwise the peak in between is unknown and the current value stands in."""
+    return max(current, lifetime_peak) if lifetime_peak > previous_lifetime_peak else current
 
 
 def release_host_memory() -> None:
@@ -234,7 +242,7 @@ class RssSource:
     def read(self) -> MemoryReading:
         rss = self._process.memory_info().rss
         lifetime_peak = _max_rss_bytes()
-        peak = max(rss, lifetime_peak) if lifetime_peak > self._lifetime_peak else rss
+        peak = peak_since(self._lifetime_peak, lifetime_peak, rss)
         self._lifetime_peak = lifetime_peak
         return MemoryReading(rss, effective_limit(self.memory_limit_bytes, self.host_budget_bytes), peak)
 
