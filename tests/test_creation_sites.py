@@ -12,6 +12,7 @@ import torch
 from conftest import run_python
 
 from watchdog.forensics import census as forensics
+from watchdog.forensics.allocator_history import AllocatorHistory, live_blocks
 from watchdog.forensics.creation_sites import CreationSites
 
 
@@ -98,6 +99,123 @@ def test_the_census_reads_the_sites_into_the_line():
     [line] = forensics.explain_leak(baseline, sites=sites)
     assert line.startswith(f"+5 tensors float32[16] on cpu (+320 B), created at {LEAK_LINE}")
     assert line.endswith("held by list of 5 (attribute 'buffers' of Trainer)")
+
+
+# ---- CUDA: the allocator's own history, on only during the window ---------------------------------
+
+TORCH_FILE = torch.nn.modules.linear.__file__  # a framework frame: skipped, as in the Python capture
+
+
+def snapshot(*blocks: dict) -> dict:
+    """A `torch.cuda.memory._snapshot()` in the documented shape (torch/cuda/memory.py): a stand-in
+    for a GPU's, which cannot exist here."""
+    return {"segments": [{"address": 1 << 40, "total_size": 20 << 20, "stream": 0, "segment_type": "large",
+                          "allocated_size": 8 << 20, "active_size": 8 << 20, "blocks": list(blocks)}],
+            "device_traces": [[]]}
+
+
+def block(address: int, size: int, state: str = "active_allocated", frames=None, history: bool = False) -> dict:
+    frames = [{"filename": f, "line": n, "name": fn} for f, n, fn in (frames or [])]
+    shown = {"history": [{"addr": address, "real_size": size, "frames": frames}]} if history else {"frames": frames}
+    return {"address": address, "size": size, "requested_size": size, "state": state, **shown}
+
+
+LEAKY_STACK = [(TORCH_FILE, 125, "forward"), ("/job/train.py", 40, "keep"), ("/job/train.py", 90, "main")]
+SNAPSHOT = snapshot(
+    block(0x1000, 4 << 20, frames=LEAKY_STACK),
+    block(0x2000, 4 << 20, frames=LEAKY_STACK, history=True),  # torch 2.0's shape
+    block(0x3000, 2 << 20, frames=[("/job/model.py", 7, "grads")]),
+    block(0x4000, 6 << 20, state="inactive", frames=LEAKY_STACK),  # cached, free: nobody's
+    block(0x5000, 1 << 20, frames=[]),  # allocated before recording began
+)
+
+
+class AllocatorMemory:
+    """Stands in for torch.cuda.memory on a GPU: the two private functions the history uses."""
+
+    def __init__(self, recorded: dict):
+        self.calls: list = []
+        self.recorded = recorded
+
+    def _record_memory_history(self, **kwargs):
+        self.calls.append(("record", kwargs))
+
+    def _snapshot(self):
+        self.calls.append(("snapshot", {}))
+        return self.recorded
+
+
+class CudaTensor:
+    """A CUDA tensor's two attributes the lookup reads (a storage is one allocator block)."""
+
+    def __init__(self, address: int):
+        self.device = torch.device("cuda", 0)
+        self._address = address
+
+    def untyped_storage(self):
+        return type("Storage", (), {"data_ptr": lambda _: self._address})()
+
+
+def test_live_blocks_are_the_allocated_ones_in_both_snapshot_shapes():
+    blocks = live_blocks(SNAPSHOT)
+    assert [(b.address, b.size) for b in blocks] == [(0x1000, 4 << 20), (0x2000, 4 << 20), (0x3000, 2 << 20),
+                                                     (0x5000, 1 << 20)]
+    assert blocks[0].frames == blocks[1].frames == tuple(LEAKY_STACK) and blocks[3].frames == ()
+    assert live_blocks({}) == []
+
+
+def test_on_cuda_the_window_records_the_allocators_stacks_and_names_the_blocks():
+    memory = AllocatorMemory(SNAPSHOT)
+    sites = CreationSites(steps=2, allocator=lambda: AllocatorHistory(memory, lambda: False, max_entries=5000))
+    sites.arm()
+    sites.between_steps()
+    assert memory.calls == [("record", {"enabled": "state", "context": "state", "stacks": "python",
+                                        "max_entries": 5000})]
+    sites.between_steps()
+    assert sites.between_steps() and modes_installed() == 0
+    assert memory.calls[1:] == [("snapshot", {}), ("record", {"enabled": None})], "read once, then off"
+    site, count = sites.commonest_site([CudaTensor(0x1000), CudaTensor(0x2000), CudaTensor(0x3000)])
+    assert count == 2 and str(site) == "train.py:40 in keep (called from train.py:90 in main)"
+    assert sites.site_of(CudaTensor(0x4000)) is None, "a cached, free block is no tensor's"
+    assert sites.site_of(CudaTensor(0x5000)) is None, "made before the window: unknown"
+    assert sites.site_of(CudaTensor(0x9000)) is None
+    sites.reset()
+    assert sites.site_of(CudaTensor(0x1000)) is None, "a rebuild forgets the old blocks"
+
+
+def test_a_programs_own_recording_is_read_and_left_on():
+    memory = AllocatorMemory(SNAPSHOT)
+    sites = CreationSites(steps=1, allocator=lambda: AllocatorHistory(memory, lambda: True))
+    sites.arm()
+    sites.between_steps()
+    assert sites.between_steps()
+    assert memory.calls == [("snapshot", {})]
+    assert sites.site_of(CudaTensor(0x3000)).frames[0].function == "grads"
+
+
+def test_a_failing_snapshot_leaves_the_python_sites_and_turns_recording_off():
+    class Broken(AllocatorMemory):
+        def _snapshot(self):
+            raise RuntimeError("snapshot failed")
+
+    memory = Broken({})
+    kept = []
+    sites = CreationSites(steps=1, allocator=lambda: AllocatorHistory(memory, lambda: False))
+    sites.arm()
+    sites.between_steps()
+    make_leak(kept)
+    assert sites.between_steps()
+    assert memory.calls[-1] == ("record", {"enabled": None})
+    assert str(sites.site_of(kept[0])).startswith(LEAK_LINE)
+
+
+def test_without_cuda_in_use_the_allocator_is_never_asked():
+    assert not torch.cuda.is_initialized()
+    assert AllocatorHistory.of_this_process() is None, "asking would create a CUDA context"
+    sites = CreationSites(steps=1)
+    sites.arm()
+    sites.between_steps()
+    assert sites.between_steps() and not torch.cuda.is_initialized()
 
 
 LOOP = r"""

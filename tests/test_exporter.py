@@ -14,10 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from watchdog import __version__
 from watchdog.core import goodput
 from watchdog.core.config import WatchdogConfig
+from watchdog.core.readings import AllocatorMemory
 from watchdog.core.errors import InputError
 from watchdog.core.sample import Sample, write_trace
 from watchdog.core.verdict import Action, Status, Verdict
 from watchdog.station.exporter import serve_metrics
+from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileFigures
 from watchdog.runtime.host_memory import HostReading
@@ -25,7 +27,7 @@ from watchdog.runtime.job_ledger import GoodputFigures
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.station.telemetry import Telemetry
 
-MiB = 1 << 20
+MiB, GiB = 1 << 20, 1 << 30
 ALLOWED_LABELS = {"device", "rank", "action", "version", "source", "le", "cause"}
 
 
@@ -67,6 +69,8 @@ def leaking_telemetry() -> Telemetry:
     t.count_action(Action.CHECKPOINT_REINIT)
     for seconds in (0.3, 4.0, 40.0):
         t.part(CheckpointFigures).observe_save(seconds)
+    # a caching allocator's figures (the cuda source's; every name the exporter can serve is here)
+    t.part(AllocatorFigures).observe(AllocatorMemory(700 * MiB, 100 * MiB, 950 * MiB))
     # one memory (the rss source's case): the host's own figures ride on the device's series
     t.host_reading = HostReading(900 * MiB, 1024 * MiB, "cgroup", 880 * MiB, 20 * 1024 * MiB, oom_kills=0)
     # the job's time so far: 10 s to start, 80 s of steps (5 s of them compiling), a 5 s save
@@ -167,6 +171,9 @@ def test_every_design_metric_is_served_in_base_units_from_the_cache(served):
     assert value(samples, "hbmwatch_checkpoint_seconds_bucket", le="+Inf") == 3
     assert value(samples, "hbmwatch_checkpoint_seconds_count") == 3
     assert value(samples, "hbmwatch_checkpoint_seconds_sum") == pytest.approx(44.3)
+    assert value(samples, "hbmwatch_allocator_allocated_bytes") == 700 * MiB
+    assert value(samples, "hbmwatch_allocator_split_bytes") == 100 * MiB
+    assert value(samples, "hbmwatch_allocator_reserved_bytes") == 950 * MiB
     assert value(samples, "hbmwatch_elapsed_seconds_total") == 95.0
     assert value(samples, "hbmwatch_goodput_seconds_total") == 75.0
     assert value(samples, "hbmwatch_badput_seconds_total", cause="startup") == 15.0
@@ -184,8 +191,9 @@ def test_before_any_verdict_nothing_is_made_up(served):
     assert value(samples, "hbmwatch_oom_projected") == 0
     unknown = {"hbmwatch_memory_used_bytes", "hbmwatch_memory_floor_bytes", "hbmwatch_memory_limit_bytes",
                "hbmwatch_leak_slope_bytes_per_step", "hbmwatch_xla_compilations_total",
-               "hbmwatch_recompilation_detected", "hbmwatch_steps_per_recompilation"}
-    assert not names(samples) & unknown  # absent until known (compilations, recompilation: absent off XLA)
+               "hbmwatch_recompilation_detected", "hbmwatch_steps_per_recompilation",
+               "hbmwatch_allocator_allocated_bytes"}
+    assert not names(samples) & unknown  # absent until known (compilations, recompilation: absent off XLA; the allocator's: absent off CUDA)
 
 
 def test_port_is_base_plus_local_rank_and_zero_means_any_free_port(served):
@@ -242,6 +250,25 @@ def test_a_real_watchdog_run_is_exported_as_the_sidecar_sees_it(tmp_path, served
     assert value(samples, "hbmwatch_leak_detected") == float(verdict.leak_detected)
     assert value(samples, "hbmwatch_oom_projected") == float(verdict.oom_projected)
     assert value(samples, "hbmwatch_projected_oom_steps") == verdict.projected_oom_steps
+
+
+def test_a_cuda_sources_allocator_figures_are_served_beside_its_series(served):
+    """The sidecar passes the allocator's figures of each reading on (a stand-in for torch.cuda: no GPU here)."""
+    from test_sources import Allocator, state
+
+    from watchdog.runtime.sources import CudaSource
+
+    source = CudaSource("cuda:0", cuda=Allocator([state(4, 6, split=0.5)] * 3))
+    with Watchdog(WatchdogConfig(sample_every=1, device="cuda:0", host_memory=False, forensics=False),
+                  source=source) as wd:
+        server = served(wd.telemetry)
+        wd.step(0)
+        assert wd.drain(5.0)
+        samples = scrape(server)
+    assert value(samples, "hbmwatch_memory_used_bytes", device="cuda:0") == 4.5 * GiB
+    assert value(samples, "hbmwatch_allocator_allocated_bytes", device="cuda:0") == 4 * GiB
+    assert value(samples, "hbmwatch_allocator_split_bytes", device="cuda:0") == 0.5 * GiB
+    assert value(samples, "hbmwatch_allocator_reserved_bytes", device="cuda:0") == 6 * GiB
 
 
 @pytest.mark.slow

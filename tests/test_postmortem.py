@@ -104,22 +104,23 @@ def test_postmortem_reads_the_message_in_the_jobs_output_beside_the_trace(tmp_pa
 
 
 def test_the_cuda_allocators_oom_is_written_at_once_and_explained_without_a_log(tmp_path, capsys):
-    """What torch's OOM observer hands the flight record (device, bytes asked, allocated, free: made up
-    here, there is no GPU) is on disk before the OutOfMemoryError is raised, and `postmortem` reads
+    """What torch's OOM observer hands the flight record (device, bytes asked, the allocator's limit,
+    free: made up here, there is no GPU) is on disk before the OutOfMemoryError is raised, and `postmortem` reads
     it as the out-of-memory message when no log is given."""
     trace = tmp_path / "trace.csv"
     wd = run_leak(trace, 60, stop=False)
     try:
-        wd._flight.observe_device_oom(1, 2 * GiB, 70 * GiB, 512 * MiB)  # the observer's four arguments
+        wd._flight.observe_device_oom(1, 2 * GiB, 40 * GiB, 512 * MiB)  # the observer's four arguments
         record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
-        assert record["device_oom"] == {"device": "cuda:1", "requested_bytes": 2 * GiB, "allocated_bytes": 70 * GiB,
+        assert record["device_oom"] == {"device": "cuda:1", "requested_bytes": 2 * GiB, "limit_bytes": 40 * GiB,
                                         "free_bytes": 512 * MiB, "step": record["last_step"]}
         assert main(["postmortem", str(tmp_path), "--json"]) == 0
         oom = json.loads(capsys.readouterr().out)["oom_message"]
         assert (oom["kind"], oom["memory_space"], oom["requested_bytes"]) == ("allocation", "device", 2 * GiB)
-        assert (oom["allocated_bytes"], oom["free_bytes"]) == (70 * GiB, 512 * MiB)
+        assert (oom["capacity_bytes"], oom["free_bytes"], oom["allocated_bytes"]) == (40 * GiB, 512 * MiB, None)
         assert main(["postmortem", str(tmp_path)]) == 0
-        assert "out of memory: a buffer could not be allocated in device; requested 2.0 GiB" in capsys.readouterr().out
+        assert ("out of memory: a buffer could not be allocated in device; capacity 40.0 GiB, requested 2.0 GiB, "
+                "free 512.0 MiB") in capsys.readouterr().out
     finally:
         wd.stop()
     with pytest.raises(Exception, match="device_oom.requested_bytes"):

@@ -13,6 +13,7 @@ from conftest import run_python
 
 from watchdog.core.errors import InputError
 from watchdog.core.sample import Sample, write_trace
+from watchdog.core.readings import AllocatorMemory
 from watchdog.runtime.sources import (
     ReplaySource,
     RssSource,
@@ -216,6 +217,7 @@ def test_a_growing_cache_is_not_a_leak_and_fragmentation_is_counted():
     assert {cache.read().bytes_used for _ in range(3)} == {4 * GiB}, "reserved but free blocks are given back"
     fragments = CudaSource("cuda:0", cuda=Allocator([state(4, 6), state(4, 6, split=0.5), state(4, 6, split=1.5)]))
     assert [fragments.read().bytes_used for _ in range(2)] == [int(4.5 * GiB), int(5.5 * GiB)]
+    assert fragments.read().allocator == AllocatorMemory(4 * GiB, int(1.5 * GiB), 6 * GiB), "each figure, served"
 
 
 def test_the_cuda_limit_is_what_the_allocator_may_still_reserve_capped_by_its_fraction():

@@ -1,7 +1,7 @@
 """`hbm-watchdog watch` end to end, every part real: a leaking job that knows nothing of
 hbm-watchdog runs under `hbm-watchdog supervise`, the daemon runs beside it as its own process.
 
-The jobs: a plain torch_xla script on PJRT CPU (tests/jobs/leaky_xla.py), our own trainer with
+The jobs: a plain torch_xla script on PJRT CPU (tests/jobs/leaky_script.py), our own trainer with
 `--no-watchdog`, and a Lightning `fit` on CPU (tests/jobs/leaky_lightning.py). Each checkpoints
 on SIGTERM and exits 42; the supervisor restarts it; it resumes. The budget B is checked against
 the kernel's own high-water mark of every job process, not against the daemon's samples.
@@ -185,7 +185,7 @@ def torch_xla_script(tmp_path: Path) -> None:
     The script sits at about 1 GB once torch_xla is up and leaks at most 12.5 MiB/s (0.08 s steps):
     B leaves it about 80 s, beyond the daemon's 20 s warm-up and 12.8 s to a first verdict. At
     1.5 GiB a fresh clone's run was signalled 4 s before B (CI), with no room for the save."""
-    protect_script(tmp_path, "leaky_xla.py", "--state", steps=1200, budget=2 * GiB, step_seconds=0.08)
+    protect_script(tmp_path, "leaky_script.py", "--state", steps=1200, budget=2 * GiB, step_seconds=0.08)
 
 
 def lightning_fit(tmp_path: Path) -> None:

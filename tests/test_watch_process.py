@@ -333,7 +333,7 @@ def test_a_clean_job_runs_thousands_of_samples_with_no_signal_and_a_flat_footpri
     checks on half the samples, 40 s less of the suite)."""
     state, trace = tmp_path / "state", tmp_path / "watch.csv"
     job = subprocess.Popen([sys.executable, "-m", "watchdog", "supervise", "--", sys.executable,
-                            str(JOBS / "leaky_xla.py"), "--state", str(state), "--steps", "1000000", "--leak-mib", "0",
+                            str(JOBS / "leaky_script.py"), "--state", str(state), "--steps", "1000000", "--leak-mib", "0",
                             "--step-seconds", "0.05"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
                            env=hbm_watchdog_env())
     watch = daemon("--cmd-pattern", re.escape(str(state)), "--memory-limit", "3GiB", "--interval", "0.02",

@@ -247,6 +247,24 @@ def panels() -> list[dict]:
             targets((f"max by (cause) (hbmwatch_badput_seconds_total{{{SEL}}})", "{{cause}}")),
             draw="bars"),
          {"x": 8, "y": 47, "w": 16, "h": 8}),
+        (timeseries(
+            "GPU allocator: tensors, split remainders, reserved",
+            "PyTorch's caching allocator on each cuda:N device (the cuda source; absent elsewhere). The series "
+            "judged is tensors plus split remainders: free parts of blocks split for live tensors, usable only "
+            "by requests that fit. Split remainders rising while tensors do not is fragmentation; reserved "
+            "rising alone is cache, which the allocator hands back before it raises an OOM.",
+            "bytes", steps((GREEN, None)),
+            targets((f"hbmwatch_allocator_allocated_bytes{{{SEL}}}", "tensors r{{rank}} {{device}}"),
+                    (f"hbmwatch_allocator_split_bytes{{{SEL}}}", "split remainders r{{rank}} {{device}}"),
+                    (f"hbmwatch_allocator_reserved_bytes{{{SEL}}}", "reserved r{{rank}} {{device}}"),
+                    (f"hbmwatch_memory_limit_bytes{{{SEL}}}", "limit r{{rank}} {{device}}")),
+            overrides=[series_override("B", **{"color": {"mode": "fixed", "fixedColor": ORANGE}}),
+                       series_override("C", **{"color": {"mode": "fixed", "fixedColor": "purple"},
+                                               "custom.fillOpacity": 0}),
+                       series_override("D", **{"color": {"mode": "fixed", "fixedColor": RED},
+                                               "custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
+                                               "custom.fillOpacity": 0})]),
+         {"x": 0, "y": 55, "w": 24, "h": 8}),
     ]
     result = stats + [dict(panel, gridPos=grid) for panel, grid in layout]
     for number, panel in enumerate(result, start=1):

@@ -140,7 +140,7 @@ _HOST = {"domain": _TEXT, "bytes_used": _SIZE, "bytes_limit": _SIZE, "process_by
          "available_bytes": _SIZE, "oom_kills": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
          "verdict": _VERDICT}
 _PROGRAM_SITE = {"op_name": _TEXT, "shape": _TEXT, "innermost": _TEXT, "user": _TEXT, "bytes": _SIZE}
-_DEVICE_OOM = {"device": _TEXT, "requested_bytes": _SIZE, "allocated_bytes": _SIZE, "free_bytes": _SIZE, "step": _STEP}
+_DEVICE_OOM = {"device": _TEXT, "requested_bytes": _SIZE, "limit_bytes": _SIZE, "free_bytes": _SIZE, "step": _STEP}
 RECORD_FIELDS: dict[str, Any] = {
     "ended": _TEXT, "trace_file": _TEXT, "last_step": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
     "suspects_step": _STEP, "compilations": _STEP, "creation_sites": (_flag, "true or false"),
@@ -216,7 +216,7 @@ def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomM
 def _observed(device_oom: dict) -> OomMessage:
     """The CUDA allocator's own OOM, as its observer recorded it in the flight record."""
     return OomMessage("allocation", "device", requested_bytes=device_oom.get("requested_bytes"),
-                      allocated_bytes=device_oom.get("allocated_bytes"), free_bytes=device_oom.get("free_bytes"))
+                      capacity_bytes=device_oom.get("limit_bytes"), free_bytes=device_oom.get("free_bytes"))
 
 
 def _first(*steps: int | None) -> int | None:

@@ -1,4 +1,5 @@
-"""What a memory source reads, as plain values: one reading, each chip's share, the host's.
+"""What a memory source reads, as plain values: one reading, each chip's share, an allocator's
+figures, the host's.
 
 They live in the core because every layer passes them on: a source (in process) or a reader (the
 `watch` daemon) makes them, and the station's telemetry and the exporter show them.
@@ -19,11 +20,22 @@ class DeviceMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class AllocatorMemory:
+    """A caching allocator's own figures (PyTorch's on CUDA). What the series judges is the first
+    two; the rest of what it reserved is cache it hands back before it raises an OOM."""
+
+    allocated_bytes: int  # what live tensors hold
+    split_bytes: int  # the free remainders of blocks split for them: usable only by requests that fit
+    reserved_bytes: int  # all it holds from the device, cache included
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryReading:
     bytes_used: int
     bytes_limit: int | None = None
     peak_bytes_used: int | None = None
     devices: tuple[DeviceMemory, ...] = ()  # every chip, when the source sees more than one
+    allocator: AllocatorMemory | None = None  # the allocator's figures, where the source reads an allocator
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,9 @@ torch function or tensor method that returns a new tensor notes the innermost fr
 code (torch, torch_xla, the standard library and these forensics are skipped) against a weak
 reference to the tensor. A tensor that dies takes its note with it, so what is left at the next
 census is where the survivors, the leak among them, came from. Then the mode is removed again:
-while off, nothing is installed and tensor operations pay nothing.
+while off, nothing is installed and tensor operations pay nothing. On a process using CUDA the
+window also turns on the allocator's own record of stacks (`AllocatorHistory`), which names the
+blocks no torch function made from Python (a backward's gradients and saved tensors).
 
 The capture only watches: each operation runs as it would, no tensor value is read, so the XLA
 graph, its compilations and its transfers stay the same (tests/test_creation_sites.py proves it
@@ -27,11 +29,13 @@ import sysconfig
 import threading
 import weakref
 from collections import Counter
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from watchdog.core.units import format_bytes
+from watchdog.forensics.allocator_history import AllocatorHistory, RawFrame
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
@@ -95,10 +99,14 @@ class _Recorder(TorchFunctionMode):
 class CreationSites:
     """Captures creation sites for `steps` steps once armed; see the module docstring."""
 
-    def __init__(self, steps: int = 8, depth: int = 2, max_records: int = 200_000):
+    def __init__(self, steps: int = 8, depth: int = 2, max_records: int = 200_000,
+                 allocator: Callable[[], AllocatorHistory | None] = AllocatorHistory.of_this_process):
         if steps < 1 or depth < 1 or max_records < 1:
             raise ValueError("steps, depth and max_records must be positive")
         self.steps, self.depth, self.max_records = steps, depth, max_records
+        self._allocator = allocator  # CUDA's history for the window, where CUDA is in use
+        self._history: AllocatorHistory | None = None
+        self._blocks: dict[int, Site] = {}  # a live CUDA block's address -> where it was allocated
         self._state = _IDLE
         self._pending = False  # armed or capturing: the one thing between_steps() reads when idle
         self._steps_left = 0
@@ -155,6 +163,7 @@ class CreationSites:
         if self._state == _CAPTURING:
             self._stop()
         self._records.clear()
+        self._blocks.clear()
         if self._state != _ARMED:
             self._state, self._pending = _IDLE, False
         self.dropped = self.captured_steps = 0
@@ -171,10 +180,18 @@ class CreationSites:
         self._mode.__enter__()
         self._thread = threading.get_ident()
         self._state, self._steps_left = _CAPTURING, self.steps
-        log.info("creation_capture_started", steps=self.steps)
+        self._history = self._allocator()
+        if self._history is not None:
+            try:
+                self._history.start()
+            except Exception as exc:  # noqa: BLE001 - the capture goes on with Python's sites alone
+                log.warning("allocator_history_start_failed", error=f"{type(exc).__name__}: {exc}")
+                self._history = None
+        log.info("creation_capture_started", steps=self.steps, allocator_history=self._history is not None)
 
     def _stop(self) -> None:
         mode, self._mode = self._mode, None
+        history, self._history = self._history, None
         self._state, self._pending = _DONE, False
         if mode is None:
             return
@@ -182,20 +199,35 @@ class CreationSites:
             mode.__exit__(None, None, None)
         except Exception as exc:  # noqa: BLE001 - another mode pushed after ours and still active
             log.warning("creation_capture_stop_failed", error=f"{type(exc).__name__}: {exc}")
+        found = {}
+        if history is not None:
+            by_site: Counter = Counter()
+            for block in history.stop():
+                if block.frames:  # allocated while recording
+                    site = self._blocks[block.address] = self._site_from(block.frames)
+                    by_site[site] += block.size
+            found = {"blocks_noted": len(self._blocks),
+                     "block_sites": [f"{site} ({format_bytes(size)})" for site, size in by_site.most_common(3)]}
         log.info("creation_capture_stopped", steps=self.captured_steps, tensors_noted=len(self._records),
-                 dropped=self.dropped)
+                 dropped=self.dropped, **found)
 
     # ---- reading ---------------------------------------------------------------------------
 
     def site_of(self, tensor) -> Site | None:
         note = self._records.get(id(tensor))
         if note is None:
-            return None
+            return self._block_site(tensor)
         noted = note()
         if noted is None:
             return None
         noted._fix_weakref()  # a tensor reached through a weak reference must be told (torch.utils.weak)
         return note.site if noted is tensor else None
+
+    def _block_site(self, tensor) -> Site | None:
+        """Where the allocator handed out a CUDA tensor's block (a storage is one block)."""
+        if not self._blocks or tensor.device.type != "cuda":
+            return None
+        return self._blocks.get(tensor.untyped_storage().data_ptr())
 
     def commonest_site(self, tensors: Iterable) -> tuple[Site, int] | None:
         """The site most of `tensors` were created at, and how many of them; None if none was noted."""
@@ -233,17 +265,35 @@ class CreationSites:
     def _site(self) -> Site:
         frames = []
         frame = sys._getframe(4)  # _site <- _remember <- _note <- __torch_function__ <- the caller
-        user_code, prefixes = self._user_code, self._prefixes
+        user_code = self._user_code
         while frame is not None and len(frames) < self.depth:
             code = frame.f_code
             user = user_code.get(code)
             if user is None:
-                name = code.co_filename
-                user = user_code[code] = not (name.startswith(prefixes) or name.startswith("<frozen"))
+                user = user_code[code] = self._is_user(code.co_filename)
             if user:
                 frames.append(Frame(code.co_filename, frame.f_lineno, code.co_name))
             frame = frame.f_back
-        key = tuple(frames)
+        return self._interned_site(tuple(frames))
+
+    def _site_from(self, raw: Iterable[RawFrame]) -> Site:
+        """The site of a stack the allocator recorded (innermost first), by the same rule."""
+        frames = []
+        for filename, line, function in raw:
+            user = self._user_code.get(filename)
+            if user is None:
+                user = self._user_code[filename] = self._is_user(filename)
+            if user:
+                frames.append(Frame(filename, line, function))
+                if len(frames) == self.depth:
+                    break
+        return self._interned_site(tuple(frames))
+
+    def _is_user(self, filename: str) -> bool:
+        """User code: not torch, torch_xla, the standard library nor these forensics."""
+        return not (filename.startswith(self._prefixes) or filename.startswith("<frozen"))
+
+    def _interned_site(self, key: tuple[Frame, ...]) -> Site:
         site = self._interned.get(key)
         if site is None:
             site = self._interned[key] = Site(key)

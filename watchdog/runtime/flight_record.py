@@ -199,12 +199,13 @@ class FlightRecorder:
         replaces one key, and the sidecar's next write carries it."""
         self._state["program_sites"] = ops
 
-    def observe_device_oom(self, device: int, requested: int, allocated: int, free: int) -> None:
+    def observe_device_oom(self, device: int, requested: int, limit: int, free: int) -> None:
         """PyTorch's CUDA allocator is about to raise OutOfMemoryError (its OOM observer, on the thread
-        that asked): what it was asked for and what the device held, written at once, as the process
-        may be gone next."""
+        that asked): what it was asked for, its limit (its share under
+        `set_per_process_memory_fraction`, else the device's total: the observer's third argument)
+        and what the device had free, written at once, as the process may be gone next."""
         self._state["device_oom"] = {"device": f"cuda:{device}", "requested_bytes": int(requested),
-                                     "allocated_bytes": int(allocated), "free_bytes": int(free),
+                                     "limit_bytes": int(limit), "free_bytes": int(free),
                                      "step": self._state["last_step"]}
         self._write(time.monotonic())
 

@@ -72,6 +72,7 @@ from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import OncePerKind, exception_text, get_logger, log_event
 from watchdog.runtime import agreement, xla_stats
 from watchdog.runtime.agreement import Agreement, severity
+from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
@@ -564,6 +565,8 @@ class Watchdog:
         self.history.append(sample)
         telemetry = self.telemetry
         telemetry.chips = reading.devices
+        if reading.allocator is not None:
+            telemetry.part(AllocatorFigures).observe(reading.allocator)
         verdict, action = self.station.observe(sample)
         self._act_on(action, verdict, DEVICE)
         if self._host_watch is not None and self._host_watch.due(step):

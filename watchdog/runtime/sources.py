@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Protocol
 
 from watchdog.core.errors import InputError
 from watchdog.core.judge import effective_limit
-from watchdog.core.readings import DeviceMemory, MemoryReading
+from watchdog.core.readings import AllocatorMemory, DeviceMemory, MemoryReading
 from watchdog.core.sample import read_trace
 from watchdog.logs import get_logger
 
@@ -192,7 +192,7 @@ class CudaSource:
         used = allocated + split
         peak = peak_since(self._lifetime_peak, lifetime_peak, used)
         self._lifetime_peak = lifetime_peak
-        return MemoryReading(used, self._limit(reserved), peak)
+        return MemoryReading(used, self._limit(reserved), peak, allocator=AllocatorMemory(allocated, split, reserved))
 
     def _limit(self, reserved: int) -> int:
         free, total = self._cuda.mem_get_info(self.device)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue 41's device check (tests/device/cuda_check.py), in two steps:
+#   here, with the network:            bash tests/device/run.sh wheels
+#   on the lent GPU machine (no network), through the device tool's `run` with carry [".whl"]:
+#                                      bash tests/device/run.sh check
+# The machine has torch, psutil, prometheus-client and nvidia-ml-py; the watchdog's other light
+# dependencies travel as wheels, and the watchdog itself is this checkout, on PYTHONPATH.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+case "${1:-}" in
+  wheels)
+    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux2014_x86_64 -d .whl structlog==26.1.0 apscheduler==3.11.3 tzlocal==5.4.5
+    ls .whl ;;
+  check)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+    timeout 320 python3 tests/device/cuda_check.py --out "${OUT:-cuda-check}" ;;
+  *)
+    echo "usage: bash tests/device/run.sh wheels|check" >&2
+    exit 2 ;;
+esac
