@@ -18,6 +18,9 @@ BUILTIN_VARIABLES = {"__rate_interval", "__interval", "__interval_ms", "__range"
 VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 METRIC = re.compile(r"\b(hbmwatch_[a-z0-9_]+)\b")
 
+# Metrics only a GPU gives (the cuda source's allocator figures): a run on a CPU has none of them.
+GPU_ONLY_PREFIX = "hbmwatch_allocator_"
+
 # What the variables resolve to against a local Prometheus (one job, no pod label).
 LOCAL_VALUES = {"job": "hbm-watchdog", "pod": ".*", "rank": ".*", "device": ".*", "horizon": "900",
                 "__rate_interval": "30s", "datasource": "prometheus"}
@@ -64,6 +67,12 @@ def substitute(text: str, values: dict[str, str]) -> str:
         return values[name]
 
     return VARIABLE.sub(fill, text)
+
+
+def needs_a_gpu(expr: str) -> bool:
+    """Whether every metric of a query is one only a GPU gives."""
+    names = metric_names(expr)
+    return bool(names) and all(name.startswith(GPU_ONLY_PREFIX) for name in names)
 
 
 def metric_names(expr: str) -> set[str]:
