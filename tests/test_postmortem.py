@@ -12,7 +12,7 @@ import time
 
 import pytest
 from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, watchdog_cli
-from test_oom_message import COMPILE_HBM
+from test_oom_message import COMPILE_HBM, CUDA_2_5
 
 from watchdog import Watchdog, WatchdogConfig
 from watchdog.commands.cli import main
@@ -125,6 +125,20 @@ def test_the_cuda_allocators_oom_is_written_at_once_and_explained_without_a_log(
         wd.stop()
     with pytest.raises(Exception, match="device_oom.requested_bytes"):
         diagnose([], record={"device_oom": {"requested_bytes": -1}})
+
+
+def test_with_torchs_message_the_observers_limit_names_the_share_the_message_leaves_out():
+    """Under set_per_process_memory_fraction PyTorch's message states the device's capacity only;
+    the observer was handed the process's share."""
+    from watchdog.core.oom_message import parse
+
+    share = {"device": "cuda:0", "requested_bytes": 2 * GiB, "limit_bytes": 20 * GiB, "free_bytes": GiB, "step": 9}
+    told = diagnose([], record={"device_oom": share}, oom=parse(CUDA_2_5)).explanation
+    assert told.endswith("; the allocator's limit was 20.0 GiB, its share of the device's 79.2 GiB "
+                         "(set_per_process_memory_fraction)"), told
+    whole = dict(share, limit_bytes=parse(CUDA_2_5).capacity_bytes)
+    assert "limit was" not in diagnose([], record={"device_oom": whole}, oom=parse(CUDA_2_5)).explanation
+    assert "limit was" not in diagnose([], record={"device_oom": share}).explanation, "the observer's alone"
 
 
 def test_postmortem_refuses_what_it_cannot_read_in_one_line(tmp_path, capsys):

@@ -138,7 +138,8 @@ def read_postmortem(folder: Path) -> dict:
     passed = (message.get("kind") == "allocation" and message.get("memory_space") == "device"
               and device_oom is not None and device_oom.get("requested_bytes") == message.get("requested_bytes")
               and device_oom.get("limit_bytes") is not None)
-    return {"passed": passed, "postmortem": {k: answer.get(k) for k in ("ended", "last_step", "diagnosis", "explanation")},
+    told = {k: answer.get(k) for k in ("ended", "last_step", "diagnosis", "explanation")}
+    return {"passed": passed, "postmortem": told,
             "oom_message": {k: message.get(k) for k in ("kind", "memory_space", "requested_bytes", "capacity_bytes",
                                                          "free_bytes", "allocated_bytes", "reserved_unallocated_bytes",
                                                          "process_bytes", "processes")},
@@ -205,7 +206,8 @@ def watch_case(folder: Path, budget: int, seconds: float) -> dict:
     twin_oom = "OutOfMemoryError" in twin_err
     preempted = "preempted step=" in watched_out
     result = {"ended": ended, "daemon_exit": daemon_exit, "signals": len(signalled),
-              "signalled": {k: signalled[0].get(k) for k in ("bytes_used", "bytes_limit", "device", "step")}
+              "signalled": {k: signalled[0].get(k)
+                            for k in ("bytes_used", "limit_bytes", "device", "projected_oom_seconds")}
               if signalled else None,
               "watched_stdout": watched_out.strip().splitlines()[-2:], "twin_oom": twin_oom}
     result["passed"] = bool(signalled and preempted and ended.get("watched", {}).get("exit") == 42 and twin_oom
@@ -223,8 +225,10 @@ def write_fixtures(work: Path, fixtures: Path, results: dict) -> None:
                 ("leak-unwatched", "fragmentation-unwatched", "postmortem")}
     (fixtures / "oom_messages.json").write_text(json.dumps({"torch": results["device"]["torch"], **messages},
                                                            indent=1))
+    traces = sorted((work / "watch").glob("*.csv"))  # the daemon's trace, one per device
     for name, source in (("snapshot.json", work / "fragmentation-unwatched" / "snapshot.json"),
-                         ("nvml.json", work / "watch" / "nvml.json"), ("watch_trace.csv", work / "watch" / "trace.csv")):
+                         ("nvml.json", work / "watch" / "nvml.json"),
+                         ("watch_trace.csv", traces[0] if traces else work / "watch" / "none")):
         if source.exists():
             (fixtures / name).write_text(source.read_text())
 
@@ -250,12 +254,14 @@ def render(results: dict) -> str:
     row("clean", f"{clean.get('steps')} steps, actions {clean.get('actions')}, leak reported {clean.get('leak')}, "
                  f"sync errors: {clean.get('sync_error')}")
     frag, frag_bare = results.get("fragmentation", {}), results.get("fragmentation-unwatched", {})
-    row("fragmentation", f"first action {frag.get('first_action')} at step {frag.get('action_step')}, OOM raised: "
-                         f"{frag.get('oom_step') is not None}; at the action tensors {gib(frag.get('allocated_at_action'))}, "
-                         f"split remainders {gib(frag.get('split_at_action'))}, reserved {gib(frag.get('reserved_at_action'))}")
+    row("fragmentation", f"first action {frag.get('first_action')} at step {frag.get('action_step')}, "
+                         f"OOM raised: {frag.get('oom_step') is not None}; at the action tensors "
+                         f"{gib(frag.get('allocated_at_action'))}, split remainders "
+                         f"{gib(frag.get('split_at_action'))}, reserved {gib(frag.get('reserved_at_action'))}")
     row("fragmentation-unwatched", f"OutOfMemoryError at step {frag_bare.get('oom_step')}, tensors "
-                                   f"{gib(frag_bare.get('allocated_at_oom'))} of reserved {gib(frag_bare.get('reserved_at_oom'))}; "
-                                   f"message: fragmented {frag_bare.get('fragmented')}, parsed {frag_bare.get('parsed')}")
+                                   f"{gib(frag_bare.get('allocated_at_oom'))} of reserved "
+                                   f"{gib(frag_bare.get('reserved_at_oom'))}; message: fragmented "
+                                   f"{frag_bare.get('fragmented')}, parsed {frag_bare.get('parsed')}")
     cache = results.get("cache", {})
     row("cache", f"{cache.get('steps')} steps, reserved up to {gib(cache.get('reserved_max'))}, the series up to "
                  f"{gib(cache.get('series_max'))}, actions {cache.get('actions')}, leak reported {cache.get('leak')}")
@@ -603,7 +609,8 @@ def trimmed(snapshot: dict, frames: int = 6) -> dict:
     segments = []
     for segment in snapshot.get("segments", []):
         blocks = [{k: b.get(k) for k in ("address", "size", "requested_size", "state")}
-                  | {"frames": [{k: f.get(k) for k in ("filename", "line", "name")} for f in b.get("frames", [])[:frames]]}
+                  | {"frames": [{k: f.get(k) for k in ("filename", "line", "name")}
+                                for f in b.get("frames", [])[:frames]]}
                   for b in segment.get("blocks", [])]
         segments.append({k: segment.get(k) for k in ("address", "total_size", "allocated_size", "active_size",
                                                       "segment_type")} | {"blocks": blocks})

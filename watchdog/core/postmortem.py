@@ -207,6 +207,7 @@ def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomM
         suspects=list(record.get("suspects") or []), oom_message=oom, record_host=record.get("host"),
         user_lines=user_lines(oom, record.get("program_sites")))
     post.diagnosis, post.explanation = _cause(post, samples, final)
+    post.explanation += _allocator_limit(record.get("device_oom"), oom)
     if post.user_lines:
         post.explanation += "; the largest allocations come from your lines " + ", ".join(
             line.text() for line in post.user_lines[:3])
@@ -217,6 +218,17 @@ def _observed(device_oom: dict) -> OomMessage:
     """The CUDA allocator's own OOM, as its observer recorded it in the flight record."""
     return OomMessage("allocation", "device", requested_bytes=device_oom.get("requested_bytes"),
                       capacity_bytes=device_oom.get("limit_bytes"), free_bytes=device_oom.get("free_bytes"))
+
+
+def _allocator_limit(device_oom: dict | None, oom: OomMessage | None) -> str:
+    """PyTorch's message names the device's capacity, never the process's share under
+    `set_per_process_memory_fraction` (it computes it, and leaves it out); the OOM observer is
+    handed it. Said where it is the smaller."""
+    limit = (device_oom or {}).get("limit_bytes")
+    if oom is None or not limit or not oom.capacity_bytes or limit >= oom.capacity_bytes:
+        return ""
+    return (f"; the allocator's limit was {format_bytes(limit)}, its share of the device's "
+            f"{format_bytes(oom.capacity_bytes)} (set_per_process_memory_fraction)")
 
 
 def _first(*steps: int | None) -> int | None:
