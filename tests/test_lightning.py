@@ -256,3 +256,26 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused_when_the_callback_is_made(tm
     with pytest.raises(ConfigError, match="checkpoint_dir"):
         HbmWatchdogCallback(WatchdogConfig(), checkpoint_dir=not_a_folder)
     assert not_a_folder.read_text() == "someone's file"
+
+
+class FailingModule(LeakyModule):
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 12:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")  # as torch.OutOfMemoryError says
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_exception_out_of_fit_is_no_clean_end_for_the_flight_record(tmp_path):
+    from watchdog.runtime import flight_record
+
+    trace = tmp_path / "trace.csv"
+    callback = HbmWatchdogCallback(WatchdogConfig(sample_every=1, source="rss", trace_file=trace),
+                                   checkpoint_dir=tmp_path / "ckpt")
+    trainer = L.Trainer(max_steps=40, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                        default_root_dir=tmp_path)
+    data = TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        trainer.fit(FailingModule(leak=False), DataLoader(data, batch_size=8))
+    record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
+    assert record["ended"] is None and record["last_step"] == 12, record  # as reported after the 12th batch

@@ -103,6 +103,26 @@ def test_postmortem_reads_the_message_in_the_jobs_output_beside_the_trace(tmp_pa
     assert "out of memory: the program does not fit in hbm" in out and "/home/me/model/attention.py:212" in out
 
 
+@pytest.mark.parametrize("leaving, clean", [(RuntimeError("CUDA out of memory."), False), (SystemExit(42), True),
+                                            (None, True)])
+def test_an_exception_leaving_the_loop_is_no_clean_end(tmp_path, leaving, clean):
+    """`with Watchdog(...)`: an OutOfMemoryError on its way out leaves the record unclean; sys.exit(42)
+    (a restart asked for) and the loop's end are the loop's own ways out."""
+    trace = tmp_path / "trace.csv"
+    try:
+        with Watchdog(WatchdogConfig(sample_every=1, trace_file=trace), source=Leaking()) as wd:
+            for step in range(5):
+                wd.step(step)
+            wd.drain()
+            if leaving is not None:
+                raise leaving
+    except (RuntimeError, SystemExit):
+        pass
+    record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
+    assert record["ended"] == ("clean" if clean else None) and record["last_step"] == 4
+    assert diagnose([], record=record).ended == ("clean" if clean else "unclean")
+
+
 def test_the_cuda_allocators_oom_is_written_at_once_and_explained_without_a_log(tmp_path, capsys):
     """What torch's OOM observer hands the flight record (device, bytes asked, the allocator's limit,
     free: made up here, there is no GPU) is on disk before the OutOfMemoryError is raised, and `postmortem` reads

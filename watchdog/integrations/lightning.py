@@ -175,11 +175,12 @@ class HbmWatchdogCallback(Callback):
         self._stop()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        self._stop()
+        # an OutOfMemoryError is no clean end; Lightning's SIGTERMException (a SystemExit) and Ctrl-C are
+        self._stop(clean=not isinstance(exception, Exception))
 
-    def _stop(self) -> None:
+    def _stop(self, clean: bool = True) -> None:
         if self.watchdog is not None:
-            self.watchdog.stop()  # idempotent; the stopped watchdog stays readable (telemetry, suspects)
+            self.watchdog.stop(clean=clean)  # idempotent; the stopped watchdog stays readable (telemetry, suspects)
 
 
 def _last_step(trainer) -> int | None:

@@ -215,9 +215,11 @@ class FlightRecorder:
             self._key = key
             self._write(now)
 
-    def ended(self) -> None:
-        """The watchdog stopped in order: the run ended cleanly as far as it knows."""
-        self._state["ended"] = "clean"
+    def ended(self, clean: bool = True) -> None:
+        """The watchdog stopped: the last state written at once, and marked as a clean end unless an
+        exception was on its way out of the training loop (an OutOfMemoryError, say)."""
+        if clean:
+            self._state["ended"] = "clean"
         self._write(time.monotonic())
 
     @property

@@ -192,8 +192,9 @@ class Watchdog:
                  trace_file=str(self.config.trace_file) if self.config.trace_file else None)
         return self
 
-    def stop(self) -> None:
-        """Idempotent. Processes what was already posted, then flushes the trace."""
+    def stop(self, *, clean: bool = True) -> None:
+        """Idempotent. Processes what was already posted, then flushes the trace. `clean=False`:
+        the loop is leaving on an exception, and the flight record must not call that a clean end."""
         if self._thread is None:
             return
         if self._scheduler is not None:
@@ -209,7 +210,7 @@ class Watchdog:
         if self._drives_follower:
             self._follower.close()
         if self._flight is not None:
-            self._flight.ended()
+            self._flight.ended(clean)
         missed = 0
         for station in (self.station, self._host_watch.station if self._host_watch is not None else None):
             if station is not None and station.trace is not None:
@@ -222,8 +223,10 @@ class Watchdog:
     def __enter__(self) -> "Watchdog":
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        # an exception leaving the loop (an OutOfMemoryError) is no clean end; sys.exit(42), a
+        # restart asked for, and Ctrl-C are the loop's own way out
+        self.stop(clean=kind is None or not issubclass(kind, Exception))
 
     def _watch_the_host(self) -> None:
         """The host's series beside the device's, or one series where they are the same memory."""

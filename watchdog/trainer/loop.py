@@ -526,7 +526,7 @@ class Trainer:
             self._restore_signals(previous_handlers)
             if self.watchdog is not None:
                 self.watchdog.drain()
-                self.watchdog.stop()
+                self.watchdog.stop(clean=finished)
                 if footprint_at_start is not None:
                     log.info("watchdog_footprint", first_step=first_step, step=self.state.step if self.state else None,
                              retained_bytes_at_start=footprint_at_start,
