@@ -175,12 +175,11 @@ class HbmWatchdogCallback(Callback):
         self._stop()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        # an OutOfMemoryError is no clean end; Lightning's SIGTERMException (a SystemExit) and Ctrl-C are
-        self._stop(clean=not isinstance(exception, Exception))
+        self._stop(exception)
 
-    def _stop(self, clean: bool = True) -> None:
-        if self.watchdog is not None:
-            self.watchdog.stop(clean=clean)  # idempotent; the stopped watchdog stays readable (telemetry, suspects)
+    def _stop(self, exception: BaseException | None = None) -> None:
+        if self.watchdog is not None:  # idempotent; the stopped watchdog stays readable (telemetry, suspects)
+            self.watchdog.stop_leaving(exception)
 
 
 def _last_step(trainer) -> int | None:

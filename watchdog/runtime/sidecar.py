@@ -223,10 +223,14 @@ class Watchdog:
     def __enter__(self) -> "Watchdog":
         return self.start()
 
-    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        # an exception leaving the loop (an OutOfMemoryError) is no clean end; sys.exit(42), a
-        # restart asked for, and Ctrl-C are the loop's own way out
-        self.stop(clean=kind is None or not issubclass(kind, Exception))
+    def __exit__(self, kind: type[BaseException] | None, exception: BaseException | None, *tb: object) -> None:
+        self.stop_leaving(exception)
+
+    def stop_leaving(self, exception: BaseException | None) -> None:
+        """`stop()` for a loop leaving with `exception` (None: its end). An exception (an
+        OutOfMemoryError) is no clean end; SystemExit (`sys.exit(42)`, a restart asked for;
+        Lightning's SIGTERM) and KeyboardInterrupt are the loop's own ways out."""
+        self.stop(clean=not isinstance(exception, Exception))
 
     def _watch_the_host(self) -> None:
         """The host's series beside the device's, or one series where they are the same memory."""
