@@ -423,9 +423,27 @@ def watched_run(work: Path, loop: Loop, steps: int, body, *, sample_every: int =
     return result
 
 
-def leak_case(work: Path, watched: bool) -> dict:
+def unwatched_run(body, steps: int, at_oom=None) -> dict:
+    """`body(step)` with no watchdog until a real OutOfMemoryError (or `steps`); `at_oom()` runs
+    while the allocator still holds what failed."""
     import torch
 
+    for step in range(steps):
+        try:
+            body(step)
+        except torch.OutOfMemoryError as exc:
+            if at_oom is not None:
+                at_oom()
+            return {"oom_step": step, "oom_text": str(exc), "at_oom": cuda_figures(), "parsed": parsed(str(exc))}
+    return {"oom_step": None, "parsed": None}
+
+
+def acted_before_the_oom(result: dict) -> dict:
+    result["passed"] = result["actions"] >= 1 and result["oom_step"] is None and result["sync_error"] is None
+    return result
+
+
+def leak_case(work: Path, watched: bool) -> dict:
     loop = Loop(WIDE)
 
     def body(step: int) -> None:
@@ -433,17 +451,8 @@ def leak_case(work: Path, watched: bool) -> dict:
         time.sleep(0.003)  # the data loader's share of a step
 
     if watched:
-        result = watched_run(work, loop, LEAK_STEPS, body)
-        result["passed"] = (result["actions"] >= 1 and result["oom_step"] is None and result["sync_error"] is None)
-        return result
-    result = {"oom_step": None}
-    for step in range(LEAK_STEPS * 2):
-        try:
-            body(step)
-        except torch.OutOfMemoryError as exc:
-            result.update(oom_step=step, oom_text=str(exc), at_oom=cuda_figures())
-            break
-    result.update(parsed=parsed(result.get("oom_text")))
+        return acted_before_the_oom(watched_run(work, loop, LEAK_STEPS, body))
+    result = unwatched_run(body, LEAK_STEPS * 2)
     result["passed"] = result["oom_step"] is not None and bool(result["parsed"])
     return result
 
@@ -486,21 +495,15 @@ def fragmentation_case(work: Path, watched: bool) -> dict:
         time.sleep(0.003)
 
     if watched:
-        result = watched_run(work, loop, LEAK_STEPS, body)
-        result["passed"] = result["actions"] >= 1 and result["oom_step"] is None and result["sync_error"] is None
-        return result
+        return acted_before_the_oom(watched_run(work, loop, LEAK_STEPS, body))
     torch.cuda.memory._record_memory_history(enabled="state", context="state", stacks="python", max_entries=100_000)
-    result = {"oom_step": None}
-    for step in range(LEAK_STEPS * 2):
-        try:
-            body(step)
-        except torch.OutOfMemoryError as exc:
-            result.update(oom_step=step, oom_text=str(exc), at_oom=cuda_figures())
-            (work / "snapshot.json").write_text(json.dumps(trimmed(torch.cuda.memory._snapshot())))
-            break
-    figures = result.get("at_oom") or {}
-    message = parsed(result.get("oom_text"))
-    result.update(parsed=message, fragmented=bool(message and message.get("fragmented")),
+
+    def snapshot() -> None:  # the fragmented allocator, a fixture
+        (work / "snapshot.json").write_text(json.dumps(trimmed(torch.cuda.memory._snapshot())))
+
+    result = unwatched_run(body, LEAK_STEPS * 2, at_oom=snapshot)
+    figures, message = result.get("at_oom") or {}, result["parsed"]
+    result.update(fragmented=bool(message and message.get("fragmented")),
                   allocated_at_oom=figures.get("allocated"), reserved_at_oom=figures.get("reserved"))
     result["passed"] = result["oom_step"] is not None and result["fragmented"]
     return result
