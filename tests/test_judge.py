@@ -252,3 +252,74 @@ def test_every_reading_at_the_limit_is_acted_on_within_one_cooldown_and_never_mo
             last_action = step
         if used >= budget:
             assert verdict.oom_projected and last_action is not None and step - last_action < max(cooldown, 1)
+
+
+# -- every cycle, before the limit -------------------------------------------------------------
+
+def refilling_leak(judge, *, every, samples_to_fill, steps=6_000, sawtooth=0.0, seed=0):
+    """A loop whose leak, still in its code, refills after every reinit: memory per step is a base,
+    what the leak kept since the last rebuild, and activations (a random share of `sawtooth`).
+    Sampled every `every` steps; a checkpoint action decided at a sample reaches the loop two steps
+    later (the sidecar judges while training goes on), which then rebuilds (dropping what was kept)
+    and tells the judge. Returns the actions' steps and the highest memory any step reached."""
+    rng = random.Random(seed)
+    base, budget = 2 * GiB, 3 * GiB
+    headroom = budget - base - sawtooth
+    rate = headroom / (samples_to_fill * every)
+    kept, acted, highest, rebuild_at = 0.0, [], 0.0, None
+    for step in range(steps):
+        if step == rebuild_at:  # between steps, before this one
+            kept, rebuild_at = 0.0, None
+            judge.reinit_finished(base + sawtooth * rng.random())
+        kept += rate
+        used = base + kept + sawtooth * rng.random()
+        highest = max(highest, base + kept + sawtooth)  # the step's own peak, sampled or not
+        if step % every or rebuild_at is not None:
+            continue
+        verdict, action = judge.judge(Sample(step, 1.7e9 + 0.2 * step, int(used), None))
+        if action.needs_checkpoint:
+            acted.append(step)
+            rebuild_at = step + 2
+    return acted, highest, base, budget
+
+
+@pytest.mark.parametrize("every", [1, 10, 50])
+@pytest.mark.parametrize("samples_to_fill", [20, 40, 150])
+@pytest.mark.parametrize("sawtooth", [0.0, 16 * MiB])
+def test_a_leak_that_refills_after_every_reinit_is_acted_on_before_the_limit_in_every_cycle(
+        every, samples_to_fill, sawtooth):
+    """On an H100 the leak refilled after the reinit at step 301 and hit a real OOM at step 797,
+    four steps before a 500-step cooldown ended; with `sample_every=10` a leak that filled its
+    headroom in 20 samples was acted on only at the limit. Whatever the sampling, a leak that takes
+    20 samples or more to fill its headroom gets an action before the limit in every cycle, and the
+    memory of every step stays under it."""
+    judge = Judge(policy_config=PolicyConfig(cooldown_steps=500, checkpoint_margin_steps=50),
+                  memory_limit_bytes=3 * GiB)
+    acted, highest, _, budget = refilling_leak(judge, every=every, samples_to_fill=samples_to_fill,
+                                               steps=max(6_000, 4 * samples_to_fill * every), sawtooth=sawtooth)
+    assert len(acted) >= 3, f"actions at {acted}"
+    assert highest < budget, f"memory reached {highest / GiB:.3f} GiB of {budget / GiB:.0f} (actions at {acted})"
+
+
+def test_a_reading_near_the_limit_says_what_was_seen_never_that_it_was_acted_on():
+    """The flight record said "acted on" for a state nothing had been done about (an action still
+    being carried out held the next). The verdict says what was seen; the policy decides."""
+    judge = Judge(memory_limit_bytes=GiB)
+    samples = rising_from(2 * GiB, 10, rate=MiB)
+    verdict, action = judge.judge(samples[0])
+    assert action.needs_checkpoint and "acted on" not in verdict.explanation
+    verdict, action = judge.judge(samples[1])
+    assert action is Action.NONE and "the action asked at step 0 is not carried out yet" in verdict.explanation
+
+
+def test_a_fast_leak_at_the_limit_names_the_rate_seen_not_zero():
+    """"floor rising +0 B/step ... OOM in ~0 s" for a leak of 2 MiB/step: the detector had no trend
+    yet, but the readings' pace is the rate seen."""
+    judge = Judge(memory_limit_bytes=GiB)
+    for sample in rising_from(GiB // 2, 400, rate=2 * MiB):
+        verdict, action = judge.judge(sample)
+        if action.needs_checkpoint:
+            break
+    assert sample.bytes_used < GiB, "acted before the limit"
+    assert verdict.slope_bytes_per_step == pytest.approx(2 * MiB, rel=0.01)
+    assert "rising 2.0 MiB/step" in verdict.explanation, verdict.explanation

@@ -1,4 +1,5 @@
-"""The action ladder: hysteresis, the action horizon, cooldown, escalation to restart, the restart budget."""
+"""The action ladder: hysteresis, the action horizon, the quiet period while an action is carried out, escalation
+to restart, the restart budget."""
 
 from __future__ import annotations
 
@@ -230,12 +231,33 @@ def test_memory_at_the_limit_is_acted_on_however_near_the_runs_end():
     assert policy.limit_reached(verdict(999, projected_oom_steps=0.0)) is Action.CHECKPOINT_REINIT
 
 
-def test_a_reinit_that_worked_keeps_the_cooldown():
-    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=150))
+def test_a_reinit_that_worked_ends_the_quiet_period_so_the_leak_growing_back_is_acted_on_again():
+    """Seen on an H100: the leak, still in the code, refilled after the reinit at step 301 and hit a
+    real OOM at step 797, four steps before a 500-step cooldown ended. Once the rebuild's effect is
+    measured, the next projected OOM is acted on as the first one was."""
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=500))
     watched(policy, 1_000)
     assert policy.decide(verdict(1_000, projected_oom_steps=30.0, window=500.0)) is Action.CHECKPOINT_REINIT
+    assert policy.carrying_out == 1_000
+    assert policy.decide(verdict(1_005, projected_oom_steps=25.0, window=500.0)) is Action.NONE, "still being carried out"
     assert policy.reinit_finished(floor_before_bytes=2e9, floor_after_bytes=1e9)
-    assert policy.decide(verdict(1_005, projected_oom_steps=25.0, window=500.0)) is Action.NONE
+    assert policy.carrying_out is None
+    policy.observe(1_010)
+    assert policy.decide(verdict(1_300, projected_oom_steps=30.0, window=250.0)) is Action.CHECKPOINT_REINIT, \
+        "the second cycle waited out a cooldown"
+    assert policy.limit_reached(verdict(1_301, projected_oom_steps=0.0)) is Action.NONE  # the second being carried out
+    assert policy.reinit_finished(floor_before_bytes=2e9, floor_after_bytes=1e9)
+    assert policy.limit_reached(verdict(1_302, projected_oom_steps=0.0)) is Action.CHECKPOINT_REINIT, "the limit rule waited"
+
+
+def test_an_action_whose_effect_is_never_measured_holds_the_next_for_the_cooldown_only():
+    """A loop that takes the action and never says it rebuilt (or a replayed trace): the cooldown is
+    the bound, so the job is protected again once it has passed."""
+    policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, cooldown_steps=100))
+    assert policy.limit_reached(verdict(0, projected_oom_steps=0.0)) is Action.CHECKPOINT_REINIT
+    assert policy.limit_reached(verdict(99, projected_oom_steps=0.0)) is Action.NONE
+    assert policy.carrying_out == 0
+    assert policy.limit_reached(verdict(100, projected_oom_steps=0.0)) is Action.CHECKPOINT_REINIT
 
 
 def test_the_limit_rule_acts_at_once_then_keeps_the_cooldown_and_the_restart_budget():

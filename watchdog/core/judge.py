@@ -23,9 +23,13 @@ OOM projection while one is up (`LeakDetector.rising_bytes_per_step`): a reading
 not leave a checkpoint asked for now the time to finish. Any other rate is zero (warm-up, no
 growth, and growth the detector still doubts: a compile cache or a first ramp measured over a
 margin of hundreds of steps would put a healthy job at 60% of its limit "within reach" of it, six
-false actions on the bench), so then only a reading at the line acts. The verdict says so
-(`leaking`, the OOM due in the steps to the line), and the policy answers with `limit_reached`: a
-checkpoint action at once, then its cooldown (`watchdog.core.policy`).
+false actions on the bench), so then only a reading at the line acts, or one whose next sample
+could already be past it: a reading that sets a new high, plus the newest readings' pace
+(`core/pace.py`: floor and peak climbing through every quarter of twelve readings) times the gap to
+the next sample. That part needs twelve readings, no trend: it is what acts on a leak too fast for the detector's warm-up, and on the same leak again
+after every reinit, before the limit. The verdict says so (`oom_projected`, the OOM due in the
+steps to the line, the rate seen), and the policy answers with `limit_reached`: a checkpoint action
+at once, unless one is still being carried out (`watchdog.core.policy`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import math
 from typing import NamedTuple
 
 from watchdog.core.detector import DetectorConfig, LeakDetector
+from watchdog.core.pace import Pace
 from watchdog.core.phase import PhaseEpisode, PhaseForecast, parse_label
 from watchdog.core.policy import ActionPolicy, PolicyConfig
 from watchdog.core.sample import Sample
@@ -93,6 +98,7 @@ class Judge:
         self._phase_steps: dict[str, float] = {}  # how long each bounded phase ran last time
         self._margin_steps = self.policy.config.checkpoint_margin_steps
         self._line = _NO_LINE  # the limit rule's line: the effective limit less the headroom
+        self._pace = Pace()  # the newest readings: the limit rule's reach before any trend
         self._set_limit(effective_limit(None, memory_limit_bytes))
 
     @property
@@ -119,8 +125,9 @@ class Judge:
             self._transition(sample)
         self._previous_step = sample.step
         self._unjudged = None
+        self._pace.add(sample.step, sample.timestamp, sample.bytes_used)
         verdict = self._route(sample)  # the detector, or the watch on a bounded phase
-        if sample.bytes_used + self.detector.rising_bytes_per_step * self._margin_steps >= self._line:
+        if self._within_reach(sample.bytes_used):
             return self._at_limit(sample, verdict)
         self._latest = verdict
         return verdict, self._act(verdict)
@@ -139,9 +146,10 @@ class Judge:
                 or self._episode is not None):
             return self.judge(sample)  # a limit, a phase or a process changed: the whole way
         self._previous_step = step
+        self._pace.add(step, sample.timestamp, sample.bytes_used)
         detector = self.detector
         detector.absorb(sample)
-        at_limit = sample.bytes_used + detector.rising_bytes_per_step * self._margin_steps >= self._line
+        at_limit = self._within_reach(sample.bytes_used)
         if detector.status is not _OOM_PROJECTED and not at_limit:
             self._unjudged = sample
             self._observe(step)
@@ -152,6 +160,12 @@ class Judge:
             return self._at_limit(sample, verdict)
         self._latest = verdict
         return verdict, self._act(verdict)
+
+    def _within_reach(self, used: float) -> bool:
+        """The limit rule's test: at the line, within the checkpoint margin of it at the alarm's rate,
+        or close enough that the next sample could be past it at the newest readings' pace."""
+        line = self._line
+        return used + self.detector.rising_bytes_per_step * self._margin_steps >= line or self._pace.reaches(line)
 
     def _act(self, verdict: Verdict) -> Action:
         action = self._decide(verdict)
@@ -166,11 +180,15 @@ class Judge:
 
     def _at_limit(self, sample: Sample, verdict: Verdict) -> tuple[Verdict, Action]:
         """The limit rule acts: memory at the line, or within the checkpoint margin of it."""
-        verdict = self._latest = _limit_verdict(sample, verdict, self._line, self.detector.rising_bytes_per_step,
-                                                self._margin_steps)
+        verdict = _limit_verdict(sample, verdict, self._line, self.detector.rising_bytes_per_step,
+                                 self._margin_steps, self._pace)
         action = self.policy.limit_reached(verdict)
         if action.needs_checkpoint:
             self._floor_at_action = verdict.floor_bytes
+        elif self.policy.carrying_out is not None:  # said as it is: nothing was done about this reading yet
+            verdict = verdict._replace(explanation=f"{verdict.explanation}; the action asked at step "
+                                                   f"{self.policy.carrying_out:,} is not carried out yet")
+        self._latest = verdict
         return verdict, action
 
     def _use_policy(self, policy: ActionPolicy) -> None:
@@ -191,6 +209,7 @@ class Judge:
         self._use_policy(ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far))
         self._floor_at_action = None
         self._label, self._episode, self._phase_steps = "", None, {}
+        self._pace.clear()
 
     # -- bounded phases --------------------------------------------------------------------------
 
@@ -236,6 +255,7 @@ class Judge:
             return None
         before = verdict.floor_bytes
         recovered = self.policy.reinit_finished(before, bytes_after)
+        self._pace.clear()  # the readings before the rebuild describe the state it dropped
         if recovered:
             self.detector.reset()
             self.policy.rearm()
@@ -263,6 +283,7 @@ class Judge:
         self._floor_before_restart, self._floor_at_action = before, None
         self._latest = self._unjudged = None
         self.detector.reset()
+        self._pace.clear()
         self._use_policy(ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far))
 
     def restart_settled(self, bytes_after: float) -> Recovery | None:
@@ -276,29 +297,48 @@ class Judge:
         return Recovery(before, float(bytes_after), bytes_after < before)
 
 
-def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float, margin_steps: int) -> Verdict:
+def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float, margin_steps: int,
+                   pace: Pace) -> Verdict:
     """OOM_PROJECTED: the limit rule's verdict on `sample`, from the detector's (or the phase's) `verdict`.
 
-    The OOM is due now when the reading is at the line, else in the steps the pessimistic rise
-    takes to reach it (at most the checkpoint margin). What the detector measured (floor, slopes,
-    the leak report) is kept: the rule needs no trend, but says what there is of one.
+    The OOM is due now when the reading is at the line, else in the steps the rise takes to reach
+    it: the alarm's pessimistic rate within the checkpoint margin, or the newest readings' pace
+    within one sample. What the detector measured (floor, slopes, the leak report) is kept, and the
+    rate seen stands in for a slope it has not measured yet: the rule needs no trend, but says what
+    there is of one. It says what was seen, never what was done: the policy decides that.
     """
     used = sample.bytes_used
     limit = verdict.limit_bytes
+    paced = pace.rate()
+    slope = verdict.slope_bytes_per_step if verdict.slope_bytes_per_step > 0 else paced
+    per_second = verdict.slope_bytes_per_second
+    if verdict.slope_bytes_per_step <= 0 and paced > 0:
+        verdict = verdict._replace(slope_bytes_per_step=paced, slope_high_bytes_per_step=max(
+            paced, verdict.slope_high_bytes_per_step))
+        sps = pace.seconds_per_step
+        per_second = paced / sps if sps > 0 else 0.0
+        verdict = verdict._replace(slope_bytes_per_second=per_second)
+    rate = ""
     if used >= line:
         steps = 0.0
         headroom = "" if line == limit else f" less its headroom ({format_bytes(line)})"
-        explanation = (f"memory {format_bytes(used)} at or over the {format_bytes(limit)} limit{headroom}: "
-                       "acted on with no trend needed")
-    else:
+        if slope > 0:
+            rate = f", rising {format_bytes(slope)}/step"
+        explanation = (f"memory {format_bytes(used)} at or over the {format_bytes(limit)} limit{headroom}{rate}: "
+                       "the limit rule needs no trend")
+    elif used + rising * margin_steps >= line:
         steps = (line - used) / rising
         explanation = (f"memory {format_bytes(used)} within the {margin_steps:,}-step checkpoint margin of the "
                        f"{format_bytes(limit)} limit: {format_bytes(line - used)} left, rising up to "
                        f"{format_bytes(rising)}/step")
+    else:
+        steps = (line - used) / paced if paced > 0 else 0.0
+        explanation = (f"memory {format_bytes(used)}, a new high, rising {format_bytes(paced)}/step over the "
+                       f"newest {pace.readings} readings: its peak could be past the {format_bytes(limit)} limit "
+                       f"before an action at the next reading, {pace.gap:,.0f} steps on ({format_bytes(line - used)} left)")
     seconds = 0.0  # due now
-    if steps:  # at the pace the detector measured: steps per second from its slope in each unit
-        per_second = verdict.slope_bytes_per_second
-        seconds = steps * verdict.slope_bytes_per_step / per_second if per_second > 0 else math.inf
+    if steps:  # at the pace measured: steps per second from the slope in each unit
+        seconds = steps * slope / per_second if per_second > 0 and slope > 0 else math.inf
     return verdict._replace(status=Status.OOM_PROJECTED, projected_oom_step=math.ceil(sample.step + steps),
                             projected_oom_steps=steps, projected_oom_seconds=seconds,
                             projected_oom_steps_pessimistic=steps, explanation=explanation)

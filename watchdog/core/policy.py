@@ -16,10 +16,18 @@ The ladder, one verdict at a time:
     (`max_restarts`, counting `restarts_so_far` from earlier processes) lasts; once it is spent
     the policy still asks for CHECKPOINT_REINIT, because a saved checkpoint is worth having even
     when the rebuild cannot stop the leak.
-- after any checkpoint action, nothing more for `cooldown_steps` (the save and rebuild take time
-  and the detector needs fresh samples), unless the reinit gave nothing back: then the restart
-  comes at the next confirmed verdict inside the horizon (waiting out the cooldown let a leak of
-  4 MiB/step grow 600 MiB into the OOM the action was for), while the restart budget lasts.
+- after a checkpoint action, nothing more until its effect is measured (`reinit_finished`: the
+  loop rebuilt, and one reading says what came back; a restart replaces the policy with the
+  process). From then on the policy watches as it did before the first action: a projected OOM
+  is acted on as the first one was, and the limit rule acts at once. A fixed quiet period after
+  an action left the job unprotected: on an H100 the leak refilled after the reinit and reached a
+  real OOM at step 797, four steps before a 500-step cooldown ended. `cooldown_steps` is only
+  the bound for an action whose effect is never measured (a loop that takes the action and does
+  not say it rebuilt, a replayed trace): then the policy acts again once it has passed. One
+  exception keeps it: a reinit that gave nothing back with the restart budget spent, since the
+  next action could only be another such reinit (one per sample, never a storm). While the
+  restart budget lasts, that reinit's restart comes at the next confirmed verdict inside the
+  horizon.
 - the restart budget counts the restarts the watchdog asked for (`WatchdogConfig.watchdog_restarts`,
   kept in the host's checkpoints through `Watchdog.state_dict()`), not the job's preemptions or
   crash restarts, and a restart `restart_window_steps` or more after the previous one starts the
@@ -28,12 +36,12 @@ The ladder, one verdict at a time:
   `min_recovery` of what it freed: a second leak outside the state, which reinits only ratchet.
 
 The limit rule (`limit_reached`, called by the `Judge` instead of `decide`): memory at or over the
-limit, or within the checkpoint margin of it, gets the checkpoint action at once, from the first
-sample: no confirmation, no horizon, no first-ramp caution. Those are there to doubt a projection,
-and this is no projection: the OOM is here, and every sample waited for is one the checkpoint may
-not get. The cooldown holds as for any checkpoint action (one action, then quiet for
-`cooldown_steps`, or the restart at once after a reinit that gave nothing back), so memory that
-stays over the limit gets one action per cooldown, never one per sample.
+limit, within the checkpoint margin of it, or whose next sample could be past it, gets the
+checkpoint action at once, from the first sample: no confirmation, no horizon, no first-ramp
+caution. Those are there to doubt a projection, and this is no projection: the OOM is here, and
+every sample waited for is one the checkpoint may not get. Only an action still being carried out
+holds it (its effect not measured yet, within `cooldown_steps`), so memory that stays over the
+limit in a loop that never rebuilds gets one action per cooldown, never one per sample.
 
 The action horizon is the larger of `lead_factor` checkpoint margins and `horizon_fraction` of
 the steps watched so far: the checkpoint is asked for while the pessimistic projection still
@@ -78,7 +86,9 @@ class PolicyConfig:
     confirm_verdicts: int = 3
     """Consecutive `leaking` verdicts needed before any action."""
     cooldown_steps: int = 500
-    """After an action, stay quiet for this many steps."""
+    """After a checkpoint action whose effect is never measured (the loop took it and did not say it
+    rebuilt: no `Watchdog.reinit_finished`, or a replayed trace), act again only this many steps on.
+    An action whose rebuild is measured ends its quiet period then, whatever this says."""
     lead_factor: float = 4.0
     """Act when the pessimistic steps to OOM fall to this many checkpoint margins ..."""
     horizon_fraction: float = 0.25
@@ -129,7 +139,8 @@ class ActionPolicy:
         self.restarts_so_far = restarts_so_far
         self._first_step: int | None = None
         self._confirmed = 0
-        self._quiet_until = -math.inf  # no checkpoint action before this step
+        self._quiet_until = -math.inf  # no checkpoint action before this step (one is being carried out)
+        self._carrying_out: int | None = None  # the step of the action whose effect is not measured yet
         self._warned_until = -math.inf  # no repeated warning before this step
         self._escalate = False  # the last reinit did not bring memory down
         self._after_last_reinit: float | None = None  # memory right after this process's previous reinit
@@ -138,6 +149,13 @@ class ActionPolicy:
         self._asked = False  # this policy asked for the checkpoint action whose reinit comes next
         self._previous_step: int | None = None
         self._largest_gap = 0  # steps between two verdicts, at most
+
+    @property
+    def carrying_out(self) -> int | None:
+        """The step of the checkpoint action whose effect is not measured yet, while it holds the next."""
+        if self._carrying_out is not None and (self._previous_step or 0) >= self._quiet_until:
+            return None
+        return self._carrying_out
 
     def rearm(self) -> None:
         """The detector started a new baseline (a reinit brought memory down): the next climb is a
@@ -188,6 +206,7 @@ class ActionPolicy:
         action = self._checkpoint_action()
         self._cautious = False
         self._quiet_until = self._warned_until = verdict.step + self.config.cooldown_steps
+        self._carrying_out = verdict.step
         self._confirmed = 0
         self._growth_at_action = max(0.0, verdict.slope_bytes_per_step * verdict.window_steps)
         self._asked = True
@@ -224,8 +243,10 @@ class ActionPolicy:
         measured), the leak lives outside what a reinit rebuilds: the next checkpoint action is a
         restart.
         """
+        self._carrying_out = None
         if not self._asked:  # another rank's action (or a drill): it says nothing about a leak here
             self._after_last_reinit = floor_after_bytes
+            self._watch_again()
             return True
         self._asked = False
         recovered = floor_before_bytes - floor_after_bytes
@@ -238,10 +259,16 @@ class ActionPolicy:
         ratchet = previous is not None and recovered > 0 and \
             floor_after_bytes - previous >= self.config.min_recovery * recovered
         self._escalate = recovered <= 0 or recovered < needed or ratchet
-        if self._escalate and self.restarts_so_far < self.config.max_restarts:
-            # The cooldown waits for a rebuild to show its effect; this one showed it has none, and
-            # the leak goes on growing into the OOM the action was for: the restart is not held back.
-            # With the restart budget spent, the next action could only be another such reinit:
-            # the cooldown holds (one reinit per sample was what lifting it gave, 15 steps apart).
-            self._quiet_until = -math.inf
+        if not self._escalate or self.restarts_so_far < self.config.max_restarts:
+            # The effect is measured: watch as before the first action. A reinit that worked leaves
+            # a leak still in the code to grow back into the next OOM, and one that did not leaves
+            # it growing into this one: either is acted on as soon as it is seen again.
+            # With the restart budget spent after a reinit that gave nothing back, the next action
+            # could only be another such reinit: the cooldown holds (one reinit per sample was what
+            # lifting it gave, 15 steps apart).
+            self._watch_again()
         return not self._escalate
+
+    def _watch_again(self) -> None:
+        """An action's effect is measured: nothing holds the next one back."""
+        self._quiet_until = self._warned_until = -math.inf

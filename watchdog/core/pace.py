@@ -1,0 +1,131 @@
+"""The newest samples' pace: how fast memory rose over the last few readings. Pure: no threads, no I/O.
+
+The detector needs dozens of samples before it projects anything (its warm-up, sixteen buckets,
+then a confirmed candidate: about 40 samples, the "how early" table in docs/detection.md). A leak
+that fills its headroom in fewer samples, and the same leak again after every reinit (the detector
+starts a new baseline each time), would reach the limit before the detector says a word. The limit
+rule's margin closes that gap (`core/judge.py`): memory whose next sample could already be past
+the line, at the pace seen, is acted on now. Waiting for that sample is waiting for the OOM.
+
+The readings are cut in four quarters of three, and there is a pace only when every quarter's
+lowest reading and every quarter's highest rise above the quarter's before: the floor and the peak
+both climbing, quarter after quarter, as the detector asks of a window (every quarter contributes).
+The pace is then the slower of the two climbs from the first quarter to the last, provided it is
+larger than the spread of the readings within any quarter: a climb must stand out of the noise.
+Looser tests
+acted on healthy jobs on the bench: activations make each reading high or low at random, and on a
+sawtooth of several GiB a few low readings at the start of a window (or a transient climbing for
+five samples) are a "rise" to the median of consecutive differences and to slopes across the
+window alike; a job whose sampled peaks touch 99% of its limit was acted on before its leak began.
+A leak that fills its headroom in twenty samples climbs through every quarter; a sawtooth does
+that once in hundreds of windows, and then slowly. What stays out of reach: a leak whose rise over
+three samples is smaller than the sawtooth's spread over three readings, which only the detector
+sees (or the reading at the line). And a climb is looked at only at a reading that sets a new high
+since the last rebuild: a job whose sampled peaks touch 99.5% of its limit now and then climbs
+through four quarters by chance (the bench's linear_small_leak-04, 2,400 steps before its leak
+began), but up to a peak it had already reached, while a leak's peak is higher than any before it.
+The test costs one comparison on every other reading: a replay judges a million samples. The level
+the pace is added to is the highest reading carried forward to now at the pace: an OOM happens at
+the peak, and a sawtooth's newest reading is rarely its peak.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+QUARTER = 3  # readings in each quarter
+PACE_SAMPLES = 4 * QUARTER  # the readings kept
+REACH_GAPS = 1.5  # readings looked ahead (see `Pace.reach`)
+HANDOVER_STEPS = 3  # steps an action decided at a sample may take to reach the loop (the sidecar judges while training goes on)
+FIRST_TO_LAST = (PACE_SAMPLES - QUARTER) / (PACE_SAMPLES - 1)  # the share of the window's span from the first quarter to the last
+
+
+class Pace:
+    """The newest readings, their highest, and the pace they rise at."""
+
+    __slots__ = ("_steps", "_bytes", "_times", "_highest", "_highest_before")
+
+    def __init__(self) -> None:
+        self._steps: deque[float] = deque(maxlen=PACE_SAMPLES)
+        self._bytes: deque[float] = deque(maxlen=PACE_SAMPLES)
+        self._times: deque[float] = deque(maxlen=2)
+        self._highest = -math.inf  # the highest reading since the last clear ...
+        self._highest_before = -math.inf  # ... and before the newest
+
+    def clear(self) -> None:
+        """Memory was rebuilt or the process replaced: the readings before describe another state."""
+        self._steps.clear()
+        self._bytes.clear()
+        self._times.clear()
+        self._highest = self._highest_before = -math.inf
+
+    def add(self, step: float, timestamp: float, bytes_used: float) -> None:
+        self._highest_before = highest = self._highest
+        if bytes_used > highest:
+            self._highest = bytes_used
+        self._steps.append(step)
+        self._bytes.append(bytes_used)
+        self._times.append(timestamp)
+
+    @property
+    def readings(self) -> int:
+        return len(self._bytes)
+
+    @property
+    def seconds_per_step(self) -> float:
+        """Over the newest gap (0 when unknown)."""
+        gap, times = self.gap, self._times
+        return (times[-1] - times[0]) / gap if gap > 0 and len(times) > 1 else 0.0
+
+    @property
+    def gap(self) -> float:
+        """Steps from the previous reading to the newest (0 before two readings)."""
+        steps = self._steps
+        return steps[-1] - steps[-2] if len(steps) > 1 else 0.0
+
+    @property
+    def newest(self) -> float:
+        return self._bytes[-1] if self._bytes else 0.0
+
+    def rate(self) -> float:
+        """The slower of the floor's and the peak's climb per step, when both rise through every quarter; else 0."""
+        steps, used = self._steps, self._bytes
+        if len(used) < PACE_SAMPLES:
+            return 0.0
+        readings = list(used)
+        quarters = [readings[i:i + QUARTER] for i in range(0, PACE_SAMPLES, QUARTER)]
+        floors, peaks = [min(q) for q in quarters], [max(q) for q in quarters]
+        if any(b <= a for a, b in zip(floors, floors[1:])) or any(b <= a for a, b in zip(peaks, peaks[1:])):
+            return 0.0
+        climb, span = min(floors[-1] - floors[0], peaks[-1] - peaks[0]), (steps[-1] - steps[0]) * FIRST_TO_LAST
+        if climb <= max(peak - floor for floor, peak in zip(floors, peaks)) or span <= 0:
+            return 0.0  # a climb no larger than the readings' spread within a quarter is noise's
+        return climb / span
+
+    @property
+    def reach(self) -> float:
+        """Steps to look ahead: to the next reading, half a gap more for what the pace underestimates
+        (the slower of two climbs, the highest of twelve readings below a sawtooth's very top), and
+        the steps an action decided then would take to reach the loop: an action that waits for that
+        reading comes after them. With one gap (and two steps' hand-over) a leak with a 16 MiB
+        sawtooth, sampled every 50 steps, peaked 2 MiB past its limit; with two gaps, a healthy bench
+        job whose sampled peaks touch 99.5% of its limit was acted on at its 64th reading."""
+        return REACH_GAPS * self.gap + HANDOVER_STEPS
+
+    def reaches(self, line: float) -> bool:
+        """Whether the newest reading sets a new high from which memory could be at or past `line`
+        at the pace seen before an action decided at the next reading reaches the loop."""
+        used = self._bytes
+        newest = used[-1] if used else -math.inf
+        if newest <= self._highest_before or len(used) < PACE_SAMPLES:  # most readings: no new high
+            return False
+        rate = self.rate()
+        return rate > 0 and self.level(rate) + rate * self.reach >= line
+
+    def level(self, rate: float) -> float:
+        """The highest reading carried forward to the newest step at `rate`: where the peak is now.
+        A sawtooth's readings are high or low at random, so the newest is rarely its peak."""
+        steps, used = self._steps, self._bytes
+        now = steps[-1]
+        return max(b + rate * (now - s) for s, b in zip(steps, used))
