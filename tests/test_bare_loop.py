@@ -133,3 +133,28 @@ def test_forensics_off_takes_no_census_even_when_acting(events):
     assert wd.last_action is not None and wd.last_action.suspects == []
     assert not events.named("leak_baseline_taken") and not events.named("leak_suspects")
     assert events.named("action_outcome"), "the action's block is still logged"
+
+
+def test_a_leak_that_refills_after_every_rebuild_is_acted_on_before_the_budget_in_every_cycle(events):
+    """The README's loop (`sample_every=10`, `carry_out(save, rebuild)`) with the leak still in its
+    code: it refills after every rebuild, in 20 samples. A fixed cooldown after the first action let
+    the second cycle run 250 MiB over the budget for 120 steps; now every cycle gets its action
+    before the budget, and resident memory, read at every step, never reaches it."""
+    from watchdog.runtime.sources import RssSource
+
+    job, rss = Job(leak=True), RssSource()
+    conf = config()
+    conf = WatchdogConfig(sample_every=10, source="rss", memory_limit_bytes=conf.memory_limit_bytes)
+    highest = 0
+    with Watchdog(conf) as wd:
+        for step in range(760):
+            job.train_step(step)
+            highest = max(highest, rss.read().bytes_used)
+            action = wd.step(step)
+            if action is not None:
+                assert wd.carry_out(action, save=lambda: job.save(step), rebuild=job.rebuild)
+    outcomes = events.named("action_outcome")
+    assert len(outcomes) >= 3, f"one action per cycle: {[o['step'] for o in outcomes]}"
+    assert all(o["outcome"] == REINITIALISED for o in outcomes)
+    assert highest < conf.memory_limit_bytes, \
+        f"{(highest - conf.memory_limit_bytes) / 2**20:.0f} MiB over the budget (actions at {job.saved_at})"

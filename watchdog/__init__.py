@@ -19,7 +19,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 __hbm_watchdog__ = True  # tells this package apart from the file-events `watchdog` (commands/clash.py)
 
-__all__ = ["Watchdog", "WatchdogConfig", "Action", "Verdict", "Status", "Sample", "__version__"]
+__all__ = ["Watchdog", "WatchdogConfig", "PolicyConfig", "DetectorConfig", "Action", "Verdict", "Status", "Sample",
+           "__version__"]
 
 
 def __getattr__(name: str):
@@ -32,6 +33,14 @@ def __getattr__(name: str):
         from watchdog.core.config import WatchdogConfig
 
         return WatchdogConfig
+    if name == "PolicyConfig":  # WatchdogConfig(policy=PolicyConfig(...)): when to act, and how
+        from watchdog.core.policy import PolicyConfig
+
+        return PolicyConfig
+    if name == "DetectorConfig":  # WatchdogConfig(detector=DetectorConfig(...)): what counts as growth
+        from watchdog.core.detector import DetectorConfig
+
+        return DetectorConfig
     if name in ("Action", "Verdict", "Status"):
         from watchdog.core import verdict
 

@@ -1,0 +1,92 @@
+"""How early: for a leak that refills after every reinit, when the first action comes, and whether
+every cycle's action comes before the limit, by `sample_every` and by how many samples the leak
+takes to fill its headroom (docs/detection.md's table).
+
+    python -m watchdog.bench.how_early [--cycles N] [--sawtooth-mib M]
+
+The loop is simulated through the one `Judge` every loop drives (the sidecar's, with the default
+detector and policy): memory per step is a base, what the leak kept since the last rebuild, and
+activations (a random share of the sawtooth); an action decided at a sample is carried out
+`HANDOVER_STEPS` later (the sidecar judges while the loop trains on) and its effect told to the
+judge, as `Watchdog.carry_out` does. Each row prints, over the cycles: the warning the first action
+gave (steps before the step the leak would have reached the limit, and in samples), the least
+warning of any cycle, the highest memory any step reached as a share of the limit, and the rule
+that acted first (the detector's projection, or the limit rule's margin).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from typing import NamedTuple
+
+from watchdog.core.judge import Judge
+from watchdog.core.pace import HANDOVER_STEPS
+from watchdog.core.sample import Sample
+
+GiB, MiB = 1 << 30, 1 << 20
+BASE, LIMIT = 2 * GiB, 3 * GiB
+SAMPLE_EVERY = (1, 10, 50)
+SAMPLES_TO_FILL = (10, 20, 40, 100, 400)
+
+
+class Row(NamedTuple):
+    sample_every: int
+    samples_to_fill: int
+    actions: int
+    first_warning_steps: int  # steps between the first action and the step the leak would have reached the limit
+    least_warning_steps: int  # the same, the least of any cycle
+    highest_share: float  # the highest memory any step reached, over the limit
+    first_rule: str  # "projection" or "limit rule"
+
+
+def run(sample_every: int, samples_to_fill: int, *, cycles: int = 3, sawtooth: float = 0.0, seed: int = 0) -> Row:
+    rng = random.Random(seed)
+    judge = Judge(memory_limit_bytes=LIMIT)
+    rate = (LIMIT - BASE - sawtooth) / (samples_to_fill * sample_every)
+    fill_steps = (LIMIT - BASE - sawtooth) / rate
+    kept, born, rebuild_at = 0.0, 0, None
+    warnings, highest, first_rule = [], 0.0, ""
+    step = 0
+    while len(warnings) < cycles and step < 100 * fill_steps:
+        if step == rebuild_at:
+            kept, born, rebuild_at = 0.0, step, None
+            judge.reinit_finished(BASE + sawtooth * rng.random())
+        kept += rate
+        highest = max(highest, BASE + kept + sawtooth)
+        if step % sample_every == 0 and rebuild_at is None:
+            used = BASE + kept + sawtooth * rng.random()
+            verdict, action = judge.judge(Sample(step, 1.7e9 + 0.5 * step, int(used), None))
+            if action.needs_checkpoint:
+                warnings.append(int(born + fill_steps - step))
+                first_rule = first_rule or ("limit rule" if verdict.explanation.startswith("memory ")
+                                            else "projection")
+                rebuild_at = step + HANDOVER_STEPS
+        step += 1
+    if not warnings:
+        return Row(sample_every, samples_to_fill, 0, 0, 0, highest / LIMIT, "none")
+    return Row(sample_every, samples_to_fill, len(warnings), warnings[0], min(warnings), highest / LIMIT, first_rule)
+
+
+def table(cycles: int = 3, sawtooth: float = 0.0) -> list[Row]:
+    return [run(every, fill, cycles=cycles, sawtooth=sawtooth) for every in SAMPLE_EVERY for fill in SAMPLES_TO_FILL]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m watchdog.bench.how_early", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cycles", type=int, default=3, help="leak cycles (actions) per row (default 3)")
+    parser.add_argument("--sawtooth-mib", type=float, default=0.0, help="activations' height in MiB (default 0)")
+    args = parser.parse_args(argv)
+    print(f"limit 3 GiB, 1 GiB of headroom; {args.cycles} cycles; sawtooth {args.sawtooth_mib:g} MiB")
+    print("| sample_every | samples to fill | actions | first warning (steps, samples) | least warning | "
+          "highest / limit | first acted by |")
+    print("|---|---|---|---|---|---|---|")
+    for row in table(args.cycles, args.sawtooth_mib * MiB):
+        print(f"| {row.sample_every} | {row.samples_to_fill} | {row.actions} | {row.first_warning_steps:,} "
+              f"({row.first_warning_steps / row.sample_every:.1f}) | {row.least_warning_steps:,} | "
+              f"{row.highest_share:.3f} | {row.first_rule} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
