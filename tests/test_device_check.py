@@ -34,7 +34,7 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_2(check, capsys, tmp_pat
 def test_the_report_has_a_line_a_case_with_its_figures(check):
     results = {"device": {"name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "cuda": "13.0", "budget_bytes": 8 * GiB},
                "seconds": 181.5,
-               "leak": {"passed": True, "first_action": "CHECKPOINT_REINIT", "action_step": 431,
+               "leak": {"passed": True, "actions": 3, "steps": 1600, "first_action": "CHECKPOINT_REINIT", "action_step": 431,
                         "used_at_action": 7 * GiB, "limit_at_action": 8 * GiB, "oom_step": None,
                         "suspects": ["+400 tensors float32[2048x2048] on cuda:0"], "sync_error": None},
                "leak-unwatched": {"passed": True, "oom_step": 497, "parsed": {"kind": "allocation"}},
@@ -48,7 +48,8 @@ def test_the_report_has_a_line_a_case_with_its_figures(check):
     cases = [line.split(":")[0] for line in lines[2:]]
     assert cases == ["- leak", "- leak-unwatched", "- clean", "- fragmentation", "- fragmentation-unwatched",
                      "- cache", "- postmortem", "- watch", "- cost"]
-    assert "- leak: pass: first action CHECKPOINT_REINIT at step 431 (memory 7.00 GiB of 8.00 GiB)" in report
+    assert ("- leak: pass: 3 actions in 1600 steps (at least 3 owed), first action CHECKPOINT_REINIT at step 431 "
+            "(memory 7.00 GiB of 8.00 GiB)") in report
     assert "unwatched, OutOfMemoryError at step 497" in report
     assert "- fragmentation: FAIL" in report and "- watch: FAIL" in report, "a case that did not run fails"
     assert "steps/s without 830.0, with 828.1 (ratio 0.9977, blocks 12)" in report

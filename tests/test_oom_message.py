@@ -245,7 +245,7 @@ def test_the_json_has_exactly_the_documented_keys():
     row = parse(COMPILE_HBM).to_json()
     assert list(row) == ["oom", "kind", "memory_space", "used_bytes", "capacity_bytes", "exceeded_bytes",
                          "requested_bytes", "free_bytes", "allocated_bytes", "reserved_unallocated_bytes",
-                         "process_bytes", "processes", "allocations", "python_sites"]
+                         "process_bytes", "processes", "limit_bytes", "allocations", "python_sites"]
     assert list(row["allocations"][0]) == ["size_bytes", "op_name", "source_file", "source_line", "shape",
                                            "allocation_type"]
     assert list(row["python_sites"][0]) == ["file", "line", "bytes", "allocations"]

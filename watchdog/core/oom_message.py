@@ -27,7 +27,9 @@ memory space `device`), with its figures in one of three wordings:
 - 2.1 on: "GPU 0 has a total capac(i)ty of T of which F is free.", one "Process P has M memory in
   use." per other process, "Including non-PyTorch memory, this process has M memory in use." (where
   NVML answered) and "Of the allocated memory A is allocated by PyTorch, and U is reserved by
-  PyTorch but unallocated."
+  PyTorch but unallocated."; 2.11 adds "L allowed;" after this process's use: the allocator's
+  limit, its share of the device under `set_per_process_memory_fraction` (`limit_bytes`; the
+  capacity stays the device's).
 Its sizes are printed as "512 bytes", "12.50 KiB", "1.72 GiB". The oldest form, "CUDA error: out of
 memory" (or "cuda runtime error (2) : out of memory"), has no figures at all.
 
@@ -84,6 +86,7 @@ _CUDA_RESERVED = re.compile(rf"(?P<size>{_CUDA_SIZE})\s++reserved\s++in\s++total
 _CUDA_CAPACITY = re.compile(rf"has\s++a\s++total\s++capaci?ty\s++of\s++(?P<size>{_CUDA_SIZE})\s++of\s++which\s++"
                             rf"(?P<free>{_CUDA_SIZE})\s++is\s++free")
 _CUDA_PROCESS = re.compile(rf"Process\s++(?P<pid>[0-9]{{1,10}})\s++has\s++(?P<size>{_CUDA_SIZE})\s++memory\s++in\s++use")
+_CUDA_ALLOWED = re.compile(rf"(?P<size>{_CUDA_SIZE})\s++allowed\s*+;")  # 2.11: the allocator's limit
 _CUDA_THIS_PROCESS = re.compile(rf"this\s++process\s++has\s++(?P<size>{_CUDA_SIZE})\s++memory\s++in\s++use")
 _CUDA_BY_PYTORCH = re.compile(rf"Of\s++the\s++allocated\s++memory\s++(?P<size>{_CUDA_SIZE})\s++is\s++allocated\s++by\s++"
                               rf"PyTorch,?\s++and\s++(?P<unallocated>{_CUDA_SIZE})\s++is\s++reserved\s++by\s++PyTorch"
@@ -132,6 +135,7 @@ class OomMessage:
     allocated_bytes: int | None = None  # PyTorch's allocator: what live tensors hold
     reserved_unallocated_bytes: int | None = None  # held by PyTorch's allocator, in no tensor
     process_bytes: int | None = None  # this process's whole use of the device (NVML), PyTorch's or not
+    limit_bytes: int | None = None  # PyTorch's allocator: its limit ("L allowed;", torch 2.11 on)
     processes: list[dict] = field(default_factory=list)  # the other processes on the device: {pid, bytes}
     allocations: list[Allocation] = field(default_factory=list)
     unreadable_sizes: int = 0  # listed allocations left out: a size out of range (0 to MAX_SIZE)
@@ -158,7 +162,7 @@ class OomMessage:
                 "exceeded_bytes": self.exceeded_bytes, "requested_bytes": self.requested_bytes,
                 "free_bytes": self.free_bytes, "allocated_bytes": self.allocated_bytes,
                 "reserved_unallocated_bytes": self.reserved_unallocated_bytes, "process_bytes": self.process_bytes,
-                "processes": [dict(p) for p in self.processes],
+                "processes": [dict(p) for p in self.processes], "limit_bytes": self.limit_bytes,
                 "allocations": [vars(a).copy() for a in self.allocations],
                 "python_sites": [vars(s).copy() for s in self.python_sites]}
 
@@ -282,7 +286,8 @@ def _torch_cuda(message: OomMessage, figures: str) -> OomMessage:
     figures = figures[:following.start()] if following else figures  # not the next message's
     found = {name: pattern.search(figures) for name, pattern in (
         ("capacity", _CUDA_CAPACITY), ("total", _CUDA_TOTAL), ("free", _CUDA_FREE),
-        ("this_process", _CUDA_THIS_PROCESS), ("by_pytorch", _CUDA_BY_PYTORCH), ("already", _CUDA_ALREADY),
+        ("this_process", _CUDA_THIS_PROCESS), ("allowed", _CUDA_ALLOWED), ("by_pytorch", _CUDA_BY_PYTORCH),
+        ("already", _CUDA_ALREADY),
         ("cached", _CUDA_CACHED), ("reserved", _CUDA_RESERVED))}
 
     def size(name: str, group: str = "size") -> int | None:
@@ -293,6 +298,7 @@ def _torch_cuda(message: OomMessage, figures: str) -> OomMessage:
     else:  # 1.0 to 2.0: "T total capacity; ...; F free"
         message.capacity_bytes, message.free_bytes = size("total"), size("free")
     message.process_bytes = size("this_process")
+    message.limit_bytes = size("allowed")
     if found["by_pytorch"]:  # 2.1 on: "A is allocated by PyTorch, and U is reserved by PyTorch but unallocated"
         message.allocated_bytes = size("by_pytorch")
         message.reserved_unallocated_bytes = size("by_pytorch", "unallocated")

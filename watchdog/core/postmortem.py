@@ -221,10 +221,11 @@ def _observed(device_oom: dict) -> OomMessage:
 
 
 def _allocator_limit(device_oom: dict | None, oom: OomMessage | None) -> str:
-    """PyTorch's message names the device's capacity, never the process's share under
-    `set_per_process_memory_fraction` (it computes it, and leaves it out); the OOM observer is
-    handed it. Said where it is the smaller."""
-    limit = (device_oom or {}).get("limit_bytes")
+    """PyTorch's message names the device's capacity; the process's share under
+    `set_per_process_memory_fraction` is what ran out. torch 2.11 prints it ("L allowed;"), earlier
+    versions compute it and leave it out, and the OOM observer is handed it either way. Said where
+    it is the smaller."""
+    limit = (device_oom or {}).get("limit_bytes") or (oom.limit_bytes if oom is not None else None)
     if oom is None or not limit or not oom.capacity_bytes or limit >= oom.capacity_bytes:
         return ""
     return (f"; the allocator's limit was {format_bytes(limit)}, its share of the device's "
