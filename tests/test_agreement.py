@@ -1,7 +1,8 @@
 """Ranks agree on one action (`runtime/agreement.py`, driven by `Watchdog.step`): the single-process
 paths in process, and real ranks (torch.multiprocessing, gloo over 127.0.0.1) for the rest: the
-most severe offer wins at the same step, counters that disagree are an error on every rank, and a
-rank that dies or stalls makes the others exit 43 within the timeout instead of hanging."""
+most severe offer wins at the same step, counters that disagree are an error on every rank, a
+rank that dies or stalls makes the others exit 43 within the timeout instead of hanging, and a rank
+that stalls outside an agreement ends itself (exit 43, its stacks recorded) within its bound."""
 
 import json
 import os
@@ -124,6 +125,10 @@ def _agreements(rank, port, out_dir):
         agreed = agreement.decide(step, offers[rank].get(step))
         if agreed is not None:
             result["offers"][step] = [agreed.action.value, agreed.asked_by, agreed.ranks]
+    # whose offer: a loop's proposal (a preemption) is no restart of the watchdog's, on any rank
+    preempted = agreement.decide(8, RESTART if rank == 1 else None, own=rank != 1)
+    both = agreement.decide(9, RESTART if rank < 2 else None, own=rank != 1)
+    result["own"] = [preempted.own, preempted.asked_by, both.own, both.asked_by]
     try:
         agreement.decide(10 + 2 * rank, None)  # counters that disagree
     except RanksOutOfStep as exc:
@@ -148,6 +153,7 @@ def test_ranks_take_the_most_severe_offer_at_the_same_step_and_disagreeing_count
     # step 2: one rank's warning; step 4: the restart, from the lowest rank that offered it; step 6: rank 2's reinit
     assert ranks[0]["offers"] == {"2": ["warn", 0, 3], "4": ["checkpoint_restart", 1, 3], "6": ["checkpoint_reinit", 2, 3]}
     for index, rank in enumerate(ranks):
+        assert rank["own"] == [False, 1, True, 0], "whose offer the agreed action was travels with it"
         assert "different steps (from 10 to 14)" in rank["out_of_step"]
         assert rank["ranks"] == 3
         # forced on rank 1 at step 7, held, agreed at the next sampling step by every rank
@@ -190,10 +196,11 @@ def _trainer_rank(rank, port, out_dir):
         talks.clear()
         try:
             result = trainer.run()
+            restarts = trainer.watchdog.state_dict()["watchdog_restarts"]
         finally:
             trainer.close()
         outcomes[run] = {"reinits": result.reinits, "step": result.step, "exit": result.exit_code,
-                         "talks": list(talks)}
+                         "talks": list(talks), "watchdog_restarts": restarts}
     dist.destroy_process_group()
     _write(out_dir, rank, outcomes)
 
@@ -210,6 +217,8 @@ def test_two_trainer_processes_agree_once_per_sampling_step_and_act_together(tmp
         # one host preempted at step 7: both save at the next sampling step and exit 42 together
         assert preempted["step"] == 11 and preempted["exit"] == EXIT_RESTART_REQUESTED
         assert preempted["talks"] == [0, 5, 10, 10]
+        # a preemption of rank 1 alone is no restart of the watchdog's, on either rank (rank 0 used to count 1)
+        assert preempted["watchdog_restarts"] == 0 and reinit["watchdog_restarts"] == 0
     assert "ckpt-00000011.pt" in {p.name for p in (tmp_path / "reinit").iterdir()}  # the reinit came at step 10
     assert "ckpt-00000011.pt" in {p.name for p in (tmp_path / "preempted").iterdir()}
 
@@ -258,3 +267,72 @@ def test_a_rank_that_stalls_makes_the_other_exit_43_after_the_timeout(tmp_path):
     outcome = _outcome_of_rank_0(tmp_path)
     assert outcome.get("code") == EXIT_PEER_LOST, outcome
     assert 2 <= outcome["seconds"] < 30, "bounded by the group's timeout (3 s), not the stalled rank's 40 s"
+
+
+def _waiting_on_a_stuck_read(seconds):
+    time.sleep(seconds)  # a hung input pipeline: the stall under test, outside any agreement
+
+
+def _a_rank_stalls_in_a_ddp_loop(rank, port, out_dir):
+    """Two ranks, an all_reduce per step on the default group (DDP's), the watchdog sampling every 5
+    steps; rank 1 stalls at step 12, outside any agreement. Rank 0 waits in the all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    _join(rank, port)
+    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", stall_after_seconds=1,
+                            stall_check_seconds=0.2, stall_exit_after_seconds=3, agreement_timeout_seconds=60,
+                            trace_file=f"{out_dir}/rank{rank}.csv", **QUIET)
+    with Watchdog(config) as wd:
+        for step in range(40):
+            if rank == 1 and step == 12:
+                _waiting_on_a_stuck_read(60)
+            dist.all_reduce(torch.ones(4))
+            wd.step(step)
+    os._exit(0)  # never reached: both ranks stop at step 12
+
+
+@pytest.mark.slow
+def test_a_rank_that_stalls_outside_an_agreement_ends_the_job_within_its_bound(tmp_path):
+    """Issue 50: a rank stalled in its input pipeline hung the others in DDP's all_reduce for gloo's
+    30 minutes. Each rank's watchdog bounds it: after `stall_exit_after_seconds` (3 s here) the
+    stalled rank and the one waiting for it in the all_reduce both record their stacks and exit 43,
+    and `postmortem` names the line the stalled rank was stuck at, and the other as waiting."""
+    from watchdog.core.postmortem import diagnose
+    from watchdog.runtime import flight_record
+
+    context = mp.start_processes(_a_rank_stalls_in_a_ddp_loop, args=(free_port(), str(tmp_path)), nprocs=2,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + 120
+    while any(p.is_alive() for p in context.processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in context.processes:
+        process.kill()
+    codes = [p.exitcode for p in context.processes]
+    assert codes == [EXIT_PEER_LOST, EXIT_PEER_LOST], codes  # rank 0 waited in the all_reduce: bounded too
+    stalled = diagnose([], record=flight_record.read(tmp_path / f"rank1.csv{flight_record.SUFFIX}"))
+    assert stalled.diagnosis == "stalled" and "rank 1 stalled in" in stalled.explanation
+    assert "test_agreement.py" in stalled.explanation and "_waiting_on_a_stuck_read" in stalled.explanation
+    waited = diagnose([], record=flight_record.read(tmp_path / f"rank0.csv{flight_record.SUFFIX}"))
+    assert "rank 0 waited in a collective for another rank" in waited.explanation, waited.explanation
+    assert "all_reduce" in waited.explanation
+    for rank in (0, 1):
+        record = flight_record.read(tmp_path / f"rank{rank}.csv{flight_record.SUFFIX}")
+        assert record["stall"]["step"] == 11 and 3 <= record["stall"]["seconds"] < 30, record["stall"]
+
+
+@pytest.mark.parametrize("environ, backend, said", [
+    ({"TORCHELASTIC_RUN_ID": "x"}, "gloo", True),
+    ({"TORCHELASTIC_RUN_ID": "x", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, "gloo", False),
+    ({"TORCHELASTIC_RUN_ID": "x"}, "nccl", False),
+    ({}, "gloo", False),  # not under torchrun: its store is not shared
+])
+def test_a_restart_that_may_hang_is_said_at_start(environ, backend, said):
+    """Under torchrun with gloo, torch 2.9's shared rendezvous store left a Hugging Face job's agreed
+    restart hanging for over ten minutes, with nothing said, unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1."""
+    from watchdog.runtime.agreement import restart_hang_risk
+
+    risk = restart_hang_risk(environ, backend)
+    assert (risk is not None) is said
+    if said:
+        assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in risk

@@ -19,6 +19,7 @@ from watchdog.commands.cli import main
 from watchdog.core.postmortem import diagnose
 from watchdog.core.sample import Sample
 from watchdog.runtime import flight_record
+from watchdog.runtime.agreement import PeerLost
 from watchdog.runtime.sources import MemoryReading
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -104,9 +105,10 @@ def test_postmortem_reads_the_message_in_the_jobs_output_beside_the_trace(tmp_pa
 
 
 @pytest.mark.parametrize("leaving, clean", [(RuntimeError("CUDA out of memory."), False), (SystemExit(42), True),
-                                            (None, True)])
+                                            (PeerLost("rank 1 died"), False), (None, True)])
 def test_an_exception_leaving_the_loop_is_no_clean_end(tmp_path, leaving, clean):
-    """`with Watchdog(...)`: an OutOfMemoryError on its way out leaves the record unclean; sys.exit(42)
+    """`with Watchdog(...)`: an OutOfMemoryError on its way out leaves the record unclean, and so does
+    `PeerLost` (exit 43: another rank died, nothing saved), though it is a SystemExit; sys.exit(42)
     (a restart asked for) and the loop's end are the loop's own ways out."""
     trace = tmp_path / "trace.csv"
     try:

@@ -37,9 +37,9 @@ class Captured(logging.Handler):
 
 @pytest.fixture
 def captured():
-    """The sidecar's events and its station's."""
+    """The sidecar's events, its stall watch's and its station's."""
     handler = Captured()
-    loggers = [logging.getLogger(name) for name in ("watchdog.runtime.sidecar", "watchdog.station")]
+    loggers = [logging.getLogger(name) for name in ("watchdog.runtime.sidecar", "watchdog.runtime.stall", "watchdog.station")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.addHandler(handler)
@@ -93,6 +93,75 @@ def test_a_stalled_loop_is_reported_within_the_configured_time(captured):
     assert "training_resumed" in events
     stalled = next(e for e in captured.events if e["event"] == "training_stalled")
     assert stalled["step"] == 4
+
+
+def _stuck_in_the_input_pipeline(seconds: float) -> None:
+    time.sleep(seconds)  # a hung data loader, a stuck file system read: the stall under test
+
+
+def test_a_loop_that_stops_stepping_past_the_bound_records_every_stack_and_exits_43(captured, tmp_path, monkeypatch):
+    """Issue 50: a stalled rank hung the job for the collectives' 30 minutes. Past
+    `stall_exit_after_seconds` the stall watch writes every thread's stack to the flight record and
+    the log, and exits 43; `postmortem` names the line the loop was stuck at."""
+    from watchdog.core.postmortem import diagnose
+    from watchdog.runtime import flight_record, stall
+
+    exits = []
+    monkeypatch.setattr(stall, "exit_process", exits.append)  # the real one ends the process: the slow test's
+    trace = tmp_path / "trace.csv"
+    config = WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40, trace_file=trace,
+                            stall_after_seconds=0.3, stall_check_seconds=0.05, stall_exit_after_seconds=0.6,
+                            forensics=False)
+    with Watchdog(config) as wd:
+        for step in range(3):
+            wd.step(step)
+        deadline = time.monotonic() + 10
+        while not exits and time.monotonic() < deadline:
+            _stuck_in_the_input_pipeline(0.05)
+    assert exits and exits[0] == 43
+    record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
+    stalled = record["stall"]
+    assert stalled["step"] == 2 and stalled["seconds"] >= 0.6 and stalled["rank"] == 0
+    assert "test_sidecar.py" in stalled["user"] and "_stuck_in_the_input_pipeline" in stalled["user"], stalled
+    training = [thread for thread in stalled["threads"] if thread["training"]]
+    assert len(training) == 1 and any("hbm-watchdog" == thread["name"] for thread in stalled["threads"])
+    post = diagnose([], record=record)
+    assert post.diagnosis == "stalled" and "rank 0 stalled in" in post.explanation
+    assert "test_sidecar.py" in post.explanation and "exited 43" in post.explanation
+    logged = next(e for e in captured.events if e["event"] == "stall_exit")
+    assert logged["exit_code"] == 43 and logged["user"] == stalled["user"]
+
+
+def test_a_single_process_is_never_ended_for_a_stall_unless_asked(captured):
+    config = WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40,
+                            stall_after_seconds=0.2, stall_check_seconds=0.05, forensics=False)
+    with Watchdog(config) as wd:
+        wd.step(0)
+        assert wd._stall.exit_after is None, "one process: only reported"
+        time.sleep(0.4)
+    assert [e for e in captured.events if e["event"] == "training_stalled"]
+
+
+@pytest.mark.parametrize("field", ["stall_after_seconds", "stall_check_seconds", "stall_exit_after_seconds"])
+@pytest.mark.parametrize("value", [float("inf"), 1e15, 0, -1, True])
+def test_a_wait_out_of_range_is_refused_when_the_config_is_made(field, value):
+    """Issue 52: inf (or 1e15) was accepted, then start() raised OverflowError and left the sidecar running."""
+    with pytest.raises(ConfigError, match=field):
+        WatchdogConfig(**{field: value})
+
+
+def test_a_start_that_fails_leaves_no_thread_behind(monkeypatch):
+    import threading
+
+    def refuse(self):
+        raise OverflowError("date value out of range")
+
+    monkeypatch.setattr(Watchdog, "_stall_watch", refuse)
+    before = {t.name for t in threading.enumerate()}
+    wd = Watchdog(WatchdogConfig(sample_every=10, source="rss", memory_limit_bytes=1 << 40, forensics=False))
+    with pytest.raises(OverflowError):
+        wd.start()
+    assert "hbm-watchdog" not in {t.name for t in threading.enumerate()} - before
 
 
 def test_samples_go_to_the_trace_and_a_second_run_appends(tmp_path):
@@ -246,7 +315,7 @@ def test_a_leak_report_is_logged_with_its_rate_when_it_goes_up_and_once_when_the
 def test_the_stall_watch_writes_nothing_routine_into_a_users_log():
     """A user's `logging.basicConfig(level=logging.INFO)` sees none of the scheduler's lines for
     each stall check, while apscheduler stays untouched for the user's own schedulers."""
-    from watchdog.runtime.sidecar import SCHEDULER_LOGGER
+    from watchdog.runtime.stall import SCHEDULER_LOGGER
 
     class Everything(logging.Handler):
         def __init__(self):

@@ -4,6 +4,8 @@
   step runs, and the loss carries on from where it was;
 - a slow `tensors` leak whose OOM is far off: reported with its rate, what holds it and where it
   is created, and never acted on;
+- a `tensors` leak that refills after every reinit (the CPU): an action before the budget in every
+  cycle;
 - a `global` leak (out of a reinit's reach) under `hbm-watchdog supervise`: reinit, memory does not
   come down, the policy escalates to checkpoint-and-restart (exit 42), the supervisor restarts the
   trainer, which resumes from the step it saved and finishes.
@@ -79,6 +81,27 @@ def test_a_leak_far_from_any_oom_is_reported_with_its_holder_and_creation_site_a
     assert located["creation_sites"] and located["step"] > reported["step"]
     assert "created at leaks.py:" in located["suspects"][0] and "in _filled" in located["suspects"][0], located
     assert "attribute 'tensors' of LeakSinks" in located["suspects"][0], located
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_leak_that_refills_after_every_reinit_is_acted_on_before_the_budget_in_every_cycle(tmp_path, run_cli):
+    """The trainer on the CPU with `--sample-every 10`, the leak still in its code: it refills after
+    every reinit. A fixed cooldown after the first action used to leave the second cycle unwatched
+    (on an H100, a real OOM at step 797); now each cycle gets its action before the budget, and
+    the trace never reaches it. 4 MiB a step from about 0.7-1.0 GB of resident memory against 1.8
+    GiB: 200-280 steps a cycle, 20 samples or more, so at least three cycles in 900 steps."""
+    limit, trace = 1800 << 20, tmp_path / "trace.csv"
+    out = run_cli("train", "--device", "cpu", *ONE_BLOCK, "--steps", "900", "--inject-leak", "tensors:4MiB/step",
+                  "--memory-limit", str(limit), "--sample-every", "10", "--log-every", "100",
+                  "--trace-file", str(trace), "--checkpoint-dir", str(tmp_path / "ckpt"), timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    records = json_lines(out.stderr)
+    actions = [(r["action"], r["step"]) for r in logged(records, "action_decided")]
+    assert len(actions) >= 3 and all(a == "checkpoint_reinit" for a, _ in actions), actions
+    assert len(logged(records, "reinit_measured")) == len(actions)
+    highest = max(s.bytes_used for s in load_trace(trace))
+    assert highest < limit, f"{(highest - limit) / 2**20:.0f} MiB over the budget; actions {actions}"
 
 
 @pytest.mark.slow

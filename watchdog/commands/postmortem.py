@@ -30,11 +30,13 @@ from watchdog.core.inputs import open_regular
 from watchdog.core.numbers import option
 from watchdog.core.oom_message import OomMessage, parse
 from watchdog.core.postmortem import PostMortem, diagnose
+from watchdog.core.printable import printable_lines
 from watchdog.core.sample import TRACE_HEADER, Sample, load_trace
 from watchdog.core.units import format_bytes, positive_size
 from watchdog.runtime import flight_record
 
 FLIGHT_RECORD_NAME, EXITS_NAME, OUTPUT_NAME = "flight.json", "exits.jsonl", "output.log"  # supervise's folder
+STACK_FRAMES_SHOWN = 12  # of the training thread's stack after a stall (the flight record keeps more)
 MAX_LOG_BYTES = 256 << 20  # the tail of a longer log is read: the message that ended the job is at its end
 HOW_TO_GET_LINES = ("no Python lines in the message: run PyTorch/XLA with XLA_IR_DEBUG=1 XLA_HLO_DEBUG=1 "
                     "(hbm-watchdog train --hlo-source-lines) so that each op carries its source_file and "
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         message = parse(_read_tail(args.oom_log, "--oom-log"))
         if message is None:
             raise InputError(f"{args.oom_log}: no out-of-memory message from XLA in it")
-        print(strict_json.dumps(message.to_json()) if args.json else summary(message))
+        print(strict_json.dumps(message.to_json()) if args.json else printable_lines(summary(message)))
         return 0
     if args.path is None:
         raise InputError("postmortem needs a trace (or its folder), or --oom-log FILE")
@@ -184,13 +186,17 @@ def report(trace: Path, post: PostMortem, record: dict | None) -> str:
     for index, suspect in enumerate(post.suspects[:3]):
         lines.append(f"  {'leaking' if index == 0 else '':7} {suspect}")
     lines.append(f"  cause   {post.diagnosis}: {post.explanation}")
+    training = next((thread for thread in (post.record_stall or {}).get("threads") or [] if thread.get("training")), None)
+    if training is not None:
+        lines.append("the training thread's stack when it was ended, innermost last:")
+        lines += [f"  {frame}" for frame in (training.get("frames") or [])[-STACK_FRAMES_SHOWN:]]
     if post.oom_message is not None:
         lines.append("")
         lines.append(summary(post.oom_message))
     if post.user_lines:
         lines.append("your lines behind those allocations (from the program the watchdog recorded), biggest first:")
         lines += [f"  {line.text()}" for line in post.user_lines[:10]]
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))  # a record's or a log's text never acts on the terminal
 
 
 def _read_tail(path: str, option_name: str) -> str:

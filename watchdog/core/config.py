@@ -19,6 +19,10 @@ from watchdog.core.verdict import Action
 SOURCES = ("auto", "xla", "tpu", "cuda", "rss", "replay")
 
 
+MAX_SECONDS = 1e9  # a wait in seconds (about 31 years): anything longer is a mistake, and inf overflows a timer
+DEFAULT_STALL_EXIT_SECONDS = 900.0  # with several ranks: far below the collectives' own 30 minutes
+
+
 @dataclass(frozen=True)
 class WatchdogConfig:
     sample_every: int = 10
@@ -38,6 +42,12 @@ class WatchdogConfig:
     stall_after_seconds: float = 600.0
     """A loop that has not stepped for this long is reported as stalled."""
     stall_check_seconds: float = 5.0
+    stall_exit_after_seconds: float | None = None
+    """A loop that has not stepped for this long records every thread's stack (the flight record,
+    the log) and ends its process with status 43, so the job restarts from its newest checkpoint
+    (`runtime/stall.py`): a stalled rank would hang every other rank in its next collective. None:
+    `DEFAULT_STALL_EXIT_SECONDS` with several ranks, never for a single process (set a number to
+    bound one too). Longer than the slowest stretch between two `step()` calls, saves included."""
     rank: int = 0
     restarts_so_far: int | None = None
     """Restarts this job has already had, for any reason (`hbmwatch_restarts_total`). None: what the
@@ -96,10 +106,12 @@ class WatchdogConfig:
                               f"must be a positive number of bytes below 2**63, got {self.host_memory_limit_bytes!r}")
         if self.host_sample_every is not None:
             _positive_int("host_sample_every", self.host_sample_every)
-        for name in ("stall_after_seconds", "stall_check_seconds"):
+        for name in ("stall_after_seconds", "stall_check_seconds", "stall_exit_after_seconds"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(name, f"must be a positive number of seconds, got {value!r}")
+            if value is None and name == "stall_exit_after_seconds":
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= MAX_SECONDS:
+                raise ConfigError(name, f"must be a positive number of seconds up to {MAX_SECONDS:.0e}, got {value!r}")
         if not isinstance(self.rank, int) or self.rank < 0:
             raise ConfigError("rank", f"must be a non-negative integer, got {self.rank!r}")
         for name in ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step"):
@@ -107,7 +119,7 @@ class WatchdogConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
         value = self.agreement_timeout_seconds
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e9:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < MAX_SECONDS:
             raise ConfigError("agreement_timeout_seconds", f"must be a positive number of seconds, got {value!r}")
         object.__setattr__(self, "forced_actions", _forced(self.forced_actions))
         if self.source == "replay" and self.replay_trace is None:

@@ -92,6 +92,7 @@ class PostMortem:
     explanation: str = ""
     oom_message: OomMessage | None = None
     record_host: dict | None = None  # the flight record's `host`: where the host is watched
+    record_stall: dict | None = None  # the flight record's `stall`: where the threads were when a stall ended it
     user_lines: list[UserLine] = field(default_factory=list)  # the message's allocations, traced to your lines
 
     def to_json(self) -> dict[str, Any]:
@@ -141,13 +142,16 @@ _HOST = {"domain": _TEXT, "bytes_used": _SIZE, "bytes_limit": _SIZE, "process_by
          "verdict": _VERDICT}
 _PROGRAM_SITE = {"op_name": _TEXT, "shape": _TEXT, "innermost": _TEXT, "user": _TEXT, "bytes": _SIZE}
 _DEVICE_OOM = {"device": _TEXT, "requested_bytes": _SIZE, "limit_bytes": _SIZE, "free_bytes": _SIZE, "step": _STEP}
+_THREAD = {"name": _TEXT, "training": (_flag, "true or false"), "frames": (_list_of(_text), "a list of strings")}
+_STALL = {"step": _STEP, "seconds": _SIGNED, "rank": _STEP, "where": _TEXT, "user": _TEXT,
+          "collective": (_flag, "true or false"), "threads": [_THREAD]}
 RECORD_FIELDS: dict[str, Any] = {
     "ended": _TEXT, "trace_file": _TEXT, "last_step": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
     "suspects_step": _STEP, "compilations": _STEP, "creation_sites": (_flag, "true or false"),
     "verdict": _VERDICT, "host": _HOST, "process": {}, "recompilation": {},
     "suspects": (_list_of(_text), "a list of strings"),
     "actions": (lambda v: isinstance(v, dict) and all(_step(n) for n in v.values()), "an object of counts"),
-    "program_sites": [_PROGRAM_SITE], "device_oom": _DEVICE_OOM,
+    "program_sites": [_PROGRAM_SITE], "device_oom": _DEVICE_OOM, "stall": _STALL,
 }
 """What `diagnose` reads of a flight record, and what each must be (null or absent: unknown). A
 nested object is its own table of fields; `[table]` is a list of such objects."""
@@ -205,6 +209,7 @@ def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomM
         leak_reported_at=_first(record.get("leak_reported_at"), result.first_leak_report_step),
         oom_projected_at=_first(record.get("oom_projected_at"), result.first_oom_projected_step),
         suspects=list(record.get("suspects") or []), oom_message=oom, record_host=record.get("host"),
+        record_stall=record.get("stall"),
         user_lines=user_lines(oom, record.get("program_sites")))
     post.diagnosis, post.explanation = _cause(post, samples, final)
     post.explanation += _allocator_limit(record.get("device_oom"), oom)
@@ -238,6 +243,17 @@ def _first(*steps: int | None) -> int | None:
 
 
 def _cause(post: PostMortem, samples: Sequence[Sample], final) -> tuple[str, str]:
+    stalled = post.record_stall
+    if stalled:
+        place = stalled.get("user") or stalled.get("where") or "an unknown place"
+        inner = stalled.get("where")
+        within = f" (innermost: {inner})" if inner and inner != place else ""
+        what = ("waited in a collective for another rank, called from" if stalled.get("collective")
+                else "stalled in")
+        return "stalled", (f"rank {stalled.get('rank', 0)} {what} {place}{within}: no step for "
+                           f"{stalled.get('seconds') or 0:.0f} s after step {stalled.get('step', 0):,}; the watchdog "
+                           "recorded every thread's stack in the flight record and exited 43 (restart from the "
+                           "newest checkpoint)")
     if post.ended == "clean" and post.oom_message is None:
         return "unknown", "the run ended cleanly: the watchdog stopped in order"
     oom = post.oom_message

@@ -12,6 +12,9 @@ offers its most severe pending action and every rank gets the most severe one of
   compiles nothing. Every rank sees every offer, so every rank reaches the same answer; one packed
   integer is also cheap for gloo (two ranks here: 0.4 ms, against 1.0-1.3 ms for an all_reduce of
   three integers, measured in one run).
+- **Whose restart.** An offer also says whether it is the watchdog's own decision (or a drill) or a
+  loop's proposal (`Watchdog.propose`: a preemption), so every rank counts a restart against the
+  watchdog's budget only when the watchdog asked for it, whichever rank it was.
 - **Same steps on every rank.** The step each rank calls with travels with its offer; ranks whose
   counters disagree get `RanksOutOfStep` together, never a hang.
 - **Bounded.** The group is made with `timeout_seconds`: a rank that died or stalled during an
@@ -35,8 +38,9 @@ log = get_logger(__name__)
 
 _SEVERITY = {Action.NONE: 0, Action.WARN: 1, Action.CHECKPOINT_REINIT: 2, Action.CHECKPOINT_RESTART: 3}
 _BY_SEVERITY = {level: action for action, level in _SEVERITY.items()}
-_STEP_BITS = 56  # an offer is severity << 56 | step (steps are below 2**52: core/numbers.py)
-_STEP_MASK = (1 << _STEP_BITS) - 1
+_STEP_BITS = 56  # an offer is severity << 56 | the watchdog's own << 55 | step (steps are below 2**52: core/numbers.py)
+_OWN = 1 << 55  # the offer is the watchdog's own decision (or a drill), not a loop's proposal (a preemption)
+_STEP_MASK = (1 << 52) - 1
 DEFAULT_TIMEOUT_SECONDS = 600.0
 
 
@@ -77,6 +81,7 @@ class Agreed:
     step: int
     asked_by: int
     ranks: int
+    own: bool = True  # the watchdog's own decision (or a drill), not a loop's proposal such as a preemption
 
 
 class Agreement:
@@ -98,13 +103,15 @@ class Agreement:
         self._offers = [torch.zeros(1, dtype=torch.int64) for _ in range(self.ranks)]
         log.info("agreement_joined", rank=self.rank, ranks=self.ranks, timeout_seconds=self.timeout_seconds)
 
-    def decide(self, step: int, proposal: Action | None) -> Agreed | None:
-        """The most severe action any rank offered at `step` (None: nobody asked for anything), and the
-        lowest rank that offered it."""
+    def decide(self, step: int, proposal: Action | None, *, own: bool = True) -> Agreed | None:
+        """The most severe action any rank offered at `step` (None: nobody asked for anything), the
+        lowest rank that offered it, and whether that rank's offer was the watchdog's own (`own`:
+        False for a loop's proposal, such as a preemption's restart)."""
         import torch
         import torch.distributed as dist
 
-        mine = torch.tensor([severity(proposal) << _STEP_BITS | (step & _STEP_MASK)], dtype=torch.int64)
+        mine = torch.tensor([severity(proposal) << _STEP_BITS | (_OWN if own else 0) | (step & _STEP_MASK)],
+                            dtype=torch.int64)
         try:
             dist.all_gather(self._offers, mine, group=self._group)
         except RuntimeError as exc:  # gloo: a peer's connection closed, or the group's timeout ran out
@@ -123,12 +130,36 @@ class Agreement:
         level = max(levels)
         if not level:
             return None
-        return Agreed(_BY_SEVERITY[level], step, levels.index(level), self.ranks)
+        asker = levels.index(level)
+        return Agreed(_BY_SEVERITY[level], step, asker, self.ranks, own=bool(offers[asker] & _OWN))
 
 
 def join(timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> Agreement | None:
     """An Agreement when this process is one of several ranks, else None (nobody to agree with)."""
-    return Agreement(timeout_seconds) if world_size() > 1 else None
+    if world_size() <= 1:
+        return None
+    import os
+
+    import torch.distributed as dist
+
+    risk = restart_hang_risk(os.environ, dist.get_backend())
+    if risk is not None:
+        log.warning("restart_may_hang", reason=risk)
+    return Agreement(timeout_seconds)
+
+
+SHARED_STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def restart_hang_risk(environ, backend: str) -> str | None:
+    """Why a restart of this job may hang, said once at start, or None. Under torchrun with gloo,
+    torch's rendezvous store shared with the process group (torch 2.9 here) can leave a restarted
+    attempt hanging while its groups form, with nothing said for over ten minutes (a Hugging Face
+    job's agreed restart did); `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` avoids it."""
+    if "TORCHELASTIC_RUN_ID" not in environ or str(backend).lower() != "gloo" or environ.get(SHARED_STORE_SWITCH):
+        return None
+    return (f"torchrun with gloo and {SHARED_STORE_SWITCH} unset: a restarted attempt can hang while its process "
+            f"groups form; set {SHARED_STORE_SWITCH}=1 for every rank (docs/many-ranks.md)")
 
 
 def _first_line(exc: BaseException) -> str:

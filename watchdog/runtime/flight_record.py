@@ -9,7 +9,8 @@ the training thread:
 - the newest verdict and both signals, with the step each first went up;
 - the newest `leak_suspects` (and whether creation sites were known);
 - XLA's compile counter and the newest recompilation finding;
-- `ended`: null while running, "clean" once the watchdog stopped in order.
+- `ended`: null while running, "clean" once the watchdog stopped in order;
+- `stall`: null, or where every thread was when a loop that stopped stepping was ended (exit 43).
 
 A SIGKILL between two writes leaves the older record, never a torn one. It is rewritten when a
 signal, an action or the suspects change, and otherwise at most every `min_interval_seconds`:
@@ -155,7 +156,7 @@ class FlightRecorder:
             "leak_reported_at": None, "oom_projected_at": None, "actions": {},
             "suspects": [], "suspects_step": None, "creation_sites": False,
             "compilations": None, "recompilation": None, "host": None, "program_sites": [],
-            "device_oom": None,
+            "device_oom": None, "stall": None,
         }
         self._written_at = 0.0
         self._key: tuple = ()
@@ -207,6 +208,12 @@ class FlightRecorder:
         self._state["device_oom"] = {"device": f"cuda:{device}", "requested_bytes": int(requested),
                                      "limit_bytes": int(limit), "free_bytes": int(free),
                                      "step": self._state["last_step"]}
+        self._write(time.monotonic())
+
+    def stalled(self, record: dict) -> None:
+        """The loop stopped stepping and the process is about to exit 43 (`runtime/stall.py`): where
+        every thread was, written at once (from the stall watch's thread: the training thread is stuck)."""
+        self._state["stall"] = record
         self._write(time.monotonic())
 
     def _write_if_due(self, key: tuple) -> None:

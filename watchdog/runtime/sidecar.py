@@ -39,8 +39,9 @@ training or its exit status.
 `phase(name)` is an attribute write too: the sidecar reads the phase when it takes a sample, so
 each sample (and the trace) carries the phase the loop was in when memory was read.
 
-An APScheduler background job watches the step counter: a loop that stops stepping for longer
-than `stall_after_seconds` is reported as stalled (a hung collective, a dead input pipeline).
+A stall watch (`runtime/stall.py`, an APScheduler job) reads the step counter: a loop that stops
+stepping for longer than `stall_after_seconds` is reported as stalled (a hung collective, a dead
+input pipeline), and past `stall_exit_after_seconds` its stacks are recorded and it exits 43.
 """
 
 from __future__ import annotations
@@ -56,10 +57,7 @@ import warnings
 from collections import deque
 from typing import Any, Callable
 
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
-
-from watchdog.core.config import WatchdogConfig
+from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import phase_label
@@ -79,6 +77,7 @@ from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
 from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
                                       select_source)
+from watchdog.runtime.stall import StallWatch
 from watchdog.station.blocks import ActionOutcome
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
@@ -147,11 +146,9 @@ class Watchdog:
         self._chores: deque = deque([_FOLLOW] if self._drives_follower else [])
         self._flight: FlightRecorder | None = None
         self._thread: threading.Thread | None = None
-        self._scheduler: BackgroundScheduler | None = None
+        self._stall: StallWatch | None = None
         self._host_watch: HostWatch | None = None
         self._error_log = OncePerKind(log, "watchdog_error")  # each kind logged once, every one counted
-        self._stall_seen_step = -1
-        self._stall_seen_at = time.monotonic()
         self._compile_watch: CompileWatch | None = None
         self._ranks = agreement  # several ranks: the agreement every action goes through
         self._forced = list(self.config.forced_actions)  # (step, action), in step order
@@ -186,7 +183,11 @@ class Watchdog:
             self._watch_the_host()
         self._thread = threading.Thread(target=self._run, name="hbm-watchdog", daemon=True)
         self._thread.start()
-        self._start_stall_watch()
+        try:
+            self._stall = self._stall_watch()
+        except BaseException:  # a failed start leaves no thread behind
+            self.stop(clean=False)
+            raise
         log.info("watchdog_started", device=device, source=self._source.name, sample_every=self._every,
                  memory_limit_bytes=self.config.memory_limit_bytes, rank=self.config.rank,
                  trace_file=str(self.config.trace_file) if self.config.trace_file else None)
@@ -197,9 +198,9 @@ class Watchdog:
         the loop is leaving on an exception, and the flight record must not call that a clean end."""
         if self._thread is None:
             return
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=False)
-            self._scheduler = None
+        if self._stall is not None:
+            self._stall.stop()
+            self._stall = None
         self._post((_STOP, None))
         self._thread.join(timeout=30)
         self._thread = None
@@ -228,9 +229,10 @@ class Watchdog:
 
     def stop_leaving(self, exception: BaseException | None) -> None:
         """`stop()` for a loop leaving with `exception` (None: its end). An exception (an
-        OutOfMemoryError) is no clean end; SystemExit (`sys.exit(42)`, a restart asked for;
-        Lightning's SIGTERM) and KeyboardInterrupt are the loop's own ways out."""
-        self.stop(clean=not isinstance(exception, Exception))
+        OutOfMemoryError) is no clean end, and neither is `PeerLost` (exit 43: another rank died or
+        stalled, nothing saved); SystemExit (`sys.exit(42)`, a restart asked for; Lightning's
+        SIGTERM) and KeyboardInterrupt are the loop's own ways out."""
+        self.stop(clean=not isinstance(exception, (Exception, agreement.PeerLost)))
 
     def _watch_the_host(self) -> None:
         """The host's series beside the device's, or one series where they are the same memory."""
@@ -488,12 +490,16 @@ class Watchdog:
             self._do_chores(step)
         handed = self._handed
         held, handed.held = handed.held, None
-        agreed = self._ranks.decide(step, held[0] if held is not None else None)
+        agreed = self._ranks.decide(step, held[0] if held is not None else None,
+                                    own=held[4] if held is not None else True)
         if agreed is None:
             return None
         mine = held is not None and held[0] is agreed.action and agreed.asked_by == self._ranks.rank
-        verdict, memory, origin, counts = held[1:] if mine else (self.verdict, DEVICE, "", True)
-        ranks = f"asked by rank {agreed.asked_by}, agreed by all {agreed.ranks} ranks"
+        # Another rank's restart counts against the watchdog's budget only when its watchdog asked for
+        # it: a preemption of one rank is no restart of the watchdog's on the others.
+        verdict, memory, origin, counts = held[1:] if mine else (self.verdict, DEVICE, "", agreed.own)
+        asker = f"rank {agreed.asked_by}" if agreed.own else f"rank {agreed.asked_by}'s loop (not its watchdog)"
+        ranks = f"asked by {asker}, agreed by all {agreed.ranks} ranks"
         return self._hand_over(step, agreed.action, verdict, memory, f"{origin}; {ranks}" if origin else ranks, counts)
 
     def _force(self, step: int) -> None:
@@ -628,35 +634,16 @@ class Watchdog:
         self.telemetry.sample_errors_total += 1
         self._error_log(kind, type(exc).__name__, error=exception_text(exc))
 
-    # ---- stall watch ---------------------------------------------------------------------------
-
-    def _start_stall_watch(self) -> None:
-        interval = min(self.config.stall_check_seconds, self.config.stall_after_seconds / 4)
-        self._stall_seen_step, self._stall_seen_at = self._newest_step, time.monotonic()
-        self._scheduler = _quiet_scheduler()
-        self._scheduler.add_job(self._check_stall, "interval", seconds=interval, max_instances=1,
-                                coalesce=True, misfire_grace_time=None, id="stall-watch", executor=EXECUTOR)
-        self._scheduler.start()
-
-    def _check_stall(self) -> None:
-        now, step = time.monotonic(), self._newest_step
-        telemetry = self.telemetry
-        telemetry.training_step = max(step, 0)
-        if step != self._stall_seen_step:
-            self._stall_seen_step, self._stall_seen_at = step, now
-            telemetry.last_step_monotonic = now
-            if telemetry.stalled:
-                telemetry.stalled = False
-                log.info("training_resumed", step=step)
-            return
-        idle = now - self._stall_seen_at
-        if idle >= self.config.stall_after_seconds and not telemetry.stalled:
-            telemetry.stalled = True
-            log.error("training_stalled", step=step, seconds_without_step=round(idle, 1),
-                      stall_after_seconds=self.config.stall_after_seconds)
-
-
-
+    def _stall_watch(self) -> StallWatch:
+        """Started on the training thread (whose stack says where a stall is). A stalled rank hangs
+        every other rank: with several ranks a stall ends the process unless told otherwise."""
+        exit_after = self.config.stall_exit_after_seconds
+        if exit_after is None and self._ranks is not None:
+            exit_after = DEFAULT_STALL_EXIT_SECONDS
+        rank = self._ranks.rank if self._ranks is not None else self.config.rank
+        return StallWatch(lambda: self._newest_step, self.telemetry, report_after=self.config.stall_after_seconds,
+                          check_every=self.config.stall_check_seconds, exit_after=exit_after, flight=self._flight,
+                          rank=rank).start()
 
 class _HandedOver:
     """The actions step() handed over: the newest, the one whose block is not logged yet, and
@@ -697,31 +684,6 @@ class PhaseScope:
     def end(self) -> None:
         """Put back the phase this one replaced (for hooks that start and end a phase apart)."""
         self._watchdog._phase = self._previous
-
-
-# ---- the stall watch's scheduler: a quiet guest in the loop's log --------------------------------
-
-SCHEDULER_LOGGER = "watchdog.runtime.scheduler"
-EXECUTOR = "hbm-watchdog"  # apscheduler logs a job's runs to "apscheduler.executors.<alias>"
-
-
-class _WarningsOnly(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING
-
-
-def _quiet_scheduler() -> BackgroundScheduler:
-    """A scheduler whose routine lines (a job added, run, executed: every stall check, at INFO)
-    never reach the loop's log, while its warnings and errors (a missed run, a check that raised)
-    do. It logs through loggers of its own, filtered there, so a user who runs apscheduler for
-    their own jobs keeps all of its lines and nobody's levels are changed."""
-    quiet = _WarningsOnly()
-    for name in (SCHEDULER_LOGGER, f"apscheduler.executors.{EXECUTOR}"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _WarningsOnly) for f in logger.filters):
-            logger.addFilter(quiet)
-    return BackgroundScheduler(daemon=True, logger=logging.getLogger(SCHEDULER_LOGGER),
-                               executors={EXECUTOR: ThreadPoolExecutor(1)})
 
 
 def _observe_cuda_ooms(flight: FlightRecorder) -> None:

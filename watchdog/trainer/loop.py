@@ -716,7 +716,7 @@ class Trainer:
         proposal = stopping or self.forced.get(step)  # unwatched: drills and signals, agreed every step
         if self._agreement is None:
             return proposal
-        agreed = self._agreement.decide(step, proposal)
+        agreed = self._agreement.decide(step, proposal, own=stopping is None)
         return agreed.action if agreed is not None else None
 
     def _follow_the_leak(self, step: int, action: Action | None) -> list[str] | None:

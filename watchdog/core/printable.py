@@ -1,0 +1,24 @@
+"""Text read from a file, made safe to print on a terminal. Pure.
+
+A flight record, a trace's path, a log or a job file may hold anything, and a terminal obeys
+escape sequences: ESC ]52 writes the clipboard on many terminals, ESC [2J clears the screen. Every
+text from a file that a command prints for a person goes through `printable` (JSON output escapes
+by itself): a character that is not printable (escape and control characters, line and paragraph
+separators, the rest of Unicode's C and Z classes but the space) is shown as its Python escape,
+`\\x1b`, so what the file held stays readable and nothing of it acts.
+"""
+
+from __future__ import annotations
+
+
+def printable(text: object) -> str:
+    """`text` as a string with every non-printable character written as its escape (`\\x1b`, `\\n`)."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
+
+
+def printable_lines(text: str) -> str:
+    """`printable` for each line of `text`, the line breaks kept."""
+    return "\n".join(printable(line) for line in text.split("\n"))
