@@ -166,3 +166,34 @@ def test_pids_are_ascii_digits_between_init_and_pid_max(text, pid):
             parse_pid(text)
     else:
         assert parse_pid(text) == pid
+
+
+def _numeric_fields(cls):
+    """Every int or float field of a config dataclass (by annotation), with no bool in it."""
+    import dataclasses
+
+    return [f.name for f in dataclasses.fields(cls)
+            if ("int" in str(f.type) or "float" in str(f.type)) and "bool" not in str(f.type)]
+
+
+def _configs():
+    from watchdog.core.detector import DetectorConfig
+    from watchdog.core.policy import PolicyConfig
+    from watchdog.core.recompilation import RecompilationConfig
+
+    return [WatchdogConfig, PolicyConfig, DetectorConfig, RecompilationConfig]
+
+
+@pytest.mark.parametrize("cls", _configs(), ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("value", [True, float("inf"), float("nan")])
+def test_every_numeric_setting_refuses_a_bool_and_a_non_finite_number_when_made(cls, value):
+    """Issue 52's class: a setting checked for its type and range before anything starts.
+    `memory_limit_bytes=True` was a 1-byte budget (an action at step 1); inf waits overflowed a timer."""
+    accepted = []
+    for name in _numeric_fields(cls):
+        try:
+            cls(**{name: value})
+        except (ConfigError, TypeError, ValueError):
+            continue
+        accepted.append(name)
+    assert accepted == [], f"{cls.__name__} accepted {value!r} for {accepted}"

@@ -40,7 +40,7 @@ from watchdog.core.inputs import open_regular
 from watchdog.core.numbers import option, parse_count
 from watchdog.fileio import write_atomically
 from watchdog.logs import get_logger
-from watchdog.core import goodput
+from watchdog.core import goodput, strict_json
 from watchdog.runtime import flight_record
 from watchdog.runtime.job_ledger import JOB_FILE_ENV, existing_records, start_job
 
@@ -147,8 +147,8 @@ def _earlier_exits(path: Path) -> str | None:
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
-        except ValueError:
+            entry = strict_json.loads(line, max_depth=2)  # bounded like every reader: `[` * 100,000 is an error
+        except strict_json.JsonProblem:
             entry = None
         if not (isinstance(entry, dict) and {"run", "exit"} <= entry.keys()):
             raise InputError(f"--postmortem-dir: {path}:{number}: not an exit recorded by supervise; "

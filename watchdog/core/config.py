@@ -11,6 +11,7 @@ from pathlib import Path
 
 from watchdog.core.detector import DetectorConfig
 from watchdog.core.errors import ConfigError
+from watchdog.core.numbers import check_settings
 from watchdog.core.numbers import MAX_SIZE, MAX_STEP
 from watchdog.core.policy import PolicyConfig
 from watchdog.core.recompilation import RecompilationConfig
@@ -90,20 +91,15 @@ class WatchdogConfig:
     """Read the host every this many steps (None: with every device sample)."""
 
     def __post_init__(self) -> None:
+        check_settings(self)
         _positive_int("sample_every", self.sample_every)
         _positive_int("history_size", self.history_size, high=1 << 24)  # samples kept in memory
         if self.source not in SOURCES:
             raise ConfigError("source", f"must be one of {', '.join(SOURCES)}, got {self.source!r}")
-        if self.memory_limit_bytes is not None and (
-            not isinstance(self.memory_limit_bytes, int) or not 0 < self.memory_limit_bytes < MAX_SIZE
-        ):
-            raise ConfigError("memory_limit_bytes",
-                              f"must be a positive number of bytes below 2**63, got {self.memory_limit_bytes!r}")
-        if self.host_memory_limit_bytes is not None and (
-            not isinstance(self.host_memory_limit_bytes, int) or not 0 < self.host_memory_limit_bytes < MAX_SIZE
-        ):
-            raise ConfigError("host_memory_limit_bytes",
-                              f"must be a positive number of bytes below 2**63, got {self.host_memory_limit_bytes!r}")
+        for name in ("memory_limit_bytes", "host_memory_limit_bytes"):  # True is an int, and was a 1-byte budget
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 < value < MAX_SIZE):
+                raise ConfigError(name, f"must be a positive number of bytes below 2**63, got {value!r}")
         if self.host_sample_every is not None:
             _positive_int("host_sample_every", self.host_sample_every)
         for name in ("stall_after_seconds", "stall_check_seconds", "stall_exit_after_seconds"):
@@ -112,7 +108,7 @@ class WatchdogConfig:
                 continue
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= MAX_SECONDS:
                 raise ConfigError(name, f"must be a positive number of seconds up to {MAX_SECONDS:.0e}, got {value!r}")
-        if not isinstance(self.rank, int) or self.rank < 0:
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
             raise ConfigError("rank", f"must be a non-negative integer, got {self.rank!r}")
         for name in ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step"):
             value = getattr(self, name)

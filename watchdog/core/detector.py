@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from watchdog.core.errors import ConfigError
+from watchdog.core.numbers import check_settings
 from watchdog.core.sample import Sample
 from watchdog.core.trend import (
     SEGMENTS,
@@ -142,6 +143,7 @@ class DetectorConfig:
     a leak until it stops, and this is the time it is given to."""
 
     def __post_init__(self) -> None:
+        check_settings(self, "detector")
         _check(self.headroom_bytes >= 0, "headroom_bytes", "must not be negative")
         _check(self.warmup_samples >= 0, "warmup_samples", "must not be negative")
         _check(self.bucket_steps >= 1, "bucket_steps", "must be at least 1")

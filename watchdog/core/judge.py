@@ -24,9 +24,9 @@ not leave a checkpoint asked for now the time to finish. Any other rate is zero 
 growth, and growth the detector still doubts: a compile cache or a first ramp measured over a
 margin of hundreds of steps would put a healthy job at 60% of its limit "within reach" of it, six
 false actions on the bench), so then only a reading at the line acts, or one whose next sample
-could already be past it: a reading that sets a new high, plus the newest readings' pace
-(`core/pace.py`: floor and peak climbing through every quarter of twelve readings) times the gap to
-the next sample. That part needs twelve readings, no trend: it is what acts on a leak too fast for the detector's warm-up, and on the same leak again
+could already be past it: with a new high among the newest readings, the highest of them carried
+forward at their pace (`core/pace.py`: floor and peak climbing through every quarter of twelve
+readings) over two sample gaps and the action's hand-over. That part needs twelve readings, no trend: it is what acts on a leak too fast for the detector's warm-up, and on the same leak again
 after every reinit, before the limit. The verdict says so (`oom_projected`, the OOM due in the
 steps to the line, the rate seen), and the policy answers with `limit_reached`: a checkpoint action
 at once, unless one is still being carried out (`watchdog.core.policy`).
@@ -125,9 +125,9 @@ class Judge:
             self._transition(sample)
         self._previous_step = sample.step
         self._unjudged = None
-        self._pace.add(sample.step, sample.timestamp, sample.bytes_used)
+        fresh = self._pace.add(sample.step, sample.timestamp, sample.bytes_used)
         verdict = self._route(sample)  # the detector, or the watch on a bounded phase
-        if self._within_reach(sample.bytes_used):
+        if self._within_reach(sample.bytes_used, fresh):
             return self._at_limit(sample, verdict)
         self._latest = verdict
         return verdict, self._act(verdict)
@@ -146,10 +146,10 @@ class Judge:
                 or self._episode is not None):
             return self.judge(sample)  # a limit, a phase or a process changed: the whole way
         self._previous_step = step
-        self._pace.add(step, sample.timestamp, sample.bytes_used)
+        fresh = self._pace.add(step, sample.timestamp, sample.bytes_used)
         detector = self.detector
         detector.absorb(sample)
-        at_limit = self._within_reach(sample.bytes_used)
+        at_limit = self._within_reach(sample.bytes_used, fresh)
         if detector.status is not _OOM_PROJECTED and not at_limit:
             self._unjudged = sample
             self._observe(step)
@@ -161,11 +161,13 @@ class Judge:
         self._latest = verdict
         return verdict, self._act(verdict)
 
-    def _within_reach(self, used: float) -> bool:
+    def _within_reach(self, used: float, fresh: bool) -> bool:
         """The limit rule's test: at the line, within the checkpoint margin of it at the alarm's rate,
-        or close enough that the next sample could be past it at the newest readings' pace."""
+        or close enough that the next sample could be past it at the newest readings' pace (asked
+        only when `fresh`: the pace's window is full and holds a new high)."""
         line = self._line
-        return used + self.detector.rising_bytes_per_step * self._margin_steps >= line or self._pace.reaches(line)
+        return used + self.detector.rising_bytes_per_step * self._margin_steps >= line or (
+            fresh and self._pace.reaches(line))
 
     def _act(self, verdict: Verdict) -> Action:
         action = self._decide(verdict)
@@ -333,7 +335,7 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
                        f"{format_bytes(rising)}/step")
     else:
         steps = (line - used) / paced if paced > 0 else 0.0
-        explanation = (f"memory {format_bytes(used)}, a new high, rising {format_bytes(paced)}/step over the "
+        explanation = (f"memory {format_bytes(used)}, rising {format_bytes(paced)}/step to new highs over the "
                        f"newest {pace.readings} readings: its peak could be past the {format_bytes(limit)} limit "
                        f"before an action at the next reading, {pace.gap:,.0f} steps on ({format_bytes(line - used)} left)")
     seconds = 0.0  # due now

@@ -129,3 +129,32 @@ def option(parse: Callable[[str], T]) -> Callable[[str], T]:
 
     convert.__name__ = parse.__name__
     return convert
+
+
+def check_settings(settings: object, prefix: str = "") -> None:
+    """Every int or float field of a configuration dataclass holds a number of its kind, checked
+    before its own ranges: an int field an int and never a bool (True is an int: a 1-byte budget),
+    a float field a finite int or float (inf overflowed a timer), both within 64 bits. A field
+    that may be None may be None. ConfigError naming the field (`prefix.name`) otherwise. The one
+    copy of this rule: `WatchdogConfig`, `PolicyConfig`, `DetectorConfig` and `RecompilationConfig`
+    call it first."""
+    import dataclasses
+    import math
+
+    from watchdog.core.errors import ConfigError
+
+    for field in dataclasses.fields(settings):
+        parts = {part.strip() for part in str(field.type).split("|")}
+        if not parts & {"int", "float"} or not parts <= {"int", "float", "None"}:
+            continue  # not a plain number (a bool, a string, a tuple of pairs): its own checks
+        kind = str(field.type)
+        value = getattr(settings, field.name)
+        if value is None and "None" in kind:
+            continue
+        name = f"{prefix}.{field.name}" if prefix else field.name
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(name, f"must be a number, got {value!r}")
+        if "float" not in kind and not isinstance(value, int):
+            raise ConfigError(name, f"must be an integer, got {value!r}")
+        if not math.isfinite(value) or abs(value) >= 2**63:
+            raise ConfigError(name, f"must be a finite number below 2**63, got {value!r}")

@@ -67,6 +67,7 @@ import math
 from dataclasses import dataclass
 
 from watchdog.core.errors import ConfigError
+from watchdog.core.numbers import check_settings
 from watchdog.core.verdict import Action, Status, Verdict
 
 
@@ -104,6 +105,7 @@ class PolicyConfig:
     (`bench --endurance` restarted 133 steps before the end against an OOM 2,777 steps past it)."""
 
     def __post_init__(self) -> None:
+        check_settings(self, "policy")
         for name in ("checkpoint_margin_steps", "max_restarts", "cooldown_steps", "restart_window_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

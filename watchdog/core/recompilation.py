@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from watchdog.core.errors import ConfigError
+from watchdog.core.numbers import check_settings
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class RecompilationConfig:
     """...or report after this many steps, whatever was captured by then."""
 
     def __post_init__(self) -> None:
+        check_settings(self, "recompilation")
         for name in ("consecutive", "min_compiles", "capture_compiles", "capture_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
