@@ -231,6 +231,20 @@ def test_a_file_in_another_format_is_refused(tmp_path):
         load_machines(data)
 
 
+def test_a_gzip_that_inflates_past_the_bound_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    """Issue 52: HBMWATCH_DATA naming a 2 MiB gzip that inflates to 2 GiB was read whole: MemoryError
+    under a 1 GiB cap. The read is bounded (here the bound is lowered to keep the test small)."""
+    from watchdog.bench import realtraces
+
+    monkeypatch.setattr(realtraces, "MAX_INFLATED_BYTES", 1 << 20)
+    data = tmp_path / "bomb.csv.gz"
+    with gzip.open(data, "wb") as handle:
+        handle.write(b"machine_id,time_stamp,mem_util_percent\n" + b"0" * (8 << 20))  # 8 MiB of zeros: a few KiB
+    assert data.stat().st_size < 64 << 10
+    with pytest.raises(InputError, match="inflates to more than 1 MiB"):
+        load_machines(data)
+
+
 def test_real_corpus_negatives_never_reach_the_limit_and_injected_leaks_do(real_corpus_shipped):
     traces = real_corpus_shipped  # the copy shipped in the package
     negatives = [t for t in traces if not t.leak]

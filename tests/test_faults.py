@@ -620,3 +620,25 @@ def test_200_half_open_clients_add_no_thread_and_hold_a_bounded_number_of_connec
         assert 0 < most_open <= MAX_CONNECTIONS
         with urllib.request.urlopen(server.url, timeout=60) as response:  # the storm gone, scrapes served again
             assert response.status == 200
+
+
+def test_a_memory_source_the_device_cannot_give_is_one_line(tmp_path, capsys):
+    """Issue 52: `train --device cpu --memory-source tpu` (or cuda, xla) on a host without it was a
+    SourceUnavailable traceback, exit 1. A source the user named that cannot read is bad input."""
+    for source in ("tpu", "cuda"):
+        code = main(["train", *TINY, "--memory-source", source, "--steps", "2",
+                     "--checkpoint-dir", str(tmp_path / source)])
+        assert code == EXIT_BAD_INPUT
+        one_error_line(capsys.readouterr().err, f"memory source {source!r} cannot read device 'cpu'",
+                       "choose one that can, or auto")
+
+
+@pytest.mark.slow
+def test_a_pjrt_device_that_names_no_plugin_is_one_line(tmp_path):
+    """Issue 52: `PJRT_DEVICE=NOSUCHDEVICE train`: torch_xla's RuntimeError traceback, exit 1."""
+    out = subprocess.run([sys.executable, "-m", "watchdog", "--log-format", "json", "train", *TINY, "--device", "xla",
+                          "--steps", "2",
+                          "--checkpoint-dir", str(tmp_path)], capture_output=True, text=True, timeout=180, cwd=REPO,
+                         env={**hbm_watchdog_env(), "PJRT_DEVICE": "NOSUCHDEVICE"})
+    assert out.returncode == EXIT_BAD_INPUT, out.stderr[-2000:]
+    one_error_line(out.stderr, "PJRT_DEVICE='NOSUCHDEVICE'", "No PjRtPlugin registered for: NOSUCHDEVICE")

@@ -255,3 +255,50 @@ def test_every_whole_file_is_written_through_the_helper():
                                                       for file, snippet in ALLOWED):
                 found.append(f"{relative}:{number}: {line.strip()}")
     assert found == [], "write through watchdog/fileio.py (or allow here, saying why):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_trace_name_the_tool_chose_is_never_written_through_a_link(tmp_path, dangling):
+    """Issue 52: the host's trace beside `--trace-file` (`TRACE.host.csv`, a name the user never gave)
+    followed planted links: it appended 2,751 bytes to a file outside the run folder, and created
+    one at a dangling link's target. Such a name is refused like the flight record's and the job
+    file's; a trace the user named keeps the path they gave."""
+    from watchdog.core.errors import InputError
+    from watchdog.station.telemetry import Telemetry
+    from watchdog.station.trace_sink import TraceSink
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "precious.csv"
+    if not dangling:
+        target.write_bytes(b"step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2,3,,\n")
+    before = target.read_bytes() if not dangling else None
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trace.host.csv").symlink_to(target)
+    with pytest.raises(InputError, match="symbolic link"):
+        TraceSink(run / "trace.host.csv", Telemetry(device="host"), lambda: 30.0, named_by_user=False)
+    assert (target.read_bytes() == before) if not dangling else not target.exists()
+
+
+def test_every_trace_at_a_name_the_tool_derives_is_opened_without_following_links():
+    """The class held by the code's shape: a TraceSink at a derived name (`labelled_trace_path`, a
+    device's name in `watch`) says so, and only the path a user gave is followed."""
+    def calls_in(text):
+        start = text.find("TraceSink(")
+        while start != -1:
+            depth, end = 0, start + len("TraceSink")
+            while True:  # to the parenthesis that closes the call
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                end += 1
+                if depth == 0:
+                    break
+            yield text[start:end]
+            start = text.find("TraceSink(", end)
+
+    calls = [(path.name, call) for path in (REPO / "watchdog").rglob("*.py") if path.name != "trace_sink.py"
+             for call in calls_in(path.read_text())]
+    assert len(calls) == 3, calls  # the sidecar's, the host watch's, the daemon's
+    for name, call in calls:
+        given = call.startswith("TraceSink(self.config.trace_file,")  # the path the user gave, as given
+        assert given or "named_by_user=" in call, (name, call)

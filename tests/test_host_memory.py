@@ -272,6 +272,35 @@ def test_the_watch_daemon_judges_the_targets_host_memory_beside_its_chips(tmp_pa
     assert max(s.bytes_used for s in load_trace(labelled_trace_path(tmp_path / "trace.csv", "host"))) < budget
 
 
+class LostChips(FlatChipLeakingHost):
+    """The chips cannot be read at all (NVML's "GPU is lost", a TPU metrics endpoint down), while the
+    target's host memory leaks."""
+
+    def read(self):
+        super().read()
+        raise RuntimeError("GPU is lost")
+
+
+def test_chips_that_cannot_be_read_never_blind_the_daemon_to_the_hosts_memory(tmp_path, events):
+    """Issue 52: one failed chip read dropped the host's reading too, so `watch --gpu` or `--tpu` never
+    acted on host RAM while the chips were unreadable. The failure is counted and said once; the host
+    is judged, and acted on, all the same."""
+    axis = TimeAxis(interval_seconds=0.001, checkpoint_seconds=0.05, warmup_seconds=0.0, grace_seconds=0.1)
+    config = WatchConfig(axis=axis, act=False, wait_seconds=1.0, trace_file=tmp_path / "trace.csv")
+    stop = threading.Event()
+    chips = LostChips(stop, MiB, 1)
+    budget = settled_rss() + 480 * MiB
+    daemon = TickPerRead(config, ThisProcess(), lambda process: WithHost(chips, process, budget), stop=stop)
+    chips.signalled = lambda: bool(events.named("would_signal"))
+    assert daemon.run() == 0
+    assert set(daemon.devices) == {"host"}
+    assert daemon.telemetry["host"].actions_snapshot()[Action.CHECKPOINT_RESTART] >= 1
+    assert events.named("would_signal")[0]["device"] == "host"
+    failed = events.named("watch_error")
+    assert len(failed) == 1 and "GPU is lost" in failed[0]["error"], "said once, however many reads failed"
+    assert labelled_trace_path(tmp_path / "trace.csv", "host").exists(), "the host's trace keeps its name"
+
+
 def test_a_process_trees_limit_is_the_hosts_budget():
     assert ProcessTreeReader(psutil.Process(), 3 * GiB).read()[0].bytes_limit == 3 * GiB
     machine_or_cgroup = HostMemory().limit_bytes

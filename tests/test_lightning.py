@@ -279,3 +279,19 @@ def test_an_exception_out_of_fit_is_no_clean_end_for_the_flight_record(tmp_path)
         trainer.fit(FailingModule(leak=False), DataLoader(data, batch_size=8))
     record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
     assert record["ended"] is None and record["last_step"] == 12, record  # as reported after the 12th batch
+
+
+@pytest.mark.parametrize("state", [{"watchdog_restarts": -1}, {"watchdog_restarts": True},
+                                   {"watchdog_restarts": 2**70}, ["not", "a", "dict"]])
+def test_a_bad_saved_state_is_logged_and_training_goes_on(tmp_path, state, events):
+    """Issue 52: `fit(ckpt_path=...)` from a checkpoint whose watchdog state held `watchdog_restarts: -1`
+    stopped the fit with ConfigError at on_train_start, while Hugging Face's callback logged it and
+    carried on. One rule for both (`Watchdog.saved_state`): logged, left out, never a stop."""
+    callback = HbmWatchdogCallback(WatchdogConfig(sample_every=10), checkpoint_dir=tmp_path / "ckpt")
+    callback.load_state_dict(state)
+    assert callback._resumed is None
+    [said] = events.named("watchdog_state_unread")
+    assert "restart budget counts every restart" in said["note"]
+    assert callback.state_dict() == {}, "nothing of it is saved again"
+    callback.load_state_dict({"watchdog_restarts": 2, "watchdog_restart_step": 400})
+    assert callback._resumed == {"watchdog_restarts": 2, "watchdog_restart_step": 400}

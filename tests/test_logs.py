@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 
@@ -97,3 +98,24 @@ def test_a_log_file_that_is_not_a_plain_file_is_refused_in_one_line(capsys, tmp_
     err = capsys.readouterr().err
     assert err.startswith("hbm-watchdog analyze: error: --log-file") and err.count("\n") == 1, err
     assert target.read_text() == "keep me\n"
+
+
+def test_a_log_file_that_fails_is_said_once_and_the_run_goes_on(capfd, tmp_path, restore_root_logging):
+    """Issue 52: `--log-file` on a full disk printed logging's traceback for every event (54 stderr
+    lines for 2 events). The disk's refusal (ENOSPC on write, as a full disk gives it) is said once."""
+    import errno
+
+    class FullDisk(io.StringIO):
+        name = str(tmp_path / "run.jsonl")
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    configure_logging("json", "info", FullDisk())
+    for step in range(20):
+        get_logger("watchdog.test").warning("action_decided", action="checkpoint_reinit", step=step)
+    err = capfd.readouterr().err
+    said = [line for line in err.splitlines() if "cannot write the log" in line]
+    assert len(said) == 1 and "No space left on device" in said[0] and "the run goes on" in said[0]
+    assert "Traceback" not in err and "Logging error" not in err
+    assert err.count('"action_decided"') == 20, "stderr keeps every event"

@@ -385,3 +385,61 @@ def test_postmortem_explains_a_cuda_oom_and_names_fragmentation(tmp_path, capsys
     assert text.startswith("out of memory: a buffer could not be allocated in device")
     assert "reserved but unallocated 1.2 GiB" in text and "other processes on the device: pid 4242 1.5 GiB" in text
     assert "fragmentation:" in text
+
+
+# ---- linear by construction (issue 52) -------------------------------------------------------------
+
+def _unbounded_greedy_repeats(pattern) -> int:
+    """How many `*`, `+` or `{n,}` in a compiled pattern may backtrack: greedy and unbounded. A
+    possessive repeat (`*+`, `++`) never gives back what it took; a lazy one (`+?`) here always
+    meets a literal at once."""
+    import re._parser as parser
+
+    count = 0
+
+    def walk(items):
+        nonlocal count
+        for op, arg in items:
+            if op is parser.MAX_REPEAT:
+                low, high, sub = arg
+                count += high == parser.MAXREPEAT
+                walk(sub)
+            elif op in (parser.MIN_REPEAT, parser.POSSESSIVE_REPEAT):
+                walk(arg[2])
+            elif op is parser.SUBPATTERN:
+                walk(arg[-1])
+            elif op is parser.BRANCH:
+                for branch in arg[1]:
+                    walk(branch)
+            elif op in (parser.ASSERT, parser.ASSERT_NOT):
+                walk(arg[1])
+            elif op is parser.ATOMIC_GROUP:
+                walk(arg)
+
+    walk(parser.parse(pattern.pattern, pattern.flags))
+    return count
+
+
+def test_every_pattern_of_the_message_parser_is_possessive_so_no_line_can_make_it_backtrack():
+    """Issue 52's class, held structurally rather than by a timed test: `Shape:` followed by n `{`
+    took 21 s at 100,000 through `\\{[^}]*\\}\\s*$`. No pattern of the parser may hold a greedy
+    unbounded repeat; the layout suffix is cut without a regex."""
+    import re
+
+    import watchdog.core.oom_message as module
+
+    patterns = {name: value for name, value in vars(module).items() if isinstance(value, re.Pattern)}
+    assert len(patterns) >= 25, sorted(patterns)
+    offenders = {name: n for name, pattern in patterns.items() if (n := _unbounded_greedy_repeats(pattern))}
+    assert offenders == {}, offenders
+
+
+def test_a_shape_of_many_braces_and_an_unfinished_escape_leave_the_message_whole():
+    """Issue 52: an allocation's `Shape:` of 100,000 `{` (it was quadratic), and two stray bytes (ESC ])
+    100 lines before PyTorch's message, which hid it ("no out-of-memory message")."""
+    shape = "Shape: f32[8]" + "{" * 100_000
+    message = parse(f"{COMPILE_HBM}\n  1. Size: 4.00M\n     {shape}\n")
+    assert message is not None and message.kind == "compile"
+    hidden = "start\n\x1b]\n" + "a line\n" * 100 + CUDA_2_5
+    found = parse(hidden)
+    assert found is not None and found.requested_bytes == parse(CUDA_2_5).requested_bytes

@@ -293,3 +293,36 @@ def test_with_hlo_source_lines_the_trainers_program_names_its_model_files_lines(
     off = json.loads(run_python(HLO_OF_A_TRAINER_STEP, "off").strip().splitlines()[-1])["files"]
     assert off == []
     assert any(f.endswith("watchdog/trainer/model.py") for f in on), on
+
+
+def test_matching_the_messages_allocations_to_the_programs_lines_is_linear_and_names_a_few():
+    """Issue 52: 4,000 allocations against 4,000 program sites sharing one op took 7 s (every
+    allocation sorted and joined every line); counted by the sorts done, not timed."""
+    from watchdog.core import postmortem as module
+    from watchdog.core.oom_message import Allocation, OomMessage
+
+    sorts = []
+    real = module._lines_text
+    program = [{"op_name": "add", "shape": "f32[8]", "user": f"train.py:{n} in step"} for n in range(4_000)]
+    oom = OomMessage("compile", "hbm", allocations=[Allocation(1024, "add", None, None, "f32[8]")] * 4_000)
+    try:
+        module._lines_text = lambda users: sorts.append(len(users)) or real(users)
+        [line] = module.user_lines(oom, program)
+    finally:
+        module._lines_text = real
+    assert sorts == [4_000, 4_000], "each key's lines joined once per table (op, frame), not once per allocation"
+    assert line.allocations == 4_000 and line.where.endswith("or 3,997 other lines"), line.where
+
+
+def test_text_from_a_flight_record_reaches_the_terminal_as_text_never_as_escapes(tmp_path):
+    """Issue 52: `postmortem DIR` printed the record's `suspects` raw: ESC ]52 (a clipboard write on
+    many terminals) and ESC [2J (clear the screen) reached the terminal. Every line is made printable."""
+    from watchdog.commands.postmortem import report
+
+    hostile = {"suspects": ["+3 tensors \x1b]52;c;ZWNobyBwd25lZA==\x07 held by \x1b[2J a list"],
+               "ended": None, "last_step": 9,
+               "stall": {"step": 9, "seconds": 1.0, "rank": 0, "where": "x.py:1 in \x1b[31mf", "user": None,
+                         "threads": [{"name": "main", "training": True, "frames": ["x.py:1 in \x1b]0;title\x07f"]}]}}
+    text = report(tmp_path / "t\x1b[2J.csv", diagnose([], record=hostile), hostile)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]52;c;ZWNobyBwd25lZA==\\x07" in text and "\\x1b[2J" in text  # still readable, inert

@@ -101,3 +101,13 @@ def test_the_old_name_render_report_still_draws_and_says_it_is_deprecated():
     from watchdog.commands import report
     with pytest.warns(DeprecationWarning, match="draw_trace"):
         assert report.render_report is draw_trace
+
+
+def test_a_trace_named_with_dollars_is_drawn_as_text_not_mathtext(tmp_path, leak_trace, capsys):
+    """Issue 52: `report 'run_$5_$10.csv' -o x.png` raised matplotlib's ParseSyntaxException: the
+    file name goes into the title, which matplotlib read as mathtext."""
+    trace = tmp_path / "run_$5_$10 \\frac{1}{0}.csv"
+    write_trace(trace, leak_trace.samples)
+    out = tmp_path / "x.png"
+    assert main(["report", str(trace), "-o", str(out)]) == 0
+    png_size(out.read_bytes())

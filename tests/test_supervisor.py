@@ -325,3 +325,15 @@ def test_the_old_kill_grace_flag_still_works_hidden_and_says_its_new_name(capsys
         parser.parse_args(["supervise", "--help"])
     shown = capsys.readouterr().out
     assert "--grace-seconds" in shown and "--kill-grace" not in shown
+
+
+def test_an_exits_file_nested_beyond_any_bound_is_one_line_not_a_recursion_error(tmp_path):
+    """Issue 52: `supervise --postmortem-dir D -- true` with `D/exits.jsonl` holding a line of 100,000
+    `[`: RecursionError. It is read like every other file, bounded: an InputError naming the line."""
+    from watchdog.commands.supervise import _earlier_exits
+    from watchdog.core.errors import InputError
+
+    exits = tmp_path / "exits.jsonl"
+    exits.write_text('{"time": 1.0, "run": 0, "exit": "1", "returncode": 1}\n' + "[" * 100_000 + "\n")
+    with pytest.raises(InputError, match=r"exits.jsonl:2: not an exit recorded by supervise"):
+        _earlier_exits(exits)

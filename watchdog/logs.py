@@ -96,7 +96,7 @@ def configure_logging(fmt: str = "auto", level: int | str = logging.INFO, log_fi
         handler.addFilter(_without_routine_events)
     handlers = [handler]
     if log_file is not None:
-        handlers.append(logging.StreamHandler(log_file))
+        handlers.append(SinkHandler(log_file))
         handlers[-1].setFormatter(structlog.stdlib.ProcessorFormatter(processors=_JSON_CHAIN,
                                                                       foreign_pre_chain=_PRE_CHAIN))
     root = logging.getLogger()
@@ -105,6 +105,29 @@ def configure_logging(fmt: str = "auto", level: int | str = logging.INFO, log_fi
     for handler in handlers:
         root.addHandler(handler)
     root.setLevel(numeric)
+
+
+class SinkHandler(logging.StreamHandler):
+    """A stream handler for a sink that may fail (`--log-file` on a full disk): the failure is said
+    once on stderr, with its reason, and the run goes on; logging's default printed a traceback
+    for every event (54 stderr lines for 2 events)."""
+
+    def __init__(self, stream: IO[str]):
+        super().__init__(stream)
+        self.failures = 0
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.failures += 1
+        if self.failures > 1:
+            return
+        error = sys.exc_info()[1]
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        name = getattr(self.stream, "name", "the log file")
+        try:
+            sys.stderr.write(f"hbm-watchdog: cannot write the log to {name} ({reason}); the run goes on, "
+                             "and later lines there are lost while it fails\n")
+        except Exception:  # noqa: BLE001 - stderr gone too: nothing left to say it on
+            pass
 
 
 _JSON_CHAIN = [structlog.stdlib.ProcessorFormatter.remove_processors_meta,

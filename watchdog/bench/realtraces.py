@@ -69,14 +69,21 @@ def resolve_data_path(path: str | os.PathLike[str] | None = None) -> Path:
     return resolved
 
 
+MAX_INFLATED_BYTES = 512 << 20  # the shipped traces inflate to 89 MB; a larger file is not ours
+
+
 @functools.lru_cache(maxsize=2)
 def _load_machines(path: str, mtime: float) -> dict[int, np.ndarray]:
     """machine number -> array of (seconds, percent) rows, in file order. Parsed once per process."""
     try:
         with open_regular(path, "rb", what="real traces ") as handle:
-            raw = gzip.GzipFile(fileobj=handle).read()
+            # Read with a bound: a 2 MiB gzip may inflate to gigabytes (a "zip bomb"), and reading it
+            # whole raised MemoryError. The shipped file inflates to 89 MB.
+            raw = gzip.GzipFile(fileobj=handle).read(MAX_INFLATED_BYTES + 1)
     except (OSError, EOFError) as exc:
         raise InputError(f"{path}: cannot read the real traces: {exc}") from None
+    if len(raw) > MAX_INFLATED_BYTES:
+        raise InputError(f"{path}: inflates to more than {MAX_INFLATED_BYTES >> 20:,} MiB: not the real traces' file")
     newline = raw.find(b"\n")
     if raw[:newline].strip() != HEADER:
         raise InputError(f"{path}:1: expected header {HEADER.decode()!r}")

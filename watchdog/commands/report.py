@@ -159,7 +159,8 @@ def draw(picture: ReplayPicture, title: str, true_oom_step: int | None = None):
     top = max(max(picture.used), picture.limit / GiB if picture.limit else 0.0)
     ax.set_ylim(0, top * 1.08)
     ax.legend(loc="lower right", fontsize=8.5, framealpha=0.9)
-    ax.set_title("\n".join(textwrap.wrap(title, 110)), fontsize=10.5, loc="left")
+    # The title carries the trace's file name, which may hold `$...$`: text, never mathtext.
+    ax.set_title("\n".join(textwrap.wrap(title, 110)), fontsize=10.5, loc="left", parse_math=False)
     return fig
 
 

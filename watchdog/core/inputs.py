@@ -81,7 +81,8 @@ class LineTooLong(ValueError):
     """A file's last line is longer than its format allows: not a file of that format."""
 
 
-def drop_torn_tail(path: str | os.PathLike[str], max_line_chars: int, *, header: bool = False) -> bytes:
+def drop_torn_tail(path: str | os.PathLike[str], max_line_chars: int, *, header: bool = False,
+                   follow_symlinks: bool = True) -> bytes:
     """Cut off a last line its writer never finished (no newline), so an append starts on a line of
     its own; returns the fragment cut (empty: nothing was torn, or no file).
 
@@ -91,7 +92,7 @@ def drop_torn_tail(path: str | os.PathLike[str], max_line_chars: int, *, header:
     """
     if not os.path.exists(path):
         return b""
-    with open_regular(path, "rb+") as handle:
+    with open_regular(path, "rb+", follow_symlinks=follow_symlinks) as handle:
         end = handle.seek(0, os.SEEK_END)
         if end == 0:
             return b""

@@ -62,15 +62,17 @@ _EXACT = r"\(\s*+([0-9][0-9,]*+)\s*+(?:B|bytes)\)"  # "(184549376B)", "(     554
 # colour and cursor codes; torchrun's rank prefixes ("[rank0]:", "[default3]:", --tee and
 # local_ranks_filter); then the line's own log prefix: glog ("E1103 18:23:55.102 ... cc:73] "),
 # absl ("2022-04-04 00:27:49.642380: E tensorflow/.../xla_util.cc:88] ").
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*+[ -/]*+[@-~]|\][^\x07\x1b]*+(?:\x07|\x1b\\)?|[@-Z\\-_])")
+# An OSC sequence (ESC ], a title or a clipboard write) ends at BEL, ESC \\ or, unfinished, at its line's
+# end: two stray bytes 100 lines before PyTorch's message used to swallow it whole.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*+[ -/]*+[@-~]|\][^\x07\x1b\n]*+(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _RANK_PREFIX = re.compile(r"^(?:\s*+\[[A-Za-z_]*+[0-9]++\]:)++ ?")
 _LOG_PREFIX = re.compile(r"^(?:[EWIF]\d{4} [0-9:.]++\s++\d++ \S+?\] |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d++: [EWIF] \S+?\] )")
 
-_COMPILE = re.compile(r"Ran out of memory in memory space (?P<space>\w+)")
+_COMPILE = re.compile(r"Ran out of memory in memory space (?P<space>\w++)")
 _RESERVE = re.compile(rf"Attempting to reserve (?P<size>{_SIZE}) at the bottom of memory\. That was not possible")
 _ALLOCATE = re.compile(rf"Attempting to allocate (?P<size>{_SIZE})\. That was not possible")
-_GPU_ALLOCATE = re.compile(r"Out of memory while trying to allocate (?P<size>[0-9]+) bytes")
-_GPU_REQUEST = re.compile(rf"Failed to allocate request for (?P<size>{_SIZE})\s*(?:{_EXACT})? on device")
+_GPU_ALLOCATE = re.compile(r"Out of memory while trying to allocate (?P<size>[0-9]++) bytes")
+_GPU_REQUEST = re.compile(rf"Failed to allocate request for (?P<size>{_SIZE})\s*+(?:{_EXACT})? on device")
 _CUDA_SIZE = rf"{_SIZE}(?:\s*+bytes)?"  # PyTorch prints "512 bytes" below a KiB
 _TORCH_CUDA = re.compile(rf"CUDA out of memory\.\s++Tried to allocate (?P<size>{_CUDA_SIZE})")
 _TORCH_CUDA_BARE = re.compile(r"CUDA error: out of memory|cuda runtime error \(2\) : out of memory")
@@ -92,16 +94,16 @@ _CUDA_BY_PYTORCH = re.compile(rf"Of\s++the\s++allocated\s++memory\s++(?P<size>{_
                               rf"PyTorch,?\s++and\s++(?P<unallocated>{_CUDA_SIZE})\s++is\s++reserved\s++by\s++PyTorch"
                               rf"\s++but\s++unallocated")
 
-_USED = re.compile(rf"Used (?P<used>{_SIZE}) of (?P<capacity>{_SIZE}) (?P<space>\w+)")
-_EXCEEDED = re.compile(rf"Exceeded \w+ capacity by (?P<size>{_SIZE})")
-_CAPACITY = re.compile(rf"(?<![A-Za-z])(?P<space>[A-Za-z]+) capacity (?P<size>{_SIZE}):")
-_ALLOCATED = re.compile(rf"Currently allocated:\s*(?P<size>{_SIZE})\s*(?:{_EXACT})?")
+_USED = re.compile(rf"Used (?P<used>{_SIZE}) of (?P<capacity>{_SIZE}) (?P<space>\w++)")
+_EXCEEDED = re.compile(rf"Exceeded \w++ capacity by (?P<size>{_SIZE})")
+_CAPACITY = re.compile(rf"(?<![A-Za-z])(?P<space>[A-Za-z]++) capacity (?P<size>{_SIZE}):")
+_ALLOCATED = re.compile(rf"Currently allocated:\s*+(?P<size>{_SIZE})\s*+(?:{_EXACT})?")
 _FREE = re.compile(rf"There are (?P<size>{_SIZE}) free")
-_SPACE_TAG = re.compile(r"_(?P<space>HBM|VMEM|SMEM|CMEM)[0-9]*\)", re.I)  # "(1x0x0_HBM0)"
+_SPACE_TAG = re.compile(r"_(?P<space>HBM|VMEM|SMEM|CMEM)[0-9]*+\)", re.I)  # "(1x0x0_HBM0)"
 
 _ITEM = re.compile(rf"^\s*+(?:[0-9]++\.\s++)?Size:\s*+(?P<size>{_SIZE})\s*+(?:{_EXACT})?\s*+$")
-_FIELD = re.compile(r"^\s*(?P<name>Operator|Shape|Entry Parameter Subshape|Allocation type|Unpadded size|"
-                    r"Extra memory due to padding|XLA [Ll]abel|Buffer [0-9]+|=+)\s*:?")
+_FIELD = re.compile(r"^\s*+(?P<name>Operator|Shape|Entry Parameter Subshape|Allocation type|Unpadded size|"
+                    r"Extra memory due to padding|XLA [Ll]abel|Buffer [0-9]++|=++)\s*+:?")
 _QUOTED = r'"((?:[^"\\]|\\.)*)"'
 
 
@@ -379,5 +381,11 @@ def _read_operator(allocation: Allocation | None, text: str) -> None:
 
 
 def _without_layout(shape: str) -> str:
-    """`f32[32,4096,4096]{1,2,0:T(8,128)}` -> `f32[32,4096,4096]`."""
-    return re.sub(r"\{[^}]*\}\s*$", "", shape.strip())
+    """`f32[1024,1024]{1,0}` -> `f32[1024,1024]`: the layout suffix dropped. Linear by construction
+    (the regex it replaces, `\\{[^}]*\\}\\s*$`, backtracked over a line of n `{`: 21 s at 100,000):
+    the suffix starts at the first `{` after the last `}` before the final one."""
+    shape = shape.strip()
+    if not shape.endswith("}"):
+        return shape
+    start = shape.find("{", shape.rfind("}", 0, len(shape) - 1) + 1, len(shape) - 1)
+    return shape[:start] if start != -1 else shape

@@ -203,15 +203,19 @@ class TraceWriter:
     InputError, and no open of it waits (a FIFO's would, for a reader).
     """
 
-    def __init__(self, path: str | os.PathLike[str], flush_every: int = 64):
+    def __init__(self, path: str | os.PathLike[str], flush_every: int = 64, *, follow_symlinks: bool = True):
+        """`follow_symlinks=False` for a name the tool chose itself (the host's trace beside the
+        user's, a device's in `watch`): a link planted there is refused, never written through."""
         self.path = Path(path)
         self.flush_every = flush_every
+        self._follow = follow_symlinks
         self._pending = 0
         try:
             self._with_phase = self._check_existing_header()
             self._drop_torn_tail()
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle: IO[str] = open_regular(self.path, "a", newline="", encoding="utf-8")
+            self._handle: IO[str] = open_regular(self.path, "a", newline="", encoding="utf-8",
+                                                 follow_symlinks=follow_symlinks)
         except NotARegularFile as exc:
             raise InputError(f"trace file {self.path}: cannot append to it: {exc.kind}, not a regular file") from None
         except OSError as exc:
@@ -225,9 +229,10 @@ class TraceWriter:
 
     def _check_existing_header(self) -> bool:
         """Whether rows carry the phase column: a new file does; an old trace keeps its five."""
-        if not self.path.exists():
+        if not (self.path.exists() if self._follow else os.path.lexists(self.path)):
             return True
-        with open_regular(self.path, "r", newline="", encoding="utf-8", errors="replace") as handle:
+        with open_regular(self.path, "r", newline="", encoding="utf-8", errors="replace",
+                          follow_symlinks=self._follow) as handle:
             line = handle.readline(MAX_LINE_CHARS)
         if not line:  # an empty file: a new trace
             return True
@@ -243,7 +248,7 @@ class TraceWriter:
         parse), so it carries nothing to keep; it is logged, not silently dropped.
         """
         try:
-            fragment = drop_torn_tail(self.path, MAX_LINE_CHARS, header=True)
+            fragment = drop_torn_tail(self.path, MAX_LINE_CHARS, header=True, follow_symlinks=self._follow)
         except LineTooLong:
             raise TraceFormatError(str(self.path), 0, f"last line longer than {MAX_LINE_CHARS} "
                                    "characters: not a trace CSV; refusing to append") from None

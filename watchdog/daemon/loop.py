@@ -39,12 +39,13 @@ from watchdog.core.judge import Judge
 from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
 from watchdog.daemon.metrics import WatchState
-from watchdog.daemon.readers import DeviceReader, DeviceReading, ProcessTreeReader
+from watchdog.daemon.readers import DeviceReader, DeviceReading, PartialReading, ProcessTreeReader
 from watchdog.daemon.signalling import Escalation, Step, send
 from watchdog.daemon.stopping import StopFlag
 from watchdog.daemon.targets import Finder, WatchedProcess
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.logs import OncePerKind, exception_text, get_logger
+from watchdog.runtime.host_memory import HOST_DEVICE
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 from watchdog.station.trace_sink import TraceSink
@@ -78,7 +79,8 @@ class _Device:
         axis = config.axis
         telemetry = Telemetry(device=name, source=source)
         judge = Judge(axis.detector_config(), axis.policy_config(), memory_limit_bytes=config.memory_limit_bytes)
-        trace = (TraceSink(trace_path, telemetry, lambda: TRACE_RETRY_SECONDS, flush_every=max(1, axis.samples(5.0)))
+        trace = (TraceSink(trace_path, telemetry, lambda: TRACE_RETRY_SECONDS, flush_every=max(1, axis.samples(5.0)),
+                           named_by_user=trace_path == config.trace_file)  # a device's own name: no link followed
                  if trace_path else None)
         self.station = Station(judge, telemetry, trace, device=name, pid=pid)
         self.telemetry = telemetry
@@ -231,6 +233,9 @@ class Daemon:
             return reader.read()
         except psutil.NoSuchProcess:
             return None
+        except PartialReading as partial:  # a device failed: the others are judged all the same
+            self._count_error("read", partial.error)
+            return partial.readings
         except Exception as exc:  # noqa: BLE001 - a daemon outlives any one failed reading
             self._count_error("read", exc)
             return []
@@ -256,8 +261,10 @@ class Daemon:
     def _judge_all(self, target: WatchedProcess, source: str, tick: int, readings: Sequence[DeviceReading]) -> None:
         now = time.time()
         asking: tuple[str, Verdict, Action] | None = None
+        # The host beside chips is never the only device, even on a tick when the chips failed.
+        only = len(readings) == 1 and readings[0].device != HOST_DEVICE
         for reading in readings:
-            device = self._device(reading.device, source, only_device=len(readings) == 1, pid=target.pid)
+            device = self._device(reading.device, source, only_device=only, pid=target.pid)
             sample = Sample(tick, now, reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used)
             verdict, action = device.station.observe(sample)
             telemetry = device.telemetry

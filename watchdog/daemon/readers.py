@@ -18,7 +18,8 @@ Readers here:
   memory the target's process tree holds, against what the other processes leave it.
 - `WithHost`: another reader's devices plus the target's host memory (`device="host"`), read as
   the in-process host watch reads it (`watchdog.runtime.host_memory`). A process tree's resident
-  memory already is the host's: there, one series, whose limit is the host's budget.
+  memory already is the host's: there, one series, whose limit is the host's budget. When the
+  other reader fails, the host's reading still comes (`PartialReading`), and the failure is counted.
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ class DeviceReader(Protocol):
     source: str
 
     def read(self) -> Sequence[DeviceReading]: ...
+
+
+class PartialReading(Exception):
+    """Some devices were read and some could not be: the readings there are, and what failed.
+    The daemon judges the readings and counts the failure, so a device that cannot be read (a lost
+    GPU, a TPU's metrics endpoint down) never blinds it to the others: the host's RAM above all."""
+
+    def __init__(self, readings: Sequence[DeviceReading], error: BaseException):
+        super().__init__(str(error))
+        self.readings, self.error = list(readings), error
 
 
 class ProcessTreeReader:
@@ -184,5 +195,11 @@ class WithHost:
 
     def read(self) -> list[DeviceReading]:
         host = self._memory.read()  # raises NoSuchProcess once the target is gone
-        return [*self.inner.read(), DeviceReading(HOST_DEVICE, host.bytes_used, host.bytes_limit, None,
-                                                  self.process.pid)]
+        reading = DeviceReading(HOST_DEVICE, host.bytes_used, host.bytes_limit, None, self.process.pid)
+        try:
+            chips = self.inner.read()
+        except psutil.NoSuchProcess:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the chips' failure is counted; the host is still judged
+            raise PartialReading([reading], exc) from exc
+        return [*chips, reading]

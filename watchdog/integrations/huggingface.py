@@ -173,14 +173,13 @@ def _saved_state(args, state) -> dict | None:
     try:
         with open_regular(path, "rb", what="watchdog state ") as handle:
             saved = strict_json.loads(handle.read(4096))
-        WatchdogConfig().resumed(saved)  # its types and bounds, checked here
-        return saved
     except FileNotFoundError:
         return None
     except (OSError, InputError, ValueError) as exc:
         log.warning("watchdog_state_unread", path=str(path), error=type(exc).__name__,
                     note="the restart budget counts every restart of the job instead")
         return None
+    return Watchdog.saved_state(saved, str(path))  # its types and bounds, the same rule as Lightning's
 
 
 def _last_step(args, state) -> int | None:

@@ -117,7 +117,7 @@ class HbmWatchdogCallback(Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Lightning hands back what `state_dict` saved when `fit` resumes, before `on_train_start`."""
-        self._resumed = dict(state_dict) if state_dict else None
+        self._resumed = Watchdog.saved_state(state_dict or None, "the Lightning checkpoint's callback state")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.watchdog is None:

@@ -56,7 +56,8 @@ class HostWatch:
         telemetry.restarts_total = config.restarts_so_far
         trace = None
         if config.trace_file is not None:
-            trace = TraceSink(labelled_trace_path(config.trace_file, HOST), telemetry, trace_retry_seconds)
+            trace = TraceSink(labelled_trace_path(config.trace_file, HOST), telemetry, trace_retry_seconds,
+                              named_by_user=False)
         self.station = Station(judge, telemetry, trace, memory=HOST)
         log.info("host_memory_watched", **self.memory.describe(), sample_every=self.every,
                  trace_file=str(trace.path) if trace else None)

@@ -368,6 +368,22 @@ class Watchdog:
         count, step = self._handed.restarts
         return {"watchdog_restarts": count, "watchdog_restart_step": step}
 
+    @staticmethod
+    def saved_state(state: object, where: str) -> dict | None:
+        """A `state_dict()` read back from a checkpoint, checked: the dict itself, or None (logged
+        as `watchdog_state_unread` with `where`) when it is not one `WatchdogConfig.resumed` takes.
+        A bad saved state never stops training: the restart budget then counts every restart of the
+        job instead. Every loop that resumes (Lightning, Hugging Face) reads its state through here."""
+        if state is None:
+            return None
+        try:
+            WatchdogConfig().resumed(state)  # its types and bounds
+        except InputError as exc:
+            log.warning("watchdog_state_unread", path=where, error=str(exc),
+                        note="the restart budget counts every restart of the job instead")
+            return None
+        return dict(state)  # type: ignore[arg-type]
+
     @property
     def ranks(self) -> int:
         """How many ranks take this watchdog's decisions together (1: this process alone)."""

@@ -58,6 +58,11 @@ class SourceUnavailable(RuntimeError):
     """This source cannot read memory here (no such device, unsupported backend...)."""
 
 
+class ChosenSourceUnavailable(SourceUnavailable, InputError):
+    """The memory source a user named (not `auto`) cannot read this device: bad input, said in one
+    line (exit 2 from the command line), and still a SourceUnavailable for code that falls back."""
+
+
 class MemorySource(Protocol):
     name: str
 
@@ -345,4 +350,7 @@ def select_source(kind: str, device: str, memory_limit_bytes: int | None = None,
                         note="no per-device memory on this backend: this process's resident memory "
                              "stands in for every XLA device, against --memory-limit")
         return source, reading
+    if kind != "auto":
+        raise ChosenSourceUnavailable(f"memory source {kind!r} cannot read device {device!r}: {reasons[0]}; "
+                                      "choose one that can, or auto")
     raise SourceUnavailable(f"no memory source works for device {device!r}: " + "; ".join(reasons))

@@ -22,10 +22,14 @@ log = get_logger(__name__)
 
 
 class TraceSink:
-    def __init__(self, path: Path, telemetry: Telemetry, retry_seconds: Callable[[], float], *, flush_every: int = 64):
+    def __init__(self, path: Path, telemetry: Telemetry, retry_seconds: Callable[[], float], *, flush_every: int = 64,
+                 named_by_user: bool = True):
         """`retry_seconds`: read at each failure, so a test may shorten the wait on a live watchdog.
-        `flush_every`: rows kept before a flush (the daemon, at one row a second, flushes sooner)."""
+        `flush_every`: rows kept before a flush (the daemon, at one row a second, flushes sooner).
+        `named_by_user=False`: a name the tool chose (`TRACE.host.csv`, a device's trace in `watch`),
+        never written through a link."""
         self.path = path
+        self._follow = named_by_user
         self._flush_every = flush_every
         self.samples_missed = 0
         self._telemetry = telemetry
@@ -37,7 +41,7 @@ class TraceSink:
 
     def _open(self, *, at_start: bool = False) -> bool:
         try:
-            self._writer = TraceWriter(self.path, flush_every=self._flush_every)
+            self._writer = TraceWriter(self.path, flush_every=self._flush_every, follow_symlinks=self._follow)
             return True
         except InputError:
             if at_start:

@@ -154,7 +154,12 @@ def select_device(name: str) -> torch.device:
             import torch_xla
         except ImportError as exc:
             raise InputError(f"--device xla: torch_xla is not importable ({exc})") from None
-        return torch_xla.device()
+        try:
+            return torch_xla.device()
+        except RuntimeError as exc:  # "No PjRtPlugin registered for: X": the runtime could not start
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(f"--device xla with PJRT_DEVICE={os.environ.get('PJRT_DEVICE')!r}: "
+                             f"{first.split('. ')[0]}") from None
     if name == "cuda":
         if not torch.cuda.is_available():
             raise InputError("--device cuda: CUDA is not available on this machine")
