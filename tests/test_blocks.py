@@ -53,16 +53,3 @@ def test_the_summary_table_has_units_and_the_command_to_draw_the_trace():
     assert "OOM projected, floor +4.0 MiB/step; OOM in 120 steps (step 271)" in text
     assert "runs/demo/ckpt (newest: step 600)" in text
     assert "hbm-watchdog report runs/demo/trace.csv -o runs/demo/trace.png" in text
-
-
-def test_the_old_names_action_report_and_station_reports_still_work_and_say_they_are_deprecated():
-    import importlib
-    import sys
-
-    from watchdog.station import blocks
-    with pytest.warns(DeprecationWarning, match="ActionOutcome"):
-        assert blocks.ActionReport is ActionOutcome
-    sys.modules.pop("watchdog.station.reports", None)
-    with pytest.warns(DeprecationWarning, match="watchdog.station.blocks"):
-        reports = importlib.import_module("watchdog.station.reports")
-    assert reports.ActionReport is ActionOutcome and reports.RunSummary is RunSummary

@@ -328,3 +328,17 @@ def test_a_fast_leak_at_the_limit_names_the_rate_seen_not_zero():
     assert sample.bytes_used < GiB, "acted before the limit"
     assert verdict.slope_bytes_per_step == pytest.approx(2 * MiB, rel=0.01)
     assert "rising 2.0 MiB/step" in verdict.explanation, verdict.explanation
+
+
+def test_an_action_at_the_limit_says_the_rise_it_saw_even_before_the_pace_has_a_window():
+    """Issue 53: an action taken at the limit said "floor rising +0 B/step ... OOM in ~0 s" for a leak
+    of 2 MiB/step: with too few readings for a pace, the rise from the first to the newest is named."""
+    from watchdog.station.blocks import ActionOutcome
+
+    judge = Judge(memory_limit_bytes=GiB)
+    samples = rising_from(GiB - 6 * MiB, 4, rate=2 * MiB)
+    for sample in samples:
+        verdict, action = judge.judge(sample)
+    assert action.needs_checkpoint and verdict.slope_bytes_per_step == pytest.approx(2 * MiB)
+    block = ActionOutcome(sample.step, action, verdict).block()
+    assert "floor rising +2.0 MiB/step" in block and "at the limit now" in block and "+0 B/step" not in block, block

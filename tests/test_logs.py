@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -42,20 +43,18 @@ def test_routine_detail_is_debug_on_the_console_but_stays_in_json(capsys, restor
     console = emit(capsys, "console", "info")
     assert "memory_source_selected" not in console and "action_decided" in console
     assert console.count("── watchdog: checkpoint reinit at step 3 ──\n  done  reinit") == 1
-    assert "watchdog_action" not in console, "a renamed event is shown once, under its new name"
+    assert "watchdog_action" not in console and "deprecated" not in console, "one name per event"
     assert "memory_source_selected" in emit(capsys, "console", "debug")
     records = [json.loads(line) for line in emit(capsys, "json", "info").splitlines()]
-    assert [r["event"] for r in records] == ["memory_source_selected", "action_decided", "watchdog_action",
-                                             "action_outcome", "watchdog_acted"]  # the old names, one release
-    assert "deprecated" in records[2] and "deprecated" not in records[1]
-    assert records[2]["action"] == "checkpoint_reinit" and records[2]["step"] == 3
+    assert [r["event"] for r in records] == ["memory_source_selected", "action_decided", "action_outcome"]
+    assert not any("deprecated" in r for r in records), "each action said once, under its one name"
+    assert records[1]["action"] == "checkpoint_reinit" and records[1]["step"] == 3
     assert records[0]["bytes_used"] == 1 << 30  # raw base units for machines
 
 
 def test_warning_level_keeps_only_warnings(capsys, restore_root_logging):
     out = emit(capsys, "json", "warning")
-    assert [json.loads(line)["event"] for line in out.splitlines()] == ["action_decided", "watchdog_action",
-                                                                        "action_outcome", "watchdog_acted"]
+    assert [json.loads(line)["event"] for line in out.splitlines()] == ["action_decided", "action_outcome"]
 
 
 def test_once_per_kind_logs_each_new_kind_and_cause_once_and_counts_every_error(events):
@@ -119,3 +118,34 @@ def test_a_log_file_that_fails_is_said_once_and_the_run_goes_on(capfd, tmp_path,
     assert len(said) == 1 and "No space left on device" in said[0] and "the run goes on" in said[0]
     assert "Traceback" not in err and "Logging error" not in err
     assert err.count('"action_decided"') == 20, "stderr keeps every event"
+
+
+# ---- a loop of one's own, with no logging set up (issue 53) -----------------------------------------
+
+OWN_LOOP = Path(__file__).parent / "jobs" / "own_loop.py"
+
+
+@pytest.mark.slow
+def test_a_loop_of_ones_own_with_no_logging_set_up_reads_well_on_a_terminal_and_is_json_in_a_pipe():
+    """Issue 53: in a loop written from the README, every event printed as a Python dict, even on a
+    terminal, each action twice (its old name too), the block as one escaped string. Now: JSON lines
+    in a pipe, the console's rendering on a terminal, each action once."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, hbm_watchdog_env, run_on_a_pty
+
+    piped = subprocess.run([sys.executable, str(OWN_LOOP)], capture_output=True, text=True, timeout=120,
+                           cwd=REPO, env=hbm_watchdog_env())
+    assert piped.returncode == 0, piped.stderr[-2000:]
+    records = [json.loads(line) for line in piped.stderr.splitlines()]  # every line strict JSON
+    events = [r["event"] for r in records]
+    assert events.count("action_decided") == 1 and events.count("action_outcome") == 1, events
+    assert not any("deprecated" in r for r in records) and "watchdog_action" not in events
+    code, screen = run_on_a_pty([sys.executable, str(OWN_LOOP)], timeout=120)
+    text = screen.decode("utf-8", "replace")
+    assert code == 0, text[-2000:]
+    assert "{'" not in text and '{"' not in text, "no Python dict and no JSON on a terminal"
+    assert text.count("── watchdog: checkpoint reinit at step") == 1, text
+    assert "\\n" not in text and "  recovered" in text, "the block printed as a block"
+    assert "action_decided" in text and "watchdog_action" not in text

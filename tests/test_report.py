@@ -97,12 +97,6 @@ def test_steps_beyond_the_bound_are_one_line_not_a_matplotlib_error(tmp_path, ca
     assert not (tmp_path / "x.png").exists()
 
 
-def test_the_old_name_render_report_still_draws_and_says_it_is_deprecated():
-    from watchdog.commands import report
-    with pytest.warns(DeprecationWarning, match="draw_trace"):
-        assert report.render_report is draw_trace
-
-
 def test_a_trace_named_with_dollars_is_drawn_as_text_not_mathtext(tmp_path, leak_trace, capsys):
     """Issue 52: `report 'run_$5_$10.csv' -o x.png` raised matplotlib's ParseSyntaxException: the
     file name goes into the title, which matplotlib read as mathtext."""

@@ -138,8 +138,12 @@ def test_a_single_process_is_never_ended_for_a_stall_unless_asked(captured):
     with Watchdog(config) as wd:
         wd.step(0)
         assert wd._stall.exit_after is None, "one process: only reported"
-        time.sleep(0.4)
+        deadline = time.monotonic() + 10  # a loaded machine delays the scheduler's thread
+        while not wd.telemetry.stalled and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # well past the stall, still running
     assert [e for e in captured.events if e["event"] == "training_stalled"]
+    assert not [e for e in captured.events if e["event"] == "stall_exit"]
 
 
 @pytest.mark.parametrize("field", ["stall_after_seconds", "stall_check_seconds", "stall_exit_after_seconds"])
@@ -187,32 +191,6 @@ def test_history_is_bounded():
     assert len(wd.history) == 8
     assert wd.history[-1].step == 29
     assert wd.telemetry.samples_total == 30
-
-
-def test_the_old_name_latest_verdict_still_reads_the_verdict_and_says_it_is_deprecated():
-    config = WatchdogConfig(sample_every=1, memory_limit_bytes=1 << 40)
-    with Watchdog(config, source=RssSource(1 << 40)) as wd:
-        for step in range(3):
-            wd.step(step)
-            wd.drain()
-        with pytest.warns(DeprecationWarning, match="Watchdog.verdict"):
-            old = wd.latest_verdict
-    assert old is wd.verdict and old is not None
-
-
-def test_the_old_outcome_names_still_log_the_outcome_and_say_they_are_deprecated(events):
-    """`report_action`, `Watchdog(reports_actions=)` and `log_acted`: renamed, kept one release."""
-    from watchdog.runtime import sidecar
-    from watchdog.station.blocks import ActionOutcome
-    with pytest.warns(DeprecationWarning, match="logs_outcomes"):
-        wd = Watchdog(WatchdogConfig(memory_limit_bytes=1 << 40), source=RssSource(1 << 40), reports_actions=True)
-    decided = ActionOutcome(7, Action.CHECKPOINT_RESTART, None)
-    with pytest.warns(DeprecationWarning, match="log_outcome"):
-        wd.report_action(sidecar.RESTART_REQUESTED, checkpoint="ckpt-7", report=decided)
-    with pytest.warns(DeprecationWarning, match="log_action_outcome"):
-        assert sidecar.log_acted is sidecar.log_action_outcome
-    (logged,) = events.named("action_outcome")
-    assert (logged["step"], logged["checkpoint"], logged["outcome"]) == (7, "ckpt-7", sidecar.RESTART_REQUESTED)
 
 
 def test_stop_is_idempotent_and_start_returns_self():

@@ -311,21 +311,16 @@ def test_bad_usage_is_one_line_and_status_2(argv, message):
     assert "Traceback" not in out.stderr
 
 
-def test_the_old_kill_grace_flag_still_works_hidden_and_says_its_new_name(capsys):
-    """`--kill-grace` became `--grace-seconds` (watch's word for the same wait): one release of both."""
+def test_the_grace_flag_has_one_name(capsys):
+    """`--kill-grace` (its old name) is gone with the other renames of the unreleased 0.1.0."""
     from watchdog.commands.cli import build_parser
 
     parser = build_parser()
-    old = parser.parse_args(["supervise", "--kill-grace", "7", "--", "true"])
-    assert old.grace_seconds == 7.0 and "deprecated" in capsys.readouterr().err
-    new = parser.parse_args(["supervise", "--grace-seconds", "7", "--", "true"])
-    assert new.grace_seconds == 7.0 and capsys.readouterr().err == ""
+    assert parser.parse_args(["supervise", "--grace-seconds", "7", "--", "true"]).grace_seconds == 7.0
     assert parser.parse_args(["supervise", "--", "true"]).grace_seconds == 30.0
     with pytest.raises(SystemExit):
-        parser.parse_args(["supervise", "--help"])
-    shown = capsys.readouterr().out
-    assert "--grace-seconds" in shown and "--kill-grace" not in shown
-
+        parser.parse_args(["supervise", "--kill-grace", "7", "--", "true"])
+    capsys.readouterr()
 
 def test_an_exits_file_nested_beyond_any_bound_is_one_line_not_a_recursion_error(tmp_path):
     """Issue 52: `supervise --postmortem-dir D -- true` with `D/exits.jsonl` holding a line of 100,000

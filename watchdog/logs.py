@@ -47,30 +47,54 @@ ROUTINE_EVENTS = frozenset({
 })
 
 
-# Log events renamed, new name -> old. For one release each is also written under its old name,
-# with a `deprecated` field, so a log pipeline that selects the old name keeps working while it
-# moves; the console shows only the new one. docs/CHANGELOG.md lists them.
-RENAMED_EVENTS = {
-    "action_decided": "watchdog_action",  # what the watchdog decided for a series, and why
-    "action_outcome": "watchdog_acted",  # the action's block: what the loop did with it, what it gave back
-}
-
-
 def log_event(logger, level: int, event: str, **fields) -> None:
-    """`logger.log(level, event, ...)`, and the same line under the event's old name while it is kept."""
+    """`logger.log(level, event, ...)`, for an event whose level is chosen at run time (the station's
+    lines go through here: tests/test_station.py lists them from these calls). One name per event."""
     logger.log(level, event, **fields)
-    old = RENAMED_EVENTS.get(event)
-    if old is not None:
-        logger.log(level, old, **fields, deprecated=f"renamed {event}; this old name goes in the next release")
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     return structlog.wrap_logger(
         logging.getLogger(name),
-        processors=[structlog.stdlib.filter_by_level, *_PRE_CHAIN,
-                    structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        processors=[structlog.stdlib.filter_by_level, *_PRE_CHAIN, _readable],
         wrapper_class=structlog.stdlib.BoundLogger,
     )
+
+
+class Event(dict):
+    """An event's fields, as structlog hands them to a stdlib record. Our formatters read the dict;
+    any other formatter reads `str(event)`, a line a person reads (`action_decided: step=3
+    action=checkpoint_reinit ...`, or the event's block), not a Python dict: a user's
+    `logging.basicConfig()`, Lightning's and Hugging Face's set-ups print our events as text."""
+
+    def __str__(self) -> str:
+        return render_text(self)
+
+
+def render_text(event: dict) -> str:
+    """One event as text for a person: its block, or its name and fields with units."""
+    event = with_units(None, None, dict(event))
+    block = event.get("block")
+    if isinstance(block, str) and block:
+        return block
+    if event.get("event") == "leak_suspects" and event.get("creation_sites"):
+        return _suspects_text(event)
+    fields = " ".join(f"{key}={value}" for key, value in event.items() if key not in _NOT_SHOWN)
+    return f"{event.get('event', '')}: {fields}" if fields else str(event.get("event", ""))
+
+
+_NOT_SHOWN = frozenset({"event", "level", "logger", "timestamp", "block", "_record", "_from_structlog"})
+
+
+def _suspects_text(event: dict) -> str:
+    """The census after a capture: what is leaking, with the lines that made it (the README's promise)."""
+    step = event.get("step")
+    title = f"what is leaking, at step {step:,}:" if isinstance(step, int) else "what is leaking:"
+    return "\n".join([title, *(f"  {line}" for line in event.get("suspects") or [])])
+
+
+def _readable(logger, name: str, event_dict: dict):
+    return structlog.stdlib.ProcessorFormatter.wrap_for_formatter(logger, name, Event(event_dict))
 
 
 def console_wanted(fmt: str = "auto") -> bool:
@@ -82,16 +106,8 @@ def configure_logging(fmt: str = "auto", level: int | str = logging.INFO, log_fi
     with `log_file` (see `open_log_file`), every event also goes there as a JSON line, whatever stderr shows."""
     numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     console = console_wanted(fmt)
-    if console:
-        processors = [structlog.stdlib.ProcessorFormatter.remove_processors_meta, with_units,
-                      structlog.processors.format_exc_info, _render_blocks_or(
-                          structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))]
-    else:
-        processors = _JSON_CHAIN
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=processors, foreign_pre_chain=_PRE_CHAIN))
-    if console:
-        handler.addFilter(_without_old_names)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=_chain(console), foreign_pre_chain=_PRE_CHAIN))
     if console and numeric > logging.DEBUG:
         handler.addFilter(_without_routine_events)
     handlers = [handler]
@@ -134,6 +150,15 @@ _JSON_CHAIN = [structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
 
 
+def _chain(console: bool) -> list:
+    """The formatter's processors: the console's (units, blocks) or JSON lines (raw base units)."""
+    if not console:
+        return _JSON_CHAIN
+    return [structlog.stdlib.ProcessorFormatter.remove_processors_meta, with_units,
+            structlog.processors.format_exc_info,
+            _render_blocks_or(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))]
+
+
 def open_log_file(path: str | os.PathLike) -> IO[str]:
     """`--log-file`: appended to, as logs are, and line-buffered, so a killed run keeps every line it
     logged. Never through a link, and only a regular file: a path that points elsewhere is refused."""
@@ -144,17 +169,13 @@ def open_log_file(path: str | os.PathLike) -> IO[str]:
         raise InputError(f"--log-file {os.fspath(path)!s}: cannot write it ({reason})") from None
 
 
-def _without_old_names(record: logging.LogRecord) -> bool:
-    """A person sees a renamed event once, under its new name."""
-    return not (isinstance(record.msg, dict) and record.msg.get("event") in _OLD_NAMES and "deprecated" in record.msg)
-
-
-_OLD_NAMES = frozenset(RENAMED_EVENTS.values())
-
-
 def _without_routine_events(record: logging.LogRecord) -> bool:
-    event = record.msg.get("event") if isinstance(record.msg, dict) else None
-    return event not in ROUTINE_EVENTS
+    """Routine events stay off the console; the census that names where the leak is made does not
+    (the action's block carries the census at the action, not the one after the capture)."""
+    if not isinstance(record.msg, dict):
+        return True
+    event = record.msg.get("event")
+    return event not in ROUTINE_EVENTS or (event == "leak_suspects" and bool(record.msg.get("creation_sites")))
 
 
 # ---- the console's processors: pure functions of the event dict ---------------------------------
@@ -182,12 +203,15 @@ def with_units(_logger, _name, event: dict) -> dict:
 
 
 def _render_blocks_or(renderer):
-    """Events that carry a ready `block` of text print as that block; the rest go to `renderer`."""
+    """Events that carry a ready `block` of text print as that block (so does the census that names
+    where the leak is made); the rest go to `renderer`."""
 
     def render(logger, name, event: dict) -> str:
         block = event.get("block")
         if isinstance(block, str) and block:
             return block
+        if event.get("event") == "leak_suspects" and event.get("creation_sites"):
+            return _suspects_text(event)
         return renderer(logger, name, event)
 
     return render
@@ -226,3 +250,35 @@ class OncePerKind:
 def exception_text(exc: BaseException) -> str:
     """An exception as one log field: `OSError: [Errno 28] No space left on device`."""
     return f"{type(exc).__name__}: {exc}"
+
+
+# ---- nothing configured: the library's own events still reach a person, or a pipe --------------
+
+_FALLBACK = "hbm-watchdog fallback"
+
+
+class _WhileNothingElse(logging.Filter):
+    """Lets a record through only while the application has configured no logging of its own (the
+    root logger has no handler): once it has, its set-up shows our events, and this one steps aside."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
+def ensure_readable_output() -> None:
+    """Called when a `Watchdog` starts. A library does not take over the application's logging; but
+    where nothing is configured, Python's last resort printed our events as Python dicts (and the
+    action's block as one escaped string). So, on the `watchdog` logger only, and only while the root
+    logger has no handler: on a terminal, the console's rendering (blocks as blocks, units); in a
+    file or a pipe, strict JSON lines. Levels are left as they are (WARNING and up, Python's
+    default). Route the events anywhere else with the standard library, or `configure_logging`."""
+    logger = logging.getLogger("watchdog")
+    if any(handler.get_name() == _FALLBACK for handler in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_FALLBACK)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=_chain(console_wanted("auto")),
+                                                             foreign_pre_chain=_PRE_CHAIN))
+    handler.addFilter(_WhileNothingElse())
+    handler.addFilter(_without_routine_events)
+    logger.addHandler(handler)

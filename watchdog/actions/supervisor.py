@@ -42,13 +42,11 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Sequence
 
 from watchdog.actions.job_group import Guard, end_group, signal_group, start_guard
 from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
-from watchdog.core.renamed import old_names
 from watchdog.logs import get_logger
 from watchdog.core.restarts import RESTART_COUNT_ENV
 
@@ -300,16 +298,13 @@ def check_options(max_restarts: int, backoff: float, max_backoff: float, grace_s
 def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float = 1.0,
               max_backoff: float = 60.0, grace_seconds: float = DEFAULT_GRACE_SECONDS,
               stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
-              on_exit: Callable[[ChildOutcome, int], None] | None = None, kill_grace: float | None = None) -> int:
+              on_exit: Callable[[ChildOutcome, int], None] | None = None) -> int:
     """Run `command` until it finishes, restarting it as `decide` says; returns the supervisor's exit status.
 
     `on_exit(outcome, run)` is told of every exit of the child (run 0 is the first): the command
     line records it and prints a post-mortem of a crash. Must run on the main thread (it installs
-    SIGINT/SIGTERM handlers for the duration). `kill_grace`: `grace_seconds`' old name, deprecated.
+    SIGINT/SIGTERM handlers for the duration).
     """
-    if kill_grace is not None:
-        warnings.warn("supervise(kill_grace=) is deprecated; pass grace_seconds=", DeprecationWarning, stacklevel=2)
-        grace_seconds = kill_grace
     command = list(command)
     if not command:
         raise InputError("no command to supervise: hbm-watchdog supervise [options] -- CMD ...")
@@ -370,5 +365,3 @@ def _log_end(decision: Decision, outcome: ChildOutcome, restarts: int, max_resta
     else:
         log.error("child_failed_not_restarting", **fields)
 
-
-__getattr__ = old_names(__name__, {"DEFAULT_KILL_GRACE": ("DEFAULT_GRACE_SECONDS", DEFAULT_GRACE_SECONDS)})

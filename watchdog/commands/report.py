@@ -22,7 +22,6 @@ from pathlib import Path
 
 from watchdog.core.errors import InputError
 from watchdog.core.numbers import option
-from watchdog.core.renamed import old_names
 from watchdog.core.sample import Sample, load_trace
 from watchdog.core.units import format_bytes, positive_size
 from watchdog.core.verdict import Action, Status, Verdict
@@ -275,6 +274,3 @@ def run(args: argparse.Namespace) -> int:
     path = draw_trace(samples, args.output, name=Path(args.trace).name, memory_limit_bytes=args.memory_limit)
     print(f"wrote {path}")
     return 0
-
-
-__getattr__ = old_names(__name__, {"render_report": ("watchdog.commands.report.draw_trace", draw_trace)})

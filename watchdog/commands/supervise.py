@@ -34,7 +34,6 @@ from pathlib import Path
 
 from watchdog.actions.supervisor import DEFAULT_GRACE_SECONDS, ChildOutcome, check_options, describe, supervise
 from watchdog.commands import postmortem
-from watchdog.commands.renamed import renamed_option
 from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.inputs import open_regular
 from watchdog.core.numbers import option, parse_count
@@ -59,7 +58,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM or SIGINT is forwarded to the job's process group (or what is "
                              "left of it once the command exits), SIGKILL it this much later "
                              f"(default {DEFAULT_GRACE_SECONDS:g}: time to save a checkpoint; as watch's)")
-    renamed_option(parser, "--kill-grace", "--grace-seconds", type=float)
     parser.add_argument("--postmortem-dir", metavar="DIR", type=Path,
                         help="keep the job's flight record, every exit and the end of its output here, for "
                              "`hbm-watchdog postmortem DIR` (and the post-mortem printed on a crash)")

@@ -312,14 +312,14 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
     used = sample.bytes_used
     limit = verdict.limit_bytes
     paced = pace.rate()
-    slope = verdict.slope_bytes_per_step if verdict.slope_bytes_per_step > 0 else paced
+    seen = paced or pace.rise()  # the words need a rate even where the pace has no window yet
+    slope = verdict.slope_bytes_per_step if verdict.slope_bytes_per_step > 0 else seen
     per_second = verdict.slope_bytes_per_second
-    if verdict.slope_bytes_per_step <= 0 and paced > 0:
-        verdict = verdict._replace(slope_bytes_per_step=paced, slope_high_bytes_per_step=max(
-            paced, verdict.slope_high_bytes_per_step))
+    if verdict.slope_bytes_per_step <= 0 and seen > 0:
         sps = pace.seconds_per_step
-        per_second = paced / sps if sps > 0 else 0.0
-        verdict = verdict._replace(slope_bytes_per_second=per_second)
+        per_second = seen / sps if sps > 0 else 0.0
+        verdict = verdict._replace(slope_bytes_per_step=seen, slope_high_bytes_per_step=max(
+            seen, verdict.slope_high_bytes_per_step), slope_bytes_per_second=per_second)
     rate = ""
     if used >= line:
         steps = 0.0

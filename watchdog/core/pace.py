@@ -125,6 +125,14 @@ class Pace:
         bench's corpora or on 300 flat jobs of tests/test_detector.py."""
         return REACH_GAPS * self.gap + HANDOVER_STEPS
 
+    def rise(self) -> float:
+        """How fast the readings kept rose from the first to the newest, per step (0 when they did not,
+        or fewer than two): what was seen, for the words of a verdict, never a reason to act."""
+        steps, used = self._steps, self._bytes
+        if len(used) < 2 or steps[-1] <= steps[0]:
+            return 0.0
+        return max(0.0, (used[-1] - used[0]) / (steps[-1] - steps[0]))
+
     def reaches(self, line: float) -> bool:
         """Whether, with a new high among the newest quarter's readings, memory could be at or past
         `line` at the pace seen before an action decided at the next reading reaches the loop."""

@@ -53,7 +53,6 @@ import queue
 import sys
 import threading
 import time
-import warnings
 from collections import deque
 from typing import Any, Callable
 
@@ -62,12 +61,11 @@ from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import phase_label
 from watchdog.core.policy import restarts_in_a_row
-from watchdog.core.renamed import old_names
 from watchdog.core.restarts import restarts_so_far
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
-from watchdog.logs import OncePerKind, exception_text, get_logger, log_event
+from watchdog.logs import OncePerKind, ensure_readable_output, exception_text, get_logger, log_event
 from watchdog.runtime import agreement, xla_stats
 from watchdog.runtime.agreement import Agreement, severity
 from watchdog.runtime.allocator_figures import AllocatorFigures
@@ -102,19 +100,13 @@ class Watchdog:
 
     def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None,
                  telemetry: Telemetry | None = None, logs_outcomes: bool = False,
-                 follower: LeakFollower | None = None, agreement: Agreement | None = None,
-                 reports_actions: bool | None = None):
+                 follower: LeakFollower | None = None, agreement: Agreement | None = None):
         """`logs_outcomes`: the loop says what it did with every action (`log_outcome`), perhaps
         some steps later (after an evaluation): the block is never logged for it at the next step.
-        (`reports_actions`: its old name, deprecated, kept one release.)
         `follower`: a loop that drives its own `LeakFollower` (the trainer) shares it, so that the
         watchdog's `suspects` and flight record see its censuses; the watchdog then drives none.
         `agreement`: a loop that agrees on more than the watchdog's actions (the trainer: whether
         every rank's save landed) shares its own; by default `start()` joins one when several ranks run."""
-        if reports_actions is not None:
-            warnings.warn("Watchdog(reports_actions=) is deprecated; pass logs_outcomes=", DeprecationWarning,
-                          stacklevel=2)
-            logs_outcomes = reports_actions
         config = config or WatchdogConfig()
         if config.restarts_so_far is None:  # what the restart engine tells this process
             config = dataclasses.replace(config, restarts_so_far=restarts_so_far(os.environ))
@@ -162,6 +154,7 @@ class Watchdog:
         """Call on the training thread: the current XLA device is thread-local, so it is captured here."""
         if self._thread is not None:
             return self
+        ensure_readable_output()  # where the application configured no logging, its lines are still read
         device = self.config.device or current_device()
         if self._source is None:
             self._source, _ = select_source(self.config.source, device, self.config.memory_limit_bytes,
@@ -274,12 +267,6 @@ class Watchdog:
         """The device series' newest verdict (None before the first sample). An attribute read: a
         loop may read it every step."""
         return self.telemetry.verdict
-
-    @property
-    def latest_verdict(self) -> Verdict | None:
-        """Deprecated (0.1): `verdict`. Kept one release for code written against it."""
-        warnings.warn("Watchdog.latest_verdict is deprecated; read Watchdog.verdict", DeprecationWarning, stacklevel=2)
-        return self.verdict
 
     @property
     def limit_bytes(self) -> int | None:
@@ -463,13 +450,6 @@ class Watchdog:
             if recovery is not None:
                 decided.recovered_bytes, decided.memory_after_bytes = recovery.recovered_bytes, recovery.bytes_after
         log_action_outcome(decided)
-
-    def report_action(self, outcome: str, *, checkpoint: str | None = None,
-                      report: ActionOutcome | None = None) -> None:
-        """Deprecated (0.1): `log_outcome` (`report` is its `decided`). Kept one release."""
-        warnings.warn("Watchdog.report_action is deprecated; call Watchdog.log_outcome (report= is decided=)",
-                      DeprecationWarning, stacklevel=2)
-        self.log_outcome(outcome, checkpoint=checkpoint, decided=report)
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Block until the sidecar has handled everything posted so far; False on timeout."""
@@ -679,8 +659,6 @@ def log_action_outcome(outcome: ActionOutcome) -> None:
     """One readable block for a person (and its fields for a log pipeline)."""
     log_event(log, logging.WARNING, "action_outcome", block=outcome.block(), **outcome.fields())
 
-
-__getattr__ = old_names(__name__, {"log_acted": ("watchdog.runtime.sidecar.log_action_outcome", log_action_outcome)})
 
 
 class PhaseScope:

@@ -14,7 +14,6 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
-from watchdog.core.renamed import old_names
 from watchdog.core.units import format_bytes, format_duration
 from watchdog.core.verdict import Action, Status, Verdict
 
@@ -38,8 +37,12 @@ def oom_text(verdict: Verdict) -> str:
     """`OOM in ~8 s (step 271)`, or what is known when no OOM is projected."""
     if verdict.projected_oom_step is None or not math.isfinite(verdict.projected_oom_steps):
         return "no OOM projected"
+    if verdict.projected_oom_steps <= 0:
+        return f"at the limit now (step {verdict.projected_oom_step:,})"
     when = (f"~{format_duration(verdict.projected_oom_seconds)}" if math.isfinite(verdict.projected_oom_seconds)
             else f"{verdict.projected_oom_steps:,.0f} steps")
+    if when == "~0 s":  # sooner than a second is still steps away: say how many
+        when = f"{verdict.projected_oom_steps:,.1f} steps"
     return f"OOM in {when} (step {verdict.projected_oom_step:,})"
 
 
@@ -140,6 +143,3 @@ class RunSummary:
         if verdict.slope_bytes_per_step > 0 and verdict.status is not Status.HEALTHY:
             text += f", floor {rate_text(verdict.slope_bytes_per_step)}; {oom_text(verdict)}"
         return text
-
-
-__getattr__ = old_names(__name__, {"ActionReport": ("watchdog.station.blocks.ActionOutcome", ActionOutcome)})
