@@ -344,3 +344,9 @@ def test_a_process_starts_after_it_was_asked_for_and_before_its_first_line():
                          capture_output=True, text=True, timeout=60, cwd=REPO, env=hbm_watchdog_env())
     started, first_line = map(float, out.stdout.split())
     assert asked - 0.02 <= started <= first_line, (asked, started, first_line)  # /proc's clocks tick in 10 ms
+
+
+def test_a_version_written_as_true_is_no_version():
+    """Issue 53: `{"v": true, ...}` was taken as version 1 (`True == 1` in Python)."""
+    assert goodput.is_record({"v": 1, "event": "job"})
+    assert not goodput.is_record({"v": True, "event": "job"}) and not goodput.is_record({"v": 1.0, "event": "job"})

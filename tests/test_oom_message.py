@@ -443,3 +443,11 @@ def test_a_shape_of_many_braces_and_an_unfinished_escape_leave_the_message_whole
     hidden = "start\n\x1b]\n" + "a line\n" * 100 + CUDA_2_5
     found = parse(hidden)
     assert found is not None and found.requested_bytes == parse(CUDA_2_5).requested_bytes
+
+
+def test_a_malformed_size_is_unknown_not_a_wrong_number():
+    """Issue 53: "Tried to allocate 1.5.5 GiB" was read as 2 bytes (the "1.5" before the second dot)."""
+    message = parse("CUDA out of memory. Tried to allocate 1.5.5 GiB. GPU 0 has a total capacity of "
+                    "79.18 GiB of which 70.46 GiB is free.")
+    assert message is not None and message.kind == "allocation"
+    assert message.requested_bytes is None and message.capacity_bytes is not None

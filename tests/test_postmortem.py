@@ -326,3 +326,24 @@ def test_text_from_a_flight_record_reaches_the_terminal_as_text_never_as_escapes
     text = report(tmp_path / "t\x1b[2J.csv", diagnose([], record=hostile), hostile)
     assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b]52;c;ZWNobyBwd25lZA==\\x07" in text and "\\x1b[2J" in text  # still readable, inert
+
+
+def test_a_run_that_ended_cleanly_after_going_over_its_limit_says_so():
+    """Issue 53: a loop of one's own whose memory went 250 MiB over its limit and then ended in order
+    got "cause unknown: the run ended cleanly"."""
+    GiB = 1 << 30
+    samples = [Sample(s, 1e9 + s, int(GiB + s * (4 << 20)), 2 * GiB) for s in range(0, 400, 2)]
+    post = diagnose(samples, record={"ended": "clean", "last_step": 398})
+    assert post.ended == "clean"
+    assert "the run ended cleanly, but its memory went over the 2.0 GiB limit" in post.explanation
+    assert "from step 256" in post.explanation
+
+
+def test_a_device_oom_in_the_flight_record_is_always_explained():
+    """Issue 53: "no trend, jump or message explains the end" right above a `device_oom` message."""
+    record = {"last_step": 30, "device_oom": {"device": "cuda:0", "requested_bytes": 16 << 20,
+                                              "limit_bytes": 8 << 30, "free_bytes": 2 << 20, "step": 30}}
+    post = diagnose([], record=record)
+    assert post.oom_message is not None
+    assert "PyTorch's CUDA allocator ran out, asked for 16.0 MiB, 2.0 MiB free, of its 8.0 GiB limit" in post.explanation
+    assert "no trend, jump or message" not in post.explanation

@@ -115,3 +115,11 @@ def test_the_largest_numbers_in_bounds_round_trip(tmp_path):
     assert load_trace(path) == edge
     path.write_text(",".join(TRACE_HEADER) + "\n1,2.0,1.5e9,,\n2,3.0,1073741824.0,,\n")  # a spreadsheet's way
     assert [s.bytes_used for s in load_trace(path)] == [1_500_000_000, 1 << 30]
+
+
+def test_a_trace_saved_by_a_spreadsheet_with_a_byte_order_mark_is_read(tmp_path):
+    """Issue 53: a trace with a UTF-8 BOM (an Excel export) was refused as a bad header."""
+    path = tmp_path / "excel.csv"
+    path.write_bytes("\ufeffstep,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,3,4,\n".encode("utf-8"))
+    [sample] = load_trace(path)
+    assert (sample.step, sample.bytes_used, sample.bytes_limit) == (1, 3, 4)

@@ -20,7 +20,7 @@ from watchdog.core.units import format_bytes, positive_size
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace CSV files (step,timestamp,bytes_used,...)")
-    parser.add_argument("--memory-limit", metavar="BYTES", default=None, type=option(positive_size),
+    parser.add_argument("--memory-limit", metavar="SIZE", default=None, type=option(positive_size),
                         help="a budget (e.g. 16GiB) when the trace has no limit, or one lower than the device's")
     parser.add_argument("--json", action="store_true", help="one JSON object per trace per line")
 

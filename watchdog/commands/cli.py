@@ -25,7 +25,8 @@ COMMANDS = {
     "bench": ("watchdog.bench.cli", "detector quality and speed against the baselines"),
     "report": ("watchdog.commands.report", "draw a trace: usage, floor, trend, projection, limit, actions"),
     "watch": ("watchdog.commands.watch", "a daemon that signals a job before its OOM, from outside its process"),
-    "postmortem": ("watchdog.commands.postmortem", "read XLA's out-of-memory message: kind, sizes, Python lines"),
+    "postmortem": ("watchdog.commands.postmortem", "how a run ended: its trace, flight record, exit and out-of-memory "
+                                                   "message (XLA's or PyTorch CUDA's): a diagnosis"),
     "goodput": ("watchdog.commands.goodput", "where a job's time went: goodput, badput by cause, what actions saved"),
 }
 
@@ -56,6 +57,19 @@ def _one_line(message: str) -> str:
     return message.replace("\r", "\\r").replace("\n", "\\n")  # a path or a value may hold a newline
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it already says one (in its own words):
+    `train --help` showed none for --seed, --batch-size, --depth and others."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        nothing = default is None or default is False or default is argparse.SUPPRESS or default in ([], ())
+        if "default" in text or nothing or not action.option_strings or action.nargs == 0:
+            return text
+        return f"{text} (default %(default)s)" if text else "default %(default)s"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from watchdog import __version__
 
@@ -74,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         module = importlib.import_module(module_name)
-        command = sub.add_parser(name, help=help_text, description=help_text)
+        command = sub.add_parser(name, help=help_text, description=help_text, formatter_class=DefaultsShown)
         module.configure(command)
         command.set_defaults(_run=module.run)
     return parser

@@ -3,10 +3,10 @@
 
 PATH is a trace CSV or the folder holding it; beside the trace, the flight record
 (`TRACE.flight.json`, `runtime/flight_record.py`) says what the live watchdog knew and whether
-it stopped in order. `--log` is the job's output, read for XLA's message. The diagnosis is
+it stopped in order. `--log` is the job's output, read for XLA's or PyTorch CUDA's message. The diagnosis is
 `watchdog.core.postmortem`'s.
 
-A job's output (or any file holding it) is read for XLA's out-of-memory message, in any of its
+A job's output (or any file holding it) is read for XLA's (or PyTorch CUDA's) out-of-memory message, in any of its
 layouts, or PyTorch's CUDA one (`watchdog.core.oom_message`): its kind (compile, runtime,
 allocation), the memory space, used / capacity / exceeded / requested bytes, the largest
 allocations with their op and Python `file:line`, and those grouped by Python line, biggest first;
@@ -45,9 +45,11 @@ HOW_TO_GET_LINES = ("no Python lines in the message: run PyTorch/XLA with XLA_IR
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", nargs="?", metavar="PATH", help="a trace CSV, or the folder holding it")
-    parser.add_argument("--log", metavar="FILE", help="the job's output, read for XLA's out-of-memory message")
-    parser.add_argument("--oom-log", metavar="FILE", help="only parse XLA's out-of-memory message in FILE")
-    parser.add_argument("--memory-limit", metavar="BYTES", default=None, type=option(positive_size),
+    parser.add_argument("--log", metavar="FILE",
+                        help="the job's output, read for its out-of-memory message (XLA's or PyTorch CUDA's)")
+    parser.add_argument("--oom-log", metavar="FILE",
+                        help="only parse the out-of-memory message (XLA's or PyTorch CUDA's) in FILE")
+    parser.add_argument("--memory-limit", metavar="SIZE", default=None, type=option(positive_size),
                         help="the budget, when neither the trace nor the flight record has one")
     parser.add_argument("--json", action="store_true", help="one JSON object")
 
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                              "give either --oom-log FILE, or PATH [--log FILE]")
         message = parse(_read_tail(args.oom_log, "--oom-log"))
         if message is None:
-            raise InputError(f"{args.oom_log}: no out-of-memory message from XLA in it")
+            raise InputError(f"{args.oom_log}: no out-of-memory message (XLA's or PyTorch CUDA's) in it")
         print(strict_json.dumps(message.to_json()) if args.json else printable_lines(summary(message)))
         return 0
     if args.path is None:
@@ -144,8 +146,10 @@ def after_a_crash(folder: Path | None, output: str, exit_description: str) -> st
                 samples, unreadable = [], f"\n(no trend: {exc})"
             post = diagnose(samples, record=record, oom=oom, exit_description=exit_description)
             return report(trace or folder, post, record) + unreadable
-    lines = [f"the job exited with {exit_description}"]
-    lines.append(summary(oom) if oom is not None else "no out-of-memory message from XLA in its output")
+    lines = [f"the job exited with {exit_description}" + (
+        " (sent from outside the job: a preemption, `hbm-watchdog watch` acting before an OOM, or a person)"
+        if "SIGTERM" in (exit_description or "") else "")]
+    lines.append(summary(oom) if oom is not None else "no out-of-memory message in its output")
     if folder is None:
         lines.append("(with --postmortem-dir, the watchdog's flight record and the trend go in the post-mortem too)")
     elif unusable:

@@ -261,10 +261,10 @@ img{{max-width:100%}}</style></head>
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", help="trace CSV (step,timestamp,bytes_used,bytes_limit,peak_bytes_used)")
+    parser.add_argument("trace", help="trace CSV (step,timestamp,bytes_used,bytes_limit,peak_bytes_used[,phase])")
     parser.add_argument("-o", "--output", required=True, metavar="FILE",
                         help="FILE.png for the picture, FILE.html for a page with the picture and a summary")
-    parser.add_argument("--memory-limit", metavar="BYTES", default=None, type=option(positive_size),
+    parser.add_argument("--memory-limit", metavar="SIZE", default=None, type=option(positive_size),
                         help="memory budget (512MiB, 16GiB); lower than the device's limit, or where none is recorded")
 
 

@@ -56,9 +56,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     timing.add_argument("--warmup-seconds", type=option(parse_seconds), default=30.0, metavar="S",
                         help="a new process's start-up, not judged for a trend (default 30; memory over the "
                              "limit is acted on even then)")
-    timing.add_argument("--memory-limit", type=option(positive_size),
+    budgets = parser.add_argument_group("budgets")
+    budgets.add_argument("--memory-limit", type=option(positive_size), metavar="SIZE",
                         help="memory budget, e.g. 30GiB (default: the host's memory)")
-    timing.add_argument("--host-memory-limit", type=option(positive_size),
+    budgets.add_argument("--host-memory-limit", type=option(positive_size), metavar="SIZE",
                         help="the target's host RAM budget (default: its memory cgroup's limit, else the machine's "
                              "memory); with --tpu or --gpu the host is judged beside the devices, else it is the one series")
 

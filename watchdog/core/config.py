@@ -26,6 +26,11 @@ DEFAULT_STALL_EXIT_SECONDS = 900.0  # with several ranks: far below the collecti
 
 @dataclass(frozen=True)
 class WatchdogConfig:
+    """Everything a `Watchdog` is told, checked when made (`ConfigError` names a bad field): how often
+    and from where it reads memory, the budgets, the trace, the stall watch, the ranks' agreement,
+    and the detector's and policy's settings (`DetectorConfig`, `PolicyConfig`, both importable from
+    `watchdog`). Frozen: `resumed(state)` and `ending_at(step)` return changed copies."""
+
     sample_every: int = 10
     """Wake the sidecar every this many training steps."""
     source: str = "auto"

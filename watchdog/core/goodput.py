@@ -193,7 +193,9 @@ def parse_lines(lines: Iterable[str], where: str = "job file") -> Iterator[dict[
 
 def is_record(record: Any) -> bool:
     """A job record of this version: a JSON object with `v` and an `event`."""
-    return isinstance(record, dict) and record.get("v") == VERSION and isinstance(record.get("event"), str)
+    version = record.get("v") if isinstance(record, dict) else None
+    # `true == 1` in Python: a version is an integer, never a bool
+    return type(version) is int and version == VERSION and isinstance(record.get("event"), str)
 
 
 _TIME = "a finite number of seconds"

@@ -55,7 +55,8 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40,
 MAX_SIZE = 2**63 - 1  # sizes read are 0 to this (numbers.MAX_SIZE - 1): a signed 64-bit byte count
 # Possessive quantifiers (`*+`, `++`) everywhere a run of spaces or digits could be split two ways:
 # a line of 5,000 spaces after "Size: 5" took 387 s to refuse with plain ones.
-_SIZE = r"[0-9]++(?:\.[0-9]++)?\s*+(?:[KMGTP]i?B?|B)?"
+# A size is a whole number with one fraction at most: "1.5.5 GiB" is no size (it was read as 2 bytes).
+_SIZE = r"(?<![0-9.])[0-9]++(?:\.[0-9]++)?+(?![.0-9])\s*+(?:[KMGTP]i?B?|B)?"
 _EXACT = r"\(\s*+([0-9][0-9,]*+)\s*+(?:B|bytes)\)"  # "(184549376B)", "(     554,696,704 bytes)"
 
 # What a launcher or a terminal puts before or inside a line, dropped before anything is read: ANSI
@@ -74,7 +75,7 @@ _ALLOCATE = re.compile(rf"Attempting to allocate (?P<size>{_SIZE})\. That was no
 _GPU_ALLOCATE = re.compile(r"Out of memory while trying to allocate (?P<size>[0-9]++) bytes")
 _GPU_REQUEST = re.compile(rf"Failed to allocate request for (?P<size>{_SIZE})\s*+(?:{_EXACT})? on device")
 _CUDA_SIZE = rf"{_SIZE}(?:\s*+bytes)?"  # PyTorch prints "512 bytes" below a KiB
-_TORCH_CUDA = re.compile(rf"CUDA out of memory\.\s++Tried to allocate (?P<size>{_CUDA_SIZE})")
+_TORCH_CUDA = re.compile(rf"CUDA out of memory\.\s++Tried to allocate (?:(?P<size>{_CUDA_SIZE})|\S++)")
 _TORCH_CUDA_BARE = re.compile(r"CUDA error: out of memory|cuda runtime error \(2\) : out of memory")
 _STARTS = (_COMPILE, _RESERVE, _ALLOCATE, _GPU_ALLOCATE, _GPU_REQUEST, _TORCH_CUDA, _TORCH_CUDA_BARE)
 _CUDA_FIGURES = 2000  # characters of a CUDA message after its headline that hold its figures
@@ -202,6 +203,8 @@ def _bounded(value: int, text: str) -> int:
 def _sized(text: str, match: re.Match, group: str = "size") -> int | None:
     """The size a pattern matched, or the exact byte count printed right after it; None for one
     out of range (0 to MAX_SIZE): unknown, rather than a wrong number."""
+    if match.group(group) is None:  # the message printed something that is no size: unknown
+        return None
     after = text[match.end(group):match.end(group) + 40]
     exact = re.match(rf"\s*+{_EXACT}", after)
     try:

@@ -267,8 +267,12 @@ def _cause(post: PostMortem, samples: Sequence[Sample], final) -> tuple[str, str
                            f"{stalled.get('seconds') or 0:.0f} s after step {stalled.get('step', 0):,}; the watchdog "
                            "recorded every thread's stack in the flight record and exited 43 (restart from the "
                            "newest checkpoint)")
+    over = _over_the_limit(samples, post.limit_bytes)
     if post.ended == "clean" and post.oom_message is None:
-        return "unknown", "the run ended cleanly: the watchdog stopped in order"
+        if over is None:
+            return "unknown", "the run ended cleanly: the watchdog stopped in order"
+        diagnosis, explanation = _trend_cause(post, final)
+        return diagnosis, f"the run ended cleanly, but {over}" + (f"; {explanation}" if explanation else "")
     oom = post.oom_message
     if oom is not None and oom.kind in ("compile", "runtime") and len(samples) <= FIRST_STEPS:
         what = "compile" if oom.kind == "compile" else "load"
@@ -281,6 +285,18 @@ def _cause(post: PostMortem, samples: Sequence[Sample], final) -> tuple[str, str
     sudden = _sudden_step(samples)
     if sudden is not None:
         return "sudden_step", sudden
+    diagnosis, explanation = _trend_cause(post, final)
+    if explanation:
+        return diagnosis, explanation
+    if oom is not None and oom.memory_space == "device" and oom.kind == "allocation":  # PyTorch's CUDA allocator
+        return "unknown", _device_oom_text(oom) + ": no trend or jump before it explains it"
+    return "unknown", "no trend, jump or message explains the end" + (
+        "" if oom is not None else " (no out-of-memory message given: --log names the job's output)")
+
+
+def _trend_cause(post: PostMortem, final) -> tuple[str, str]:
+    """A leak that ran out, as the watchdog saw it (its projection, or its report near the limit),
+    or ("unknown", "") when the trend does not explain the end."""
     limit = post.limit_bytes
     if post.oom_projected_at is not None:
         return "leak", (f"a leak that ran out: the watchdog projected the OOM at step {post.oom_projected_at:,}"
@@ -290,8 +306,33 @@ def _cause(post: PostMortem, samples: Sequence[Sample], final) -> tuple[str, str
         return "leak", (f"a leak that ran out: reported at step {post.leak_reported_at:,}, floor then "
                         f"{format_bytes(final.floor_bytes)} plus {format_bytes(final.excursion_bytes)} of transients "
                         f"against {format_bytes(limit)}")
-    return "unknown", "no trend, jump or message explains the end" + (
-        "" if oom is not None else " (no out-of-memory message given: --log names the job's output)")
+    return "unknown", ""
+
+
+def _over_the_limit(samples: Sequence[Sample], limit: float | None) -> str | None:
+    """Where the trace went over its limit, in words, or None: a run can end cleanly after that."""
+    if not limit:
+        return None
+    over = [s for s in samples if max(s.bytes_used, s.peak_bytes_used or 0) >= limit]
+    if not over:
+        return None
+    worst = max(over, key=lambda s: max(s.bytes_used, s.peak_bytes_used or 0))
+    return (f"its memory went over the {format_bytes(limit)} limit: {len(over):,} sample(s) from step "
+            f"{over[0].step:,}, up to {format_bytes(max(worst.bytes_used, worst.peak_bytes_used or 0))} at step "
+            f"{worst.step:,}")
+
+
+def _device_oom_text(oom: OomMessage) -> str:
+    """PyTorch's CUDA allocator ran out, in its own figures (what it was asked for, what it had)."""
+    words = ["PyTorch's CUDA allocator ran out"]
+    if oom.requested_bytes is not None:
+        words.append(f"asked for {format_bytes(oom.requested_bytes)}")
+    if oom.free_bytes is not None:
+        words.append(f"{format_bytes(oom.free_bytes)} free")
+    limit = oom.limit_bytes or oom.capacity_bytes
+    if limit:
+        words.append(f"of its {format_bytes(limit)} limit")
+    return ", ".join(words)
 
 
 def _host_ran_out(host: dict | None) -> str | None:

@@ -35,6 +35,7 @@ from watchdog.core.inputs import LineTooLong, NotARegularFile, drop_torn_tail, o
 from watchdog.core.numbers import MAX_SIZE, MAX_STEP, whole_number
 
 TRACE_HEADER = ("step", "timestamp", "bytes_used", "bytes_limit", "peak_bytes_used")
+BOM = "\ufeff"  # a UTF-8 byte order mark, as spreadsheets write it before the header
 TRACE_HEADER_WITH_PHASE = TRACE_HEADER + ("phase",)
 MAX_LINE_CHARS = 4096  # a row is about 100 characters; a longer line is not a trace
 _LINE_ENDS = ("\n", "\r")
@@ -100,7 +101,7 @@ def parse_rows(rows: Iterable[list[str]], path: str) -> Iterator[Sample]:
     header = next(rows, None)
     if header is None:
         raise TraceFormatError(path, 1, "empty file, expected the header " + ",".join(TRACE_HEADER))
-    columns = tuple(h.strip() for h in header)
+    columns = tuple(h.strip().lstrip(BOM) for h in header)  # an Excel export starts with a BOM
     if columns not in (TRACE_HEADER, TRACE_HEADER_WITH_PHASE):
         raise TraceFormatError(
             path, 1, f"expected header {','.join(TRACE_HEADER)!r} (then optionally ',phase'), got {','.join(header)!r}"
@@ -236,7 +237,7 @@ class TraceWriter:
             line = handle.readline(MAX_LINE_CHARS)
         if not line:  # an empty file: a new trace
             return True
-        first = tuple(line.strip().split(","))
+        first = tuple(line.strip().lstrip(BOM).split(","))
         if first not in (TRACE_HEADER, TRACE_HEADER_WITH_PHASE):
             raise TraceFormatError(str(self.path), 1, "exists but is not a trace CSV; refusing to append")
         return first == TRACE_HEADER_WITH_PHASE

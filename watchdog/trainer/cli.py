@@ -38,8 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                            help="shard the model, optimizer state and batch over every device of this "
                                 "process (XLA SPMD, FSDPv2-style; one process per host); on PJRT CPU set "
                                 "CPU_NUM_DEVICES")
-    run_group.add_argument("--seed", type=option(parse_seed), default=0)
-    run_group.add_argument("--batch-size", type=POSITIVE, default=8)
+    run_group.add_argument("--seed", type=option(parse_seed), default=0, metavar="N",
+                           help="seeds the model's weights and the data")
+    run_group.add_argument("--batch-size", type=POSITIVE, default=8, metavar="N", help="sequences a step")
     run_group.add_argument("--lr", type=float, default=3e-3, help="peak learning rate of AdamW")
     run_group.add_argument("--text-file", type=Path, help="train on this file, byte level (default: synthetic data)")
     run_group.add_argument("--log-every", type=POSITIVE, default=50, help="a progress line (and a loss read) every N steps")
@@ -58,10 +59,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                            help="print saved-activation bytes per step with and without checkpointing, then exit")
 
     model = parser.add_argument_group("model")
-    model.add_argument("--depth", type=POSITIVE, default=2, help="transformer blocks")
-    model.add_argument("--width", type=POSITIVE, default=64, help="embedding width")
-    model.add_argument("--heads", type=POSITIVE, default=4)
-    model.add_argument("--seq-len", type=POSITIVE, default=64)
+    model.add_argument("--depth", type=POSITIVE, default=2, metavar="N", help="transformer blocks")
+    model.add_argument("--width", type=POSITIVE, default=64, metavar="N", help="embedding width")
+    model.add_argument("--heads", type=POSITIVE, default=4, metavar="N", help="attention heads")
+    model.add_argument("--seq-len", type=POSITIVE, default=64, metavar="N", help="tokens a sequence")
     model.add_argument("--activation-checkpointing", choices=("none", "full"), default="full",
                        help="recompute each block's activations in backward (default: %(default)s)")
 
@@ -79,9 +80,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     wd = parser.add_argument_group("watchdog")
     wd.add_argument("--inject-leak", action="append", default=[], metavar="SPEC",
                     help=f"{FORMS}, optionally @START (repeatable)")
-    wd.add_argument("--memory-limit", type=option(positive_size),
+    wd.add_argument("--memory-limit", type=option(positive_size), metavar="SIZE",
                     help="memory budget (e.g. 2GiB); needed on PJRT CPU and CPU")
-    wd.add_argument("--host-memory-limit", type=option(positive_size),
+    wd.add_argument("--host-memory-limit", type=option(positive_size), metavar="SIZE",
                     help="the host RAM's budget (default: the job's memory cgroup limit, else the machine's memory)")
     wd.add_argument("--no-host-watch", action="store_true", help="watch the device's memory only, not the host's")
     wd.add_argument("--memory-source", choices=SOURCES, default="auto",
@@ -96,8 +97,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     wd.add_argument("--checkpoint-margin-steps", type=COUNT, default=50,
                     help="steps a checkpoint needs before the OOM (the policy's margin)")
     wd.add_argument("--action-cooldown-steps", type=COUNT, default=150,
-                    help="after a checkpoint action, no other for this many steps (default %(default)s, sized for "
-                         "demo runs of a few hundred steps; the library's PolicyConfig default is 500)")
+                    help="after a checkpoint action whose rebuild is never measured, no other for this many steps "
+                         "(PolicyConfig.cooldown_steps; default %(default)s, sized for demo runs of a few hundred "
+                         "steps, the library's is 500); a measured reinit ends the quiet period at once")
     wd.add_argument("--no-watchdog", action="store_true", help="train unwatched (for comparisons)")
     wd.add_argument("--force-action", action="append", default=[], metavar="ACTION@STEP",
                     help="drill: reinit@STEP or restart@STEP acts after STEP as if the watchdog asked")
