@@ -51,15 +51,24 @@ class ReplayPicture:
         return self.first_action_verdict or self.final_verdict
 
 
+FLOOR_SAMPLES = 16  # the drawn floor: the lowest of this many newest samples
+
+
 def collect(samples: list[Sample], memory_limit_bytes: int | None = None) -> ReplayPicture:
+    """One pass over the replay. The floor drawn is the lowest of the newest `FLOOR_SAMPLES` samples
+    (what "resident memory" means), not the detector's fitted floor: after a reinit the fit, still
+    spanning the drop, sat 0.2 GiB below every sample."""
+    from collections import deque
+
     from watchdog.core.replay import replay_steps
 
     picture = ReplayPicture()
+    newest: deque[float] = deque(maxlen=FLOOR_SAMPLES)
     for sample, verdict, action in replay_steps(samples, memory_limit_bytes=memory_limit_bytes):
         picture.steps.append(sample.step)
         picture.used.append(sample.bytes_used / GiB)
-        picture.floor.append(verdict.floor_bytes / GiB if verdict.floor_bytes is not None and
-                             verdict.status is not Status.WARMING_UP else math.nan)
+        newest.append(sample.bytes_used / GiB)
+        picture.floor.append(min(newest) if verdict.status is not Status.WARMING_UP else math.nan)
         picture.oom_projected.append(verdict.status is Status.OOM_PROJECTED)
         picture.reported.append(verdict.leak_detected)
         if action is not None and action is not Action.NONE:
@@ -129,7 +138,7 @@ def draw(picture: ReplayPicture, title: str, true_oom_step: int | None = None):
     """A matplotlib Figure (Agg) of one replay; `true_oom_step` marks a benchmark trace's known OOM."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(12, 6.2), dpi=110, layout="constrained")
+    fig = Figure(figsize=(14, 6.2), dpi=110, layout="constrained")
     ax = fig.add_subplot()
     steps = picture.steps
     ax.plot(steps, picture.used, color="#9a9a9a", lw=0.4, alpha=0.7, label="memory used (samples)")
@@ -142,7 +151,7 @@ def draw(picture: ReplayPicture, title: str, true_oom_step: int | None = None):
     if picture.trend_verdict is not None:
         _draw_trend(ax, picture.trend_verdict, picture.limit, steps[0], steps[-1])
     if picture.limit is not None:
-        ax.axhline(picture.limit / GiB, color="#cc0000", lw=1.4, label=f"limit {format_bytes(picture.limit)}")
+        ax.axhline(picture.limit / GiB, color="#cc0000", lw=1.4, label=f"limit {format_bytes(picture.limit, 2)}")
     seen: set[Action] = set()
     for step, action in picture.actions:
         color, name = ACTION_STYLE.get(action, ("black", action.value))
@@ -157,7 +166,7 @@ def draw(picture: ReplayPicture, title: str, true_oom_step: int | None = None):
     ax.xaxis.set_major_formatter(_thousands())
     top = max(max(picture.used), picture.limit / GiB if picture.limit else 0.0)
     ax.set_ylim(0, top * 1.08)
-    ax.legend(loc="lower right", fontsize=8.5, framealpha=0.9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, framealpha=0.9)  # beside the data, never on it
     # The title carries the trace's file name, which may hold `$...$`: text, never mathtext.
     ax.set_title("\n".join(textwrap.wrap(title, 110)), fontsize=10.5, loc="left", parse_math=False)
     return fig
@@ -170,11 +179,16 @@ def _thousands():
 
 
 def _title(name: str, picture: ReplayPicture) -> str:
+    """The story the summary tells too: the first action and what it was decided on, and how many
+    followed; else how the trace ended."""
     verdict = picture.final_verdict
     if verdict is None:
         return name
-    explanation = (picture.first_action_verdict or verdict).explanation or verdict.status.value
-    return f"{name}: {explanation}"
+    acted = [step for step, action in picture.actions if action.needs_checkpoint]
+    if picture.first_action_verdict is not None:
+        more = f" ({len(acted) - 1} more action{'s' if len(acted) > 2 else ''} after it)" if len(acted) > 1 else ""
+        return f"{name}: first action at step {acted[0]:,}: {picture.first_action_verdict.explanation}{more}"
+    return f"{name}: {verdict.explanation or verdict.status.value}"
 
 
 def summary_rows(name: str, samples: list[Sample], picture: ReplayPicture) -> list[tuple[str, str]]:
@@ -182,17 +196,20 @@ def summary_rows(name: str, samples: list[Sample], picture: ReplayPicture) -> li
     first_projected = next((s for s, up in zip(picture.steps, picture.oom_projected) if up), None)
     first_report = next((s for s, up in zip(picture.steps, picture.reported) if up), None)
     first_action = next(((s, a) for s, a in picture.actions if a.needs_checkpoint), None)
+    actions = sum(1 for _, a in picture.actions if a.needs_checkpoint)
     return [
         ("trace", name),
         ("samples", f"{len(samples):,} (steps {samples[0].step:,} to {samples[-1].step:,})"),
-        ("limit", format_bytes(picture.limit)),
+        ("limit", format_bytes(picture.limit, 2)),
         ("final status", final.status.value if final else "n/a"),
         ("floor slope", f"{format_bytes(final.slope_bytes_per_step)}/step" if final else "n/a"),
         ("projected OOM step", f"{final.projected_oom_step:,}" if final and final.projected_oom_step else "none"),
         ("leak first reported", f"step {first_report:,}" if first_report is not None else "never"),
         ("OOM first projected", f"step {first_projected:,}" if first_projected is not None else "never"),
         ("first action", f"{first_action[1].value} at step {first_action[0]:,}" if first_action else "none"),
-        ("explanation", final.explanation if final else ""),
+        ("decided on", picture.first_action_verdict.explanation if picture.first_action_verdict else "-"),
+        ("checkpoint actions", f"{actions:,}"),
+        ("at the end", final.explanation if final else ""),
     ]
 
 

@@ -89,7 +89,7 @@ from watchdog.core.trend import (
     window_sizes,
     with_level,
 )
-from watchdog.core.units import format_bytes, format_duration
+from watchdog.core.units import format_bytes, format_duration, format_limit
 from watchdog.core.verdict import Status, Verdict
 
 INF = math.inf
@@ -658,7 +658,7 @@ def explain(analysis: _Analysis, limit: float | None, oom_x: float) -> str:
     if trend is None:
         return analysis.reason
     rate = (f"{format_bytes(trend.slope)}/step ({format_bytes(trend.low)}-{format_bytes(trend.high)})")
-    limit_text = f"the {format_bytes(limit)} limit" if limit else "no known limit"
+    limit_text = f"the {format_limit(limit)} limit" if limit else "no known limit"
     if analysis.status is Status.HEALTHY:
         return (f"floor steady at {format_bytes(trend.level)} (slope {rate}: {analysis.reason}); "
                 f"peak {format_bytes(trend.level + analysis.excursion)} of {limit_text}")

@@ -42,7 +42,7 @@ from watchdog.core.pace import Pace
 from watchdog.core.phase import PhaseEpisode, PhaseForecast, parse_label
 from watchdog.core.policy import ActionPolicy, PolicyConfig
 from watchdog.core.sample import Sample
-from watchdog.core.units import format_bytes
+from watchdog.core.units import format_bytes, format_limit
 from watchdog.core.verdict import Action, Status, Verdict
 
 _NO_LIMIT_SEEN = -1  # sentinel: no sample's bytes_limit has been seen yet (None is a real value)
@@ -326,17 +326,17 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
         headroom = "" if line == limit else f" less its headroom ({format_bytes(line)})"
         if slope > 0:
             rate = f", rising {format_bytes(slope)}/step"
-        explanation = (f"memory {format_bytes(used)} at or over the {format_bytes(limit)} limit{headroom}{rate}: "
+        explanation = (f"memory {format_bytes(used)} at or over the {format_limit(limit)} limit{headroom}{rate}: "
                        "the limit rule needs no trend")
     elif used + rising * margin_steps >= line:
         steps = (line - used) / rising
         explanation = (f"memory {format_bytes(used)} within the {margin_steps:,}-step checkpoint margin of the "
-                       f"{format_bytes(limit)} limit: {format_bytes(line - used)} left, rising up to "
+                       f"{format_limit(limit)} limit: {format_bytes(line - used)} left, rising up to "
                        f"{format_bytes(rising)}/step")
     else:
         steps = (line - used) / paced if paced > 0 else 0.0
         explanation = (f"memory {format_bytes(used)}, rising {format_bytes(paced)}/step to new highs over the "
-                       f"newest {pace.readings} readings: its peak could be past the {format_bytes(limit)} limit "
+                       f"newest {pace.readings} readings: its peak could be past the {format_limit(limit)} limit "
                        f"before an action at the next reading, {pace.gap:,.0f} steps on ({format_bytes(line - used)} left)")
     seconds = 0.0  # due now
     if steps:  # at the pace measured: steps per second from the slope in each unit
@@ -361,7 +361,7 @@ def _phase_verdict(sample: Sample, episode: PhaseEpisode, forecast: PhaseForecas
     ends = (f"before it ends at step {math.ceil(forecast.end_step):,}" if forecast.end_step is not None
             else "its end unknown (first run)")
     explanation = (f"{name} phase: memory rising {format_bytes(forecast.slope)}/step; peak reaches the "
-                   f"{format_bytes(limit)} limit at step {math.ceil(forecast.oom_x):,}, in {steps:,.0f} steps, {ends}")
+                   f"{format_limit(limit)} limit at step {math.ceil(forecast.oom_x):,}, in {steps:,.0f} steps, {ends}")
     return Verdict(step=step, timestamp=sample.timestamp, status=Status.OOM_PROJECTED, floor_bytes=floor.floor_bytes,
                    excursion_bytes=float(episode.peak) - (floor.floor_bytes or 0.0), limit_bytes=limit,
                    slope_bytes_per_step=forecast.slope, slope_low_bytes_per_step=forecast.slope,

@@ -31,7 +31,7 @@ from watchdog.core.numbers import MAX_SIZE, MAX_STEP
 from watchdog.core.oom_message import OomMessage
 from watchdog.core.replay import replay
 from watchdog.core.sample import Sample
-from watchdog.core.units import format_bytes
+from watchdog.core.units import format_bytes, format_limit
 
 NEAR_THE_LIMIT = 0.9  # a floor plus transient this close to the limit ran out by growth
 FIRST_STEPS = 3  # samples a run "from the start" has at most when XLA refuses its program
@@ -246,7 +246,7 @@ def _allocator_limit(device_oom: dict | None, oom: OomMessage | None) -> str:
     limit = (device_oom or {}).get("limit_bytes") or (oom.limit_bytes if oom is not None else None)
     if oom is None or not limit or not oom.capacity_bytes or limit >= oom.capacity_bytes:
         return ""
-    return (f"; the allocator's limit was {format_bytes(limit)}, its share of the device's "
+    return (f"; the allocator's limit was {format_limit(limit)}, its share of the device's "
             f"{format_bytes(oom.capacity_bytes)} (set_per_process_memory_fraction)")
 
 
@@ -317,7 +317,7 @@ def _over_the_limit(samples: Sequence[Sample], limit: float | None) -> str | Non
     if not over:
         return None
     worst = max(over, key=lambda s: max(s.bytes_used, s.peak_bytes_used or 0))
-    return (f"its memory went over the {format_bytes(limit)} limit: {len(over):,} sample(s) from step "
+    return (f"its memory went over the {format_limit(limit)} limit: {len(over):,} sample(s) from step "
             f"{over[0].step:,}, up to {format_bytes(max(worst.bytes_used, worst.peak_bytes_used or 0))} at step "
             f"{worst.step:,}")
 
@@ -331,7 +331,7 @@ def _device_oom_text(oom: OomMessage) -> str:
         words.append(f"{format_bytes(oom.free_bytes)} free")
     limit = oom.limit_bytes or oom.capacity_bytes
     if limit:
-        words.append(f"of its {format_bytes(limit)} limit")
+        words.append(f"of its {format_limit(limit)} limit")
     return ", ".join(words)
 
 
@@ -344,7 +344,7 @@ def _host_ran_out(host: dict | None) -> str | None:
     projected = host.get("oom_projected_at")
     if used < NEAR_THE_LIMIT * limit and projected is None and not kills:
         return None
-    words = [f"the host's memory ran out: {format_bytes(used)} of its {format_bytes(limit)} budget "
+    words = [f"the host's memory ran out: {format_bytes(used)} of its {format_limit(limit)} budget "
              f"({host.get('domain', 'budget')}) at the last reading"]
     if projected is not None:
         words.append(f"the watchdog had projected the host's OOM at step {projected:,}")

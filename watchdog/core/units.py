@@ -63,6 +63,12 @@ def format_bytes(n: float | None, digits: int = 1) -> str:
     return f"{sign}{value / (1 << 10 * power):.{digits}f} {_UNITS[power]}"
 
 
+def format_limit(n: float | None) -> str:
+    """A budget as its user wrote it: `2.75 GiB` (one decimal read 2.8 GiB), `16.0 GiB`, `1.5 GiB`."""
+    two = format_bytes(n, 2)
+    return format_bytes(n, 1) if two.split()[0].endswith("0") else two
+
+
 def format_duration(seconds: float) -> str:
     """`8.2` -> `8 s`, `300` -> `5 min`, `9000` -> `2.5 h`: a duration as a person reads it."""
     if seconds < 120:
