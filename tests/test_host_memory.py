@@ -301,6 +301,21 @@ def test_chips_that_cannot_be_read_never_blind_the_daemon_to_the_hosts_memory(tm
     assert labelled_trace_path(tmp_path / "trace.csv", "host").exists(), "the host's trace keeps its name"
 
 
+def test_chips_that_never_answer_end_the_daemon_in_one_line_after_the_wait(tmp_path, events):
+    """Issue 53: `watch --tpu --tpu-chip X` with no metrics endpoint ran on forever after one warning.
+    Chips with no reading for --wait-seconds while the target runs are bad input: InputError, exit 2."""
+    from watchdog.core.errors import InputError
+
+    axis = TimeAxis(interval_seconds=0.01, checkpoint_seconds=0.05, warmup_seconds=0.0, grace_seconds=0.1)
+    config = WatchConfig(axis=axis, act=False, wait_seconds=0.3, trace_file=tmp_path / "trace.csv")
+    stop = threading.Event()
+    chips = LostChips(stop, 0, 1_000_000)  # the host flat: nothing to act on, only chips that never answer
+    daemon = TickPerRead(config, ThisProcess(), lambda process: WithHost(chips, process, 64 * GiB), stop=stop)
+    with pytest.raises(InputError, match=r"no reading of the devices for 0.3 s \(--wait-seconds\).*GPU is lost"):
+        daemon.run()
+    assert 10 <= chips.reads < 1_000, chips.reads
+
+
 def test_a_process_trees_limit_is_the_hosts_budget():
     assert ProcessTreeReader(psutil.Process(), 3 * GiB).read()[0].bytes_limit == 3 * GiB
     machine_or_cgroup = HostMemory().limit_bytes

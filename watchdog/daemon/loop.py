@@ -182,6 +182,7 @@ class Daemon:
         up; a handover to a child is no restart (the child's memory was inside the tree watched)."""
         self.state.attachments += 1
         self.state.watched_pid = target.pid
+        self._unread_since: float | None = None  # the first of the failed readings since the last good one
         since_signal = None if self._signalled_at is None else round(time.monotonic() - self._signalled_at, 3)
         self._restart_after_signal = since_signal is not None
         self._signalled_at = None
@@ -228,17 +229,33 @@ class Daemon:
             self.state.watched_pid = 0  # while waiting for it to come back, no PID is watched
 
     def _read(self, reader: DeviceReader) -> Sequence[DeviceReading] | None:
-        """The devices' readings; None once the process is gone; [] after a counted failure."""
+        """The devices' readings; None once the process is gone; [] after a counted failure. A device
+        that has given no reading for --wait-seconds since the target was attached (a TPU's metrics
+        endpoint that never answers: the daemon ran on, judging only the host) is bad input: one
+        line, exit 2."""
         try:
-            return reader.read()
+            readings = reader.read()
         except psutil.NoSuchProcess:
             return None
         except PartialReading as partial:  # a device failed: the others are judged all the same
             self._count_error("read", partial.error)
+            self._unread(partial.error)
             return partial.readings
         except Exception as exc:  # noqa: BLE001 - a daemon outlives any one failed reading
             self._count_error("read", exc)
+            self._unread(exc)
             return []
+        self._unread_since = None
+        return readings
+
+    def _unread(self, error: BaseException) -> None:
+        """A reading failed: since when, and past --wait-seconds of nothing but failures, say so and stop."""
+        now = time.monotonic()
+        if self._unread_since is None:
+            self._unread_since = now
+        elif now - self._unread_since >= self.config.wait_seconds:
+            raise InputError(f"no reading of the devices for {self.config.wait_seconds:g} s (--wait-seconds) "
+                             f"while the target ran: {exception_text(error)}")
 
     def _sleep_until_next_tick(self, start: float, tick: int) -> int:
         """Wait for the next tick of this segment; ticks the last one overran are skipped."""
