@@ -135,7 +135,7 @@ def test_forensics_off_takes_no_census_even_when_acting(events):
     assert events.named("action_outcome"), "the action's block is still logged"
 
 
-def test_a_leak_that_refills_after_every_rebuild_is_acted_on_before_the_budget_in_every_cycle(events):
+def test_a_leak_that_refills_after_every_rebuild_is_acted_on_before_the_budget_in_every_cycle(events, tmp_path):
     """The README's loop (`sample_every=10`, `carry_out(save, rebuild)`) with the leak still in its
     code: it refills after every rebuild, in 20 samples. A fixed cooldown after the first action let
     the second cycle run 250 MiB over the budget for 120 steps; now every cycle gets its action
@@ -144,7 +144,8 @@ def test_a_leak_that_refills_after_every_rebuild_is_acted_on_before_the_budget_i
 
     job, rss = Job(leak=True), RssSource()
     conf = config()
-    conf = WatchdogConfig(sample_every=10, source="rss", memory_limit_bytes=conf.memory_limit_bytes)
+    conf = WatchdogConfig(sample_every=10, source="rss", memory_limit_bytes=conf.memory_limit_bytes,
+                          trace_file=tmp_path / "trace.csv")
     highest = 0
     with Watchdog(conf) as wd:
         for step in range(760):
@@ -158,3 +159,8 @@ def test_a_leak_that_refills_after_every_rebuild_is_acted_on_before_the_budget_i
     assert all(o["outcome"] == REINITIALISED for o in outcomes)
     assert highest < conf.memory_limit_bytes, \
         f"{(highest - conf.memory_limit_bytes) / 2**20:.0f} MiB over the budget (actions at {job.saved_at})"
+    from watchdog.runtime import flight_record
+
+    record = flight_record.read(tmp_path / f"trace.csv{flight_record.SUFFIX}")
+    at_action = record["action_suspects"]  # what leaked before the newest reinit, kept beside the newest census
+    assert at_action["step"] == outcomes[-1]["step"] and "attribute 'kept' of Metrics" in at_action["lines"][0]

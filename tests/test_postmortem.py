@@ -347,3 +347,17 @@ def test_a_device_oom_in_the_flight_record_is_always_explained():
     assert post.oom_message is not None
     assert "PyTorch's CUDA allocator ran out, asked for 16.0 MiB, 2.0 MiB free, of its 8.0 GiB limit" in post.explanation
     assert "no trend, jump or message" not in post.explanation
+
+
+def test_after_a_reinit_the_post_mortem_shows_what_leaked_before_it_too(tmp_path):
+    """Issue 53: after a reinit the newest census counts only what grew since (18 MiB), while 600 MiB
+    had leaked; the flight record keeps what was leaking at the action, and `postmortem` shows both."""
+    from watchdog.commands.postmortem import report
+
+    record = {"last_step": 900, "suspects": ["+4 tensors float32[1048576] (+18.0 MiB); held by list (attribute 'kept')"],
+              "action_suspects": {"step": 351, "lines": ["+150 tensors float32[1048576] (+600.0 MiB); held by list"]}}
+    text = report(tmp_path / "t.csv", diagnose([], record=record), record)
+    assert "+18.0 MiB" in text and "at the action of step 351 (before its reinit):" in text and "+600.0 MiB" in text
+    assert "field" not in (str(diagnose([], record={"action_suspects": {"step": 1, "lines": ["a"]}}).explanation))
+    with pytest.raises(Exception, match="action_suspects"):
+        diagnose([], record={"action_suspects": {"step": -1, "lines": "nope"}})

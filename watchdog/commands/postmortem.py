@@ -189,6 +189,10 @@ def report(trace: Path, post: PostMortem, record: dict | None) -> str:
     lines.append(f"  signals {', '.join(signals) if signals else 'none'}")
     for index, suspect in enumerate(post.suspects[:3]):
         lines.append(f"  {'leaking' if index == 0 else '':7} {suspect}")
+    at_action = post.action_suspects or {}
+    if at_action.get("lines") and at_action["lines"][:3] != post.suspects[:3]:  # a reinit since: the whole leak
+        lines.append(f"  at the action of step {at_action.get('step', 0):,} (before its reinit):")
+        lines += [f"          {suspect}" for suspect in at_action["lines"][:3]]
     lines.append(f"  cause   {post.diagnosis}: {post.explanation}")
     training = next((thread for thread in (post.record_stall or {}).get("threads") or [] if thread.get("training")), None)
     if training is not None:

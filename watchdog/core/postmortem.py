@@ -106,6 +106,7 @@ class PostMortem:
     oom_message: OomMessage | None = None
     record_host: dict | None = None  # the flight record's `host`: where the host is watched
     record_stall: dict | None = None  # the flight record's `stall`: where the threads were when a stall ended it
+    action_suspects: dict | None = None  # what was leaking at the newest checkpoint action (before its reinit)
     user_lines: list[UserLine] = field(default_factory=list)  # the message's allocations, traced to your lines
 
     def to_json(self) -> dict[str, Any]:
@@ -165,6 +166,7 @@ RECORD_FIELDS: dict[str, Any] = {
     "suspects": (_list_of(_text), "a list of strings"),
     "actions": (lambda v: isinstance(v, dict) and all(_step(n) for n in v.values()), "an object of counts"),
     "program_sites": [_PROGRAM_SITE], "device_oom": _DEVICE_OOM, "stall": _STALL,
+    "action_suspects": {"step": _STEP, "lines": (_list_of(_text), "a list of strings")},
 }
 """What `diagnose` reads of a flight record, and what each must be (null or absent: unknown). A
 nested object is its own table of fields; `[table]` is a list of such objects."""
@@ -222,7 +224,7 @@ def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomM
         leak_reported_at=_first(record.get("leak_reported_at"), result.first_leak_report_step),
         oom_projected_at=_first(record.get("oom_projected_at"), result.first_oom_projected_step),
         suspects=list(record.get("suspects") or []), oom_message=oom, record_host=record.get("host"),
-        record_stall=record.get("stall"),
+        record_stall=record.get("stall"), action_suspects=record.get("action_suspects"),
         user_lines=user_lines(oom, record.get("program_sites")))
     post.diagnosis, post.explanation = _cause(post, samples, final)
     post.explanation += _allocator_limit(record.get("device_oom"), oom)

@@ -7,7 +7,8 @@ the training thread:
 
 - the process: PID, start time, command line, rank;
 - the newest verdict and both signals, with the step each first went up;
-- the newest `leak_suspects` (and whether creation sites were known);
+- the newest `leak_suspects` (and whether creation sites were known), and those at the newest
+  checkpoint action (`action_suspects`: after a reinit the newest census counts only what grew since);
 - XLA's compile counter and the newest recompilation finding;
 - `ended`: null while running, "clean" once the watchdog stopped in order;
 - `stall`: null, or where every thread was when a loop that stopped stepping was ended (exit 43).
@@ -156,7 +157,7 @@ class FlightRecorder:
             "leak_reported_at": None, "oom_projected_at": None, "actions": {},
             "suspects": [], "suspects_step": None, "creation_sites": False,
             "compilations": None, "recompilation": None, "host": None, "program_sites": [],
-            "device_oom": None, "stall": None,
+            "device_oom": None, "stall": None, "action_suspects": None,
         }
         self._written_at = 0.0
         self._key: tuple = ()
@@ -209,6 +210,12 @@ class FlightRecorder:
                                      "limit_bytes": int(limit), "free_bytes": int(free),
                                      "step": self._state["last_step"]}
         self._write(time.monotonic())
+
+    def observe_action(self, step: int, suspects: list[str]) -> None:
+        """What was leaking when a checkpoint action was handed over (training thread): after a
+        reinit the newest census counts only what grew since, so a post-mortem keeps this one too.
+        The sidecar's next write carries it."""
+        self._state["action_suspects"] = {"step": step, "lines": list(suspects)}
 
     def stalled(self, record: dict) -> None:
         """The loop stopped stepping and the process is about to exit 43 (`runtime/stall.py`): where

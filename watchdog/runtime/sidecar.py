@@ -444,6 +444,8 @@ class Watchdog:
         if decided is None:
             return
         decided.outcome, decided.checkpoint = outcome, checkpoint
+        if decided.suspects and self._flight is not None:  # every loop's outcome comes through here
+            self._flight.observe_action(decided.step, decided.suspects)
         if decided.action is Action.CHECKPOINT_REINIT and outcome == REINITIALISED:
             self.drain(timeout=10)  # the sidecar measures what the rebuild gave back
             recovery = self.last_recovery
