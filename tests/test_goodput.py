@@ -350,3 +350,23 @@ def test_a_version_written_as_true_is_no_version():
     """Issue 53: `{"v": true, ...}` was taken as version 1 (`True == 1` in Python)."""
     assert goodput.is_record({"v": 1, "event": "job"})
     assert not goodput.is_record({"v": True, "event": "job"}) and not goodput.is_record({"v": 1.0, "event": "job"})
+
+
+def test_a_restart_that_resumed_from_an_old_checkpoint_and_died_redoes_nothing_of_the_timeline():
+    """The probe (W03): P1 trains 0-100 and saves; P2 starts from step 0 (its load failed) and dies
+    before a step; P3 resumes from P1's step 100 and trains to 200. Nothing was redone: P2 is off the
+    timeline that ended the job. (It read 100 steps redone, 41.7% goodput.)"""
+    records = [rec("job", 0.0), rec("process", 0.0, pid=11, started=0.0, step=0, checkpoint_every=100),
+               rec("steps", 100.0, first=0, last=100, seconds=100.0, compile_seconds=0.0),
+               rec("end", 100.0, how="error", step=100),
+               rec("process", 110.0, pid=12, started=110.0, step=0, checkpoint_every=100),
+               rec("end", 115.0, how="error", step=0),
+               rec("process", 120.0, pid=13, started=120.0, step=100, checkpoint_every=100),
+               rec("steps", 220.0, first=100, last=200, seconds=100.0, compile_seconds=0.0),
+               rec("end", 220.0, how="done", step=200)]
+    account = goodput.account(records)
+    assert (account.steps_kept, account.steps_redone) == (200, 0)
+    # ... while one that did train from step 0, off the timeline, redid what it trained
+    records[5:5] = [rec("steps", 114.0, first=0, last=30, seconds=4.0, compile_seconds=0.0)]
+    account = goodput.account(records)
+    assert (account.steps_kept, account.steps_redone) == (200, 30)

@@ -313,7 +313,7 @@ def test_chips_that_never_answer_end_the_daemon_in_one_line_after_the_wait(tmp_p
     daemon = TickPerRead(config, ThisProcess(), lambda process: WithHost(chips, process, 64 * GiB), stop=stop)
     with pytest.raises(InputError, match=r"no reading of the devices for 0.3 s \(--wait-seconds\).*GPU is lost"):
         daemon.run()
-    assert 10 <= chips.reads < 1_000, chips.reads
+    assert chips.reads >= 10, chips.reads  # it read on while waiting, the host judged all along
 
 
 def test_a_process_trees_limit_is_the_hosts_budget():

@@ -123,3 +123,13 @@ def test_a_trace_saved_by_a_spreadsheet_with_a_byte_order_mark_is_read(tmp_path)
     path.write_bytes("\ufeffstep,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,2.0,3,4,\n".encode("utf-8"))
     [sample] = load_trace(path)
     assert (sample.step, sample.bytes_used, sample.bytes_limit) == (1, 3, 4)
+
+
+def test_a_timestamp_in_pythons_digit_group_syntax_is_refused_like_a_step_would_be(tmp_path):
+    """The probe: `1_700_000_000.5` was accepted as a timestamp while `1_0` is refused in the other columns."""
+    from watchdog.core.errors import TraceFormatError
+
+    path = tmp_path / "t.csv"
+    path.write_text("step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n1,1_700_000_000.5,3,4,\n")
+    with pytest.raises(TraceFormatError, match="timestamp is not a number"):
+        load_trace(path)

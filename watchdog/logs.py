@@ -26,6 +26,7 @@ import structlog
 
 from watchdog.core.errors import InputError
 from watchdog.core.inputs import open_regular
+from watchdog.core.printable import printable, printable_lines
 from watchdog.core.units import format_bytes, format_duration
 
 _PRE_CHAIN = [
@@ -73,7 +74,7 @@ class Event(dict):
 
 def render_text(event: dict) -> str:
     """One event as text for a person: its block, or its name and fields with units."""
-    event = with_units(None, None, dict(event))
+    event = _printable(None, None, with_units(None, None, dict(event)))
     block = event.get("block")
     if isinstance(block, str) and block:
         return block
@@ -101,9 +102,11 @@ def console_wanted(fmt: str = "auto") -> bool:
     return fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
 
 
-def configure_logging(fmt: str = "auto", level: int | str = logging.INFO, log_file: IO[str] | None = None) -> None:
+def configure_logging(fmt: str = "auto", level: int | str = logging.INFO, log_file: IO[str] | None = None,
+                      log_file_name: str | None = None) -> None:
     """Install one stderr handler on the root logger: `json`, `console`, or `auto` (console on a TTY);
-    with `log_file` (see `open_log_file`), every event also goes there as a JSON line, whatever stderr shows."""
+    with `log_file` (see `open_log_file`; `log_file_name`: its path, for the line that says it failed),
+    every event also goes there as a JSON line, whatever stderr shows."""
     numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     console = console_wanted(fmt)
     handler = logging.StreamHandler(sys.stderr)
@@ -112,7 +115,7 @@ def configure_logging(fmt: str = "auto", level: int | str = logging.INFO, log_fi
         handler.addFilter(_without_routine_events)
     handlers = [handler]
     if log_file is not None:
-        handlers.append(SinkHandler(log_file))
+        handlers.append(SinkHandler(log_file, log_file_name))
         handlers[-1].setFormatter(structlog.stdlib.ProcessorFormatter(processors=_JSON_CHAIN,
                                                                       foreign_pre_chain=_PRE_CHAIN))
     root = logging.getLogger()
@@ -128,9 +131,11 @@ class SinkHandler(logging.StreamHandler):
     once on stderr, with its reason, and the run goes on; logging's default printed a traceback
     for every event (54 stderr lines for 2 events)."""
 
-    def __init__(self, stream: IO[str]):
+    def __init__(self, stream: IO[str], name: str | None = None):
         super().__init__(stream)
         self.failures = 0
+        given = getattr(stream, "name", None)  # a stream opened from a descriptor is named by its number
+        self.sink_name = name or (given if isinstance(given, str) else "the log file")
 
     def handleError(self, record: logging.LogRecord) -> None:
         self.failures += 1
@@ -138,9 +143,8 @@ class SinkHandler(logging.StreamHandler):
             return
         error = sys.exc_info()[1]
         reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
-        name = getattr(self.stream, "name", "the log file")
         try:
-            sys.stderr.write(f"hbm-watchdog: cannot write the log to {name} ({reason}); the run goes on, "
+            sys.stderr.write(f"hbm-watchdog: cannot write the log to {printable(self.sink_name)} ({reason}); the run goes on, "
                              "and later lines there are lost while it fails\n")
         except Exception:  # noqa: BLE001 - stderr gone too: nothing left to say it on
             pass
@@ -155,7 +159,7 @@ def _chain(console: bool) -> list:
     if not console:
         return _JSON_CHAIN
     return [structlog.stdlib.ProcessorFormatter.remove_processors_meta, with_units,
-            structlog.processors.format_exc_info,
+            structlog.processors.format_exc_info, _printable,
             _render_blocks_or(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))]
 
 
@@ -199,6 +203,17 @@ def with_units(_logger, _name, event: dict) -> dict:
             event[key] = f"{value:,.0f}"
         elif isinstance(value, float) and math.isfinite(value):
             event[key] = float(f"{value:.4g}")
+    return event
+
+
+def _printable(_logger, _name, event: dict) -> dict:
+    """The console's fields made printable: a path, a label or a suspect line read from a file never
+    acts on the terminal (the renderer adds its own colours after this)."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = printable_lines(value) if key == "block" else printable(value)
+        elif isinstance(value, list) and any(isinstance(item, str) for item in value):
+            event[key] = [printable(item) if isinstance(item, str) else item for item in value]
     return event
 
 

@@ -90,7 +90,11 @@ def _load_machines(path: str, mtime: float) -> dict[int, np.ndarray]:
     body = raw[newline + 1:].replace(b"m_", b"").replace(b"\n", b",")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        values = np.fromstring(body, dtype=np.int64, sep=",")  # text mode: one C pass over 5M rows
+        try:
+            values = np.fromstring(body, dtype=np.int64, sep=",")  # text mode: one C pass over 5M rows
+        except ValueError:  # "could not be read to its end": a field that is no integer
+            raise InputError(f"{path}: malformed rows (expected machine_id,seconds,percent, integers, on every "
+                             "line)") from None
     if values.size % 3:
         raise InputError(f"{path}: malformed rows (expected machine_id,seconds,percent on every line)")
     rows = values.reshape(-1, 3)

@@ -16,6 +16,7 @@ import sys
 
 from watchdog.commands.clash import name_clash
 from watchdog.core.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, InputError
+from watchdog.core.printable import PrintableStream, printable
 from watchdog.logs import LEVELS, configure_logging, open_log_file
 
 COMMANDS = {
@@ -54,7 +55,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _one_line(message: str) -> str:
-    return message.replace("\r", "\\r").replace("\n", "\\n")  # a path or a value may hold a newline
+    return printable(message)  # a path or a value may hold a newline, or a terminal's escape sequence
 
 
 class DefaultsShown(argparse.HelpFormatter):
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"hbm-watchdog {args.command}: error: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    configure_logging(args.log_format, "warning" if args.quiet else args.log_level, log_file)
+    configure_logging(args.log_format, "warning" if args.quiet else args.log_level, log_file, args.log_file)
+    stdout, sys.stdout = sys.stdout, PrintableStream(sys.stdout)  # what a command prints of a file never acts
     try:
         return int(args._run(args) or 0)
     except InputError as exc:
@@ -122,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hbm-watchdog {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":  # pragma: no cover

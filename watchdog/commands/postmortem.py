@@ -21,6 +21,7 @@ whatever a flight record names (`_samples`).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
@@ -88,7 +89,9 @@ def _what_was_left(path: Path) -> tuple[Path | None, dict | None, str | None, st
     if supervised is not None and (supervised.exists() or (path / EXITS_NAME).exists()):
         record = flight_record.load(supervised)
         named = record.get("trace_file") if record else None
-        trace = Path(named) if named and Path(named).exists() else None
+        # Only an absolute path (what records hold now): a relative one was relative to the job's own
+        # folder, and read from here it named another run's trace.
+        trace = Path(named) if named and os.path.isabs(named) and Path(named).exists() else None
         output = path / OUTPUT_NAME
         return trace, record, _last_exit(path / EXITS_NAME), str(output) if output.exists() else None
     trace = find_trace(path)
@@ -176,7 +179,8 @@ def report(trace: Path, post: PostMortem, record: dict | None) -> str:
     ended = ("ended cleanly" if post.ended == "clean" else
              "stopped sampling with no shutdown recorded" + ("" if record else " (no flight record beside the trace)"))
     last = f", last step {post.last_step:,}" if post.last_step is not None else ""
-    lines = [f"{trace}: {ended}{last}" + (f", exit {post.exit}" if post.exit else "")]
+    exited = "" if not post.exit else f", {post.exit}" if post.exit.startswith("exit ") else f", exit {post.exit}"
+    lines = [f"{trace}: {ended}{last}{exited}"]
     if post.limit_bytes:
         lines.append(f"  memory  peak {_size(post.peak_bytes)} of {_size(post.limit_bytes)}, floor "
                      f"{'+' if (post.floor_slope_bytes_per_step or 0) >= 0 else ''}"
@@ -191,7 +195,7 @@ def report(trace: Path, post: PostMortem, record: dict | None) -> str:
         lines.append(f"  {'leaking' if index == 0 else '':7} {suspect}")
     at_action = post.action_suspects or {}
     if at_action.get("lines") and at_action["lines"][:3] != post.suspects[:3]:  # a reinit since: the whole leak
-        lines.append(f"  at the action of step {at_action.get('step', 0):,} (before its reinit):")
+        lines.append(f"  at the action of step {at_action.get('step') or 0:,} (before its reinit):")
         lines += [f"          {suspect}" for suspect in at_action["lines"][:3]]
     lines.append(f"  cause   {post.diagnosis}: {post.explanation}")
     training = next((thread for thread in (post.record_stall or {}).get("threads") or [] if thread.get("training")), None)

@@ -40,6 +40,7 @@ from watchdog.core.numbers import option, parse_count
 from watchdog.fileio import write_atomically
 from watchdog.logs import get_logger
 from watchdog.core import goodput, strict_json
+from watchdog.core.printable import printable_lines
 from watchdog.runtime import flight_record
 from watchdog.runtime.job_ledger import JOB_FILE_ENV, existing_records, start_job
 
@@ -176,7 +177,7 @@ def _print_goodput(job_file: Path) -> None:
         return
     account = goodput.account(records)
     if account.processes:  # a summary, printed as the trainer's is, --quiet or not
-        print(account.block(), file=sys.stderr, flush=True)
+        print(printable_lines(account.block()), file=sys.stderr, flush=True)  # a job file's text never acts
 
 
 def _after_exit(outcome: ChildOutcome, run: int, folder: Path | None) -> None:

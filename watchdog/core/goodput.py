@@ -403,15 +403,26 @@ def account(records: Iterable[dict[str, Any]]) -> Account:
 
 def _redo_past_resumes(kept: list[_Chunk], resumed_from: list[int],
                        badput: dict[str, float]) -> tuple[list[_Chunk], int]:
-    """Each process resumed from a step (`resumed_from`, by process): steps an earlier process
-    recorded beyond it are redone, their time badput. A stretch is cut by every later resume, that
-    is by the lowest of them (a suffix minimum): one pass over the processes, one over the stretches."""
-    lowest_after = [math.inf] * (len(resumed_from) + 1)
+    """Each process resumed from a step (`resumed_from`, by process). The steps that count are those
+    of the timeline that ended the job, followed back from its last process: a process is on it when
+    it reached the step the next one on it resumed from (its checkpoint could be that one), and its
+    steps past that step are redone. A process off it (a restart that resumed from an older
+    checkpoint and died, after which the job went on from a newer one) redid all it did. One pass
+    back over the processes, one over the stretches. (A cut by every later resume, the suffix
+    minimum, counted an abandoned start from step 0 as redoing every step before it.)"""
+    highest = list(resumed_from)
+    for chunk in kept:
+        highest[chunk.process] = max(highest[chunk.process], chunk.last)
+    keep_below: list[float] = [0.0] * len(resumed_from)
+    frontier = math.inf  # the step the next process on the timeline resumed from
     for index in range(len(resumed_from) - 1, -1, -1):
-        lowest_after[index] = min(lowest_after[index + 1], resumed_from[index])
+        if frontier == math.inf or resumed_from[index] <= frontier <= highest[index]:
+            keep_below[index], frontier = frontier, resumed_from[index]
+        else:  # off the timeline: everything it did was done again, or lost
+            keep_below[index] = resumed_from[index]
     remaining, redone = [], 0
     for chunk in kept:
-        resume = lowest_after[chunk.process + 1]
+        resume = keep_below[chunk.process]
         if chunk.last > resume:
             cut = max(chunk.first, int(resume))
             moved = chunk.seconds * (chunk.last - cut) / (chunk.last - chunk.first)

@@ -321,14 +321,14 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
         verdict = verdict._replace(slope_bytes_per_step=seen, slope_high_bytes_per_step=max(
             seen, verdict.slope_high_bytes_per_step), slope_bytes_per_second=per_second)
     rate = ""
-    if used >= line:
+    if used >= line or (rising <= 0 and paced <= 0):  # at the line (near 2**63 a float sum may reach it first)
         steps = 0.0
         headroom = "" if line == limit else f" less its headroom ({format_bytes(line)})"
         if slope > 0:
             rate = f", rising {format_bytes(slope)}/step"
         explanation = (f"memory {format_bytes(used)} at or over the {format_limit(limit)} limit{headroom}{rate}: "
                        "the limit rule needs no trend")
-    elif used + rising * margin_steps >= line:
+    elif rising > 0 and used + rising * margin_steps >= line:
         steps = (line - used) / rising
         explanation = (f"memory {format_bytes(used)} within the {margin_steps:,}-step checkpoint margin of the "
                        f"{format_limit(limit)} limit: {format_bytes(line - used)} left, rising up to "

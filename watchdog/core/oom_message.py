@@ -105,7 +105,12 @@ _SPACE_TAG = re.compile(r"_(?P<space>HBM|VMEM|SMEM|CMEM)[0-9]*+\)", re.I)  # "(1
 _ITEM = re.compile(rf"^\s*+(?:[0-9]++\.\s++)?Size:\s*+(?P<size>{_SIZE})\s*+(?:{_EXACT})?\s*+$")
 _FIELD = re.compile(r"^\s*+(?P<name>Operator|Shape|Entry Parameter Subshape|Allocation type|Unpadded size|"
                     r"Extra memory due to padding|XLA [Ll]abel|Buffer [0-9]++|=++)\s*+:?")
-_QUOTED = r'"((?:[^"\\]|\\.)*)"'
+_QUOTED = r'"((?:[^"\\]++|\\.)*+)"'  # possessive: an unclosed quote over 20 MB took 2.75 GB to refuse
+_OP_NAME, _OP_TYPE, _SOURCE_FILE = (re.compile(rf"{name}={_QUOTED}") for name in ("op_name", "op_type", "source_file"))
+_SOURCE_LINE = re.compile(r"source_line=([0-9]{1,9})")
+_EXACT_RE = re.compile(_EXACT)
+_EXACT_AFTER = re.compile(rf"\s*+{_EXACT}")
+_SIZE_TEXT = re.compile(r"\s*+([0-9]++)(?:\.([0-9]++))?+\s*+(?:([KMGTP]?)i?B?|bytes)\s*+")
 
 
 @dataclass
@@ -174,10 +179,10 @@ def size_bytes(text: str) -> int:
     """`63.80G`, `6.00MiB`, `384.0KiB`, `0B`, `4.0K`, `176.00MiB (184549376B)`: binary units; the
     byte count in parentheses wins where one is printed. ValueError for anything else, a size
     beyond MAX_SIZE included (its digits are counted before any arithmetic)."""
-    exact = re.search(_EXACT, text)
+    exact = _EXACT_RE.search(text)
     if exact:
         return _exact(exact.group(1), text)
-    match = re.fullmatch(r"\s*+([0-9]++)(?:\.([0-9]++))?\s*+(?:([KMGTP]?)i?B?|bytes)\s*+", text)
+    match = _SIZE_TEXT.fullmatch(text)
     if match is None:
         raise ValueError(f"not a size: {text[:40]!r}")
     whole, fraction, unit = match.groups()
@@ -206,7 +211,7 @@ def _sized(text: str, match: re.Match, group: str = "size") -> int | None:
     if match.group(group) is None:  # the message printed something that is no size: unknown
         return None
     after = text[match.end(group):match.end(group) + 40]
-    exact = re.match(rf"\s*+{_EXACT}", after)
+    exact = _EXACT_AFTER.match(after)
     try:
         return _exact(exact.group(1), after) if exact else size_bytes(match.group(group))
     except ValueError:
@@ -374,10 +379,8 @@ def _allocations(lines: list[str]) -> tuple[list[Allocation], int]:
 def _read_operator(allocation: Allocation | None, text: str) -> None:
     if allocation is None:
         return
-    op_name = re.search(rf"op_name={_QUOTED}", text)
-    op_type = re.search(rf"op_type={_QUOTED}", text)
-    source_file = re.search(rf"source_file={_QUOTED}", text)
-    source_line = re.search(r"source_line=([0-9]{1,9})", text)
+    op_name, op_type = _OP_NAME.search(text), _OP_TYPE.search(text)
+    source_file, source_line = _SOURCE_FILE.search(text), _SOURCE_LINE.search(text)
     allocation.op_name = (op_name or op_type).group(1) if (op_name or op_type) else None
     allocation.source_file = source_file.group(1) if source_file else None
     allocation.source_line = int(source_line.group(1)) if source_line else None

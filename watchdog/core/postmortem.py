@@ -265,8 +265,8 @@ def _cause(post: PostMortem, samples: Sequence[Sample], final) -> tuple[str, str
         within = f" (innermost: {inner})" if inner and inner != place else ""
         what = ("waited in a collective for another rank, called from" if stalled.get("collective")
                 else "stalled in")
-        return "stalled", (f"rank {stalled.get('rank', 0)} {what} {place}{within}: no step for "
-                           f"{stalled.get('seconds') or 0:.0f} s after step {stalled.get('step', 0):,}; the watchdog "
+        return "stalled", (f"rank {stalled.get('rank') or 0} {what} {place}{within}: no step for "
+                           f"{stalled.get('seconds') or 0:.0f} s after step {stalled.get('step') or 0:,}; the watchdog "
                            "recorded every thread's stack in the flight record and exited 43 (restart from the "
                            "newest checkpoint)")
     over = _over_the_limit(samples, post.limit_bytes)

@@ -116,7 +116,7 @@ def parse_rows(rows: Iterable[list[str]], path: str) -> Iterator[Sample]:
         if len(row) != fields:
             raise TraceFormatError(path, line, f"expected {fields} fields, got {len(row)}")
         digits = row[0] + row[2] + row[3] + row[4]
-        if digits.isascii() and digits.isdigit() and row[1].isascii() and row[0] and row[2]:
+        if digits.isascii() and digits.isdigit() and row[1].isascii() and "_" not in row[1] and row[0] and row[2]:
             # the rows a writer of ours wrote: ASCII digits (so nothing negative), an ASCII timestamp
             try:
                 timestamp = float(row[1])
@@ -136,8 +136,8 @@ def _careful_row(row: list[str], fields: int, path: str, line: int) -> Sample:
     """One row the fast path of `parse_rows` did not take: a Sample, or the TraceFormatError saying why not."""
     step = _int_field(row[0], "step", path, line, optional=False)
     try:
-        if not row[1].isascii():
-            raise ValueError  # float() reads other scripts' digits too
+        if not row[1].isascii() or "_" in row[1]:
+            raise ValueError  # float() reads other scripts' digits too, and Python's digit groups (1_000)
         timestamp = float(row[1])
     except ValueError:
         raise TraceFormatError(path, line, f"timestamp is not a number: {row[1][:40]!r}") from None
@@ -163,6 +163,11 @@ def bounded_lines(handle: IO[str], path: str) -> Iterator[str]:
     number = 0
     while line := readline(MAX_LINE_CHARS):
         number += 1
+        if not line.isascii():  # read with surrogateescape: a byte that is no UTF-8 is found on its own line
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError:
+                raise TraceFormatError(path, number, "not UTF-8 text: not a trace CSV") from None
         if not line.endswith(_LINE_ENDS):
             if len(line) >= MAX_LINE_CHARS:
                 raise TraceFormatError(path, number, f"line longer than {MAX_LINE_CHARS} characters: not a trace CSV")
@@ -177,7 +182,7 @@ def read_trace(path: str | os.PathLike[str]) -> Iterator[Sample]:
     """Stream the samples of a trace file, one at a time (1M-sample traces stay cheap)."""
     name = str(path)
     try:
-        handle = open_regular(path, "r", newline="", encoding="utf-8")
+        handle = open_regular(path, "r", newline="", encoding="utf-8", errors="surrogateescape")
     except OSError as exc:
         raise TraceFormatError(name, 0, f"cannot read: {exc.strerror or exc}") from None
     with handle:

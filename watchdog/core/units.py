@@ -70,7 +70,9 @@ def format_limit(n: float | None) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    """`8.2` -> `8 s`, `300` -> `5 min`, `9000` -> `2.5 h`: a duration as a person reads it."""
+    """`8.2` -> `8 s`, `0.4` -> `0.4 s`, `300` -> `5 min`, `9000` -> `2.5 h`: a duration as a person reads it."""
+    if 0 < seconds < 1:  # a sub-second interval is not "0 s"
+        return f"{seconds:.2g} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:

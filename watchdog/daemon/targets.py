@@ -156,7 +156,9 @@ class PatternFinder:
         try:
             self.regex = re.compile(pattern)
         except re.error as exc:
-            raise InputError(f"--cmd-pattern {pattern!r}: not a regular expression ({exc})") from None
+            raise InputError(f"--cmd-pattern {shown(pattern)}: not a regular expression ({exc})") from None
+        except (OverflowError, RecursionError):  # `x{4294967296}`, 1,500 nested groups: past what re compiles
+            raise InputError(f"--cmd-pattern {shown(pattern)}: too large a regular expression to compile") from None
         if self.regex.search("") is not None:  # '', '.*', 'x?': it matches whatever the command line
             raise InputError(f"--cmd-pattern {shown(pattern)}: matches an empty command line, so it would "
                              "match every process on the machine (and watch the largest); give a pattern that "

@@ -152,7 +152,7 @@ class FlightRecorder:
         self._error_log = OncePerKind(log, "flight_record_write_failed", level="error")
         self._state: dict[str, Any] = {
             "version": VERSION, "process": _process_identity(rank),
-            "trace_file": str(trace_file) if trace_file is not None else None,
+            "trace_file": os.path.abspath(trace_file) if trace_file is not None else None,  # read from anywhere
             "written_at": None, "ended": None, "last_step": None, "verdict": None,
             "leak_reported_at": None, "oom_projected_at": None, "actions": {},
             "suspects": [], "suspects_step": None, "creation_sites": False,

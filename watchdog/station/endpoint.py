@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import make_wsgi_app
 
 from watchdog.core.errors import InputError
-from watchdog.core.numbers import option, parse_port
+from watchdog.core.numbers import option, parse_port, shown
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
@@ -417,6 +417,8 @@ def serve_registry(registry: CollectorRegistry, port: int = DEFAULT_PORT, *, loc
         family, _, _, _, sockaddr = socket.getaddrinfo(addr, bind_port, type=socket.SOCK_STREAM,
                                                        flags=socket.AI_PASSIVE)[0]
         httpd = PooledWSGIServer(sockaddr[:2], family, limits=limits)
+    except UnicodeError:  # "." or a 64-character label: no host name the resolver can even encode
+        raise InputError(f"cannot serve metrics on {shown(str(addr))}: not a host name or an address") from None
     except OSError as exc:  # a name that does not resolve (gaierror) included
         if exc.errno == errno.EADDRINUSE:
             raise InputError(f"metrics port {bind_port} on {addr} is already in use "

@@ -604,7 +604,10 @@ class Trainer:
         config = dataclasses.replace(self.config.watchdog.ending_at(watch_step(self.config, self.config.steps)),
                                      restarts_so_far=self.restarts_so_far, watchdog_restarts=self.watchdog_restarts,
                                      watchdog_restart_step=self.watchdog_restart_step,
-                                     rank=self.replica.rank, forced_actions=self.config.watchdog.forced_actions + forced)
+                                     rank=self.replica.rank, forced_actions=self.config.watchdog.forced_actions + forced,
+                                     # the trainer's own device: a CPU run in a process that imported
+                                     # torch_xla was watched as xla:0
+                                     device=self.config.watchdog.device or str(self.device))
         # The loop follows the leak itself and reports every action; the watchdog shares its censuses.
         watchdog = Watchdog(config, telemetry=self.telemetry, logs_outcomes=True, follower=self._follower,
                             agreement=self._agreement).start()
