@@ -149,3 +149,28 @@ def test_a_loop_of_ones_own_with_no_logging_set_up_reads_well_on_a_terminal_and_
     assert text.count("── watchdog: checkpoint reinit at step") == 1, text
     assert "\\n" not in text and "  recovered" in text, "the block printed as a block"
     assert "action_decided" in text and "watchdog_action" not in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["lightning", "huggingface"])
+def test_under_lightning_and_hugging_face_the_watchdogs_lines_read_as_text_each_action_once(tmp_path, framework):
+    """Issue 53: under Lightning and Hugging Face the lines read `ERROR:watchdog.station.station:{...}`
+    and each action came twice. Here the script configures nothing; what it imports may (torch_xla,
+    imported by Lightning, logs through the root logger, which installs Python's default handler).
+    Either way a person reads our events: as that handler's text (`WARNING:watchdog...:event: k=v`,
+    the action's block as a block), or as JSON lines where nothing else is set up; never a Python
+    dict, each action once."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, hbm_watchdog_env
+
+    out = subprocess.run([sys.executable, str(OWN_LOOP.parent / "framework_lines.py"), framework, str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO, env=hbm_watchdog_env())
+    assert out.returncode == 42, out.stderr[-3000:]  # the drill's restart: saved, exit 42
+    err = out.stderr
+    assert "{'" not in err and ":{" not in err, err[-3000:]
+    as_json = [json.loads(line) for line in err.splitlines() if line.startswith("{") and '"logger": "watchdog.' in line]
+    outcomes = sum(r["event"] == "action_outcome" for r in as_json) + err.count("── watchdog: checkpoint restart at step")
+    assert outcomes == 1, err[-3000:]
+    assert "watchdog_action" not in err and "watchdog_acted" not in err and "deprecated" not in err
