@@ -257,3 +257,40 @@ def test_a_tensor_object_with_no_tensor_behind_it_is_skipped_not_raised():
     assert any("+40 tensors float32[256x1024]" in line for line in lines), lines
     forensics.census()  # the census of a baseline reads the same objects
     del undefined, kept
+
+
+def test_a_leak_of_python_objects_names_their_type_their_size_and_their_holder():
+    """Issue 54: a leak of small frozen dataclasses in a dict (no tensors, no buffers; pytorch/torchtitan#3790
+    kept `DTensorSpec`s, 0.5 MB a step) was acted on, and the census said "no growing group of live
+    tensors or Python buffers found". The types whose instances grew are named, with their holder."""
+    script = fresh_module("spec_script", """
+from dataclasses import dataclass
+
+@dataclass(frozen=True)
+class DTensorSpec:
+    shape: tuple
+    placements: tuple
+
+class Optimizer:
+    def __init__(self):
+        self.specs = {}
+
+optimizer = Optimizer()
+""")
+    baseline = forensics.census()
+    for step in range(20_000):
+        script.optimizer.specs[step] = script.DTensorSpec((step, 4), ("shard", step))
+    [line] = forensics.explain_leak(baseline)
+    assert line.startswith("about +") and " Python objects spec_script.DTensorSpec (+" in line, line
+    assert "held by dict of 20000 (attribute 'specs' of Optimizer)" in line, line
+
+
+def test_objects_that_come_and_go_name_nothing():
+    class Thing:
+        pass
+
+    baseline = forensics.census()
+    churn = [Thing() for _ in range(50_000)]  # tracked by the collector, then gone
+    assert any("Thing" in line for line in forensics.explain_leak(baseline)), "while they live, they are named"
+    del churn
+    assert forensics.explain_leak(baseline) == []
