@@ -75,11 +75,9 @@ class Event(dict):
 def render_text(event: dict) -> str:
     """One event as text for a person: its block, or its name and fields with units."""
     event = _printable(None, None, with_units(None, None, dict(event)))
-    block = event.get("block")
-    if isinstance(block, str) and block:
+    block = _block_of(event)
+    if block is not None:
         return block
-    if event.get("event") == "leak_suspects" and event.get("creation_sites"):
-        return _suspects_text(event)
     fields = " ".join(f"{key}={value}" for key, value in event.items() if key not in _NOT_SHOWN)
     return f"{event.get('event', '')}: {fields}" if fields else str(event.get("event", ""))
 
@@ -87,8 +85,18 @@ def render_text(event: dict) -> str:
 _NOT_SHOWN = frozenset({"event", "level", "logger", "timestamp", "block", "_record", "_from_structlog"})
 
 
+def _block_of(event: dict) -> str | None:
+    """The text an event prints as a block, or None: its ready `block`, or for the census after a
+    capture, what is leaking with the lines that made it (the README's promise)."""
+    block = event.get("block")
+    if isinstance(block, str) and block:
+        return block
+    if event.get("event") == "leak_suspects" and event.get("creation_sites"):
+        return _suspects_text(event)
+    return None
+
+
 def _suspects_text(event: dict) -> str:
-    """The census after a capture: what is leaking, with the lines that made it (the README's promise)."""
     step = event.get("step")
     title = f"what is leaking, at step {step:,}:" if isinstance(step, int) else "what is leaking:"
     return "\n".join([title, *(f"  {line}" for line in event.get("suspects") or [])])
@@ -222,12 +230,8 @@ def _render_blocks_or(renderer):
     where the leak is made); the rest go to `renderer`."""
 
     def render(logger, name, event: dict) -> str:
-        block = event.get("block")
-        if isinstance(block, str) and block:
-            return block
-        if event.get("event") == "leak_suspects" and event.get("creation_sites"):
-            return _suspects_text(event)
-        return renderer(logger, name, event)
+        block = _block_of(event)
+        return block if block is not None else renderer(logger, name, event)
 
     return render
 

@@ -26,7 +26,8 @@ margin of hundreds of steps would put a healthy job at 60% of its limit "within 
 false actions on the bench), so then only a reading at the line acts, or one whose next sample
 could already be past it: with a new high among the newest readings, the highest of them carried
 forward at their pace (`core/pace.py`: floor and peak climbing through every quarter of twelve
-readings) over two sample gaps and the action's hand-over. That part needs twelve readings, no trend: it is what acts on a leak too fast for the detector's warm-up, and on the same leak again
+readings) over two sample gaps and the action's hand-over. That part needs twelve readings, no
+trend: it is what acts on a leak too fast for the detector's warm-up, and on the same leak again
 after every reinit, before the limit. The verdict says so (`oom_projected`, the OOM due in the
 steps to the line, the rate seen), and the policy answers with `limit_reached`: a checkpoint action
 at once, unless one is still being carried out (`watchdog.core.policy`).
@@ -181,7 +182,8 @@ class Judge:
         self._line = _NO_LINE if limit is None else limit - self.detector.config.headroom_bytes
 
     def _at_limit(self, sample: Sample, verdict: Verdict) -> tuple[Verdict, Action]:
-        """The limit rule acts: memory at the line, or within the checkpoint margin of it."""
+        """The limit rule acts: memory at the line, within the checkpoint margin of it, or within reach
+        of it at the newest readings' pace."""
         verdict = _limit_verdict(sample, verdict, self._line, self.detector.rising_bytes_per_step,
                                  self._margin_steps, self._pace)
         action = self.policy.limit_reached(verdict)
@@ -305,7 +307,7 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
 
     The OOM is due now when the reading is at the line, else in the steps the rise takes to reach
     it: the alarm's pessimistic rate within the checkpoint margin, or the newest readings' pace
-    within one sample. What the detector measured (floor, slopes, the leak report) is kept, and the
+    within its reach (`Pace.reach`: two sample gaps and the action's hand-over). What the detector measured (floor, slopes, the leak report) is kept, and the
     rate seen stands in for a slope it has not measured yet: the rule needs no trend, but says what
     there is of one. It says what was seen, never what was done: the policy decides that.
     """

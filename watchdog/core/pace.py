@@ -14,8 +14,7 @@ The pace is then the slower of the two climbs from the first quarter to the last
 at least twice the spread of the readings within any quarter: a climb must stand out of the noise
 (once, on a flat job with a 6 GiB sawtooth, a climb just above one spread came with a new high at
 its 5,685th reading: tests/test_detector.py's flat traces). So the pace serves leaks whose rise in a
-reading is at least about a quarter of the sawtooth; slower ones are the detector's.
-Looser tests
+reading is at least about a quarter of the sawtooth; slower ones are the detector's. Looser tests
 acted on healthy jobs on the bench: activations make each reading high or low at random, and on a
 sawtooth of several GiB a few low readings at the start of a window (or a transient climbing for
 five samples) are a "rise" to the median of consecutive differences and to slopes across the
@@ -29,9 +28,9 @@ climbs through four quarters by chance (the bench's linear_small_leak-04, 2,400 
 leak began), but up to a peak it had already reached, while a leak's peak is higher than any before
 it (not at every reading: a sawtooth makes some readings low, and waiting for the next new high
 missed the last reading before the limit). The test costs one comparison on every other reading:
-a replay judges a million samples. The level
-the pace is added to is the highest reading carried forward to now at the pace: an OOM happens at
-the peak, and a sawtooth's newest reading is rarely its peak.
+a replay judges a million samples. The level the pace is added to is the highest reading carried
+forward to now at the pace: an OOM happens at the peak, and a sawtooth's newest reading is rarely
+its peak.
 """
 
 from __future__ import annotations
@@ -95,10 +94,6 @@ class Pace:
         steps = self._steps
         return steps[-1] - steps[-2] if len(steps) > 1 else 0.0
 
-    @property
-    def newest(self) -> float:
-        return self._bytes[-1] if self._bytes else 0.0
-
     def rate(self) -> float:
         """The slower of the floor's and the peak's climb per step, when both rise through every quarter; else 0."""
         steps, used = self._steps, self._bytes
@@ -119,10 +114,11 @@ class Pace:
         """Steps to look ahead: to the next reading, a gap more for what the pace underestimates (the
         slower of two climbs, the highest of twelve readings below a sawtooth's very top), and the
         steps an action decided then would take to reach the loop: an action that waits for that
-        reading comes after them. With one gap and a half, a leak filling its headroom in 20
-        samples under a sawtooth as tall as a sample's rise peaked at its limit in 9 of 81 cycles
-        (tests/test_judge.py's refilling leak); with two, in none, and no false action on the
-        bench's corpora or on 300 flat jobs of tests/test_detector.py."""
+        reading comes after them. Over 81 runs of tests/test_judge.py's refilling leak
+        (`sample_every` 1, 10 and 50; 20, 40 and 150 samples to fill; a sawtooth of 0 to 2 samples'
+        rise; 3 seeds), one gap and a half let 12 peak at the limit, two gaps 5 (all a 20-sample
+        fill under a sawtooth twice a sample's rise), with no false action on the bench's corpora
+        nor on 300 flat jobs of tests/test_detector.py."""
         return REACH_GAPS * self.gap + HANDOVER_STEPS
 
     def rise(self) -> float:
