@@ -156,9 +156,10 @@ def test_ranks_take_the_most_severe_offer_at_the_same_step_and_disagreeing_count
         assert rank["own"] == [False, 1, True, 0], "whose offer the agreed action was travels with it"
         assert "different steps (from 10 to 14)" in rank["out_of_step"]
         assert rank["ranks"] == 3
-        # forced on rank 1 at step 7, held, agreed at the next sampling step by every rank
+        # forced on rank 1 at step 7, held, offered at the next sampling step (10), carried out by every
+        # rank at the one after (15)
         origin = "asked by rank 1, agreed by all 3 ranks"
-        assert rank["watchdog"] == {"10": ["checkpoint_reinit", f"{FORCED}; {origin}" if index == 1 else origin]}
+        assert rank["watchdog"] == {"15": ["checkpoint_reinit", f"{FORCED}; {origin}" if index == 1 else origin]}
 
 
 def _trainer_rank(rank, port, out_dir):
@@ -173,15 +174,17 @@ def _trainer_rank(rank, port, out_dir):
     from watchdog.trainer.loop import Replica, TrainConfig, Trainer
     from watchdog.trainer.model import ModelConfig
 
+    from watchdog.runtime.agreement import Agreement
+
     _join(rank, port)
     talks = []
-    all_gather = dist.all_gather
+    offer = Agreement._ask
 
-    def counted(*args, **kwargs):
-        talks.append(trainer.state.step - 1)  # the step just done, whose agreement this is
-        return all_gather(*args, **kwargs)
+    def counted(self, *args):
+        talks.append(trainer.state.step - 1)  # the step just done, whose offer this is
+        return offer(self, *args)
 
-    dist.all_gather = counted
+    Agreement._ask = counted
     outcomes = {}
     for run in ("reinit", "preempted"):
         config = TrainConfig(steps=17, model=ModelConfig(depth=1, width=16, heads=2, seq_len=8), batch_size=2,
@@ -211,16 +214,18 @@ def test_two_trainer_processes_agree_once_per_sampling_step_and_act_together(tmp
     for outcome in ranks:
         reinit, preempted = outcome["reinit"], outcome["preempted"]
         assert reinit["step"] == 17 and reinit["reinits"] == 1 and reinit["exit"] == 0  # rank 0 reinitialised too
-        # One all_gather per sampling step, none in between; and one after each save (at the reinit of
-        # step 10 and the final one), so that every rank learns whether every rank's save landed.
-        assert reinit["talks"] == [0, 5, 10, 10, 15, 16]
-        # one host preempted at step 7: both save at the next sampling step and exit 42 together
-        assert preempted["step"] == 11 and preempted["exit"] == EXIT_RESTART_REQUESTED
-        assert preempted["talks"] == [0, 5, 10, 10]
+        # One offer per sampling step, none in between; and one after each save (at the reinit of
+        # step 15 and the final one), so that every rank learns whether every rank's save landed.
+        # Rank 1's reinit, forced at step 7, is offered at step 10 and carried out at 15.
+        assert reinit["talks"] == [0, 5, 10, 15, 15, 16]
+        # one host preempted at step 7: offered at the next sampling step, both save at the one after
+        # and exit 42 together
+        assert preempted["step"] == 16 and preempted["exit"] == EXIT_RESTART_REQUESTED
+        assert preempted["talks"] == [0, 5, 10, 15, 15]
         # a preemption of rank 1 alone is no restart of the watchdog's, on either rank (rank 0 used to count 1)
         assert preempted["watchdog_restarts"] == 0 and reinit["watchdog_restarts"] == 0
-    assert "ckpt-00000011.pt" in {p.name for p in (tmp_path / "reinit").iterdir()}  # the reinit came at step 10
-    assert "ckpt-00000011.pt" in {p.name for p in (tmp_path / "preempted").iterdir()}
+    assert "ckpt-00000016.pt" in {p.name for p in (tmp_path / "reinit").iterdir()}  # the reinit came at step 15
+    assert "ckpt-00000016.pt" in {p.name for p in (tmp_path / "preempted").iterdir()}
 
 
 def _one_rank_goes(rank, port, out_dir):
@@ -281,7 +286,10 @@ def _a_rank_stalls_in_a_ddp_loop(rank, port, out_dir):
 
     _join(rank, port)
     config = WatchdogConfig(sample_every=5, device="cpu", source="rss", stall_after_seconds=1,
-                            stall_check_seconds=0.2, stall_exit_after_seconds=3, agreement_timeout_seconds=60,
+                            stall_check_seconds=0.2, agreement_timeout_seconds=60,
+                            # rank 0 ends first: ended by the stalled rank's exit, its all_reduce would fail (exit 1)
+                            # before its own bound, as it may in a job (any restarter restarts on either)
+                            stall_exit_after_seconds=3 if rank == 0 else 5,
                             trace_file=f"{out_dir}/rank{rank}.csv", **QUIET)
     with Watchdog(config) as wd:
         for step in range(40):
@@ -295,7 +303,7 @@ def _a_rank_stalls_in_a_ddp_loop(rank, port, out_dir):
 @pytest.mark.slow
 def test_a_rank_that_stalls_outside_an_agreement_ends_the_job_within_its_bound(tmp_path):
     """Issue 50: a rank stalled in its input pipeline hung the others in DDP's all_reduce for gloo's
-    30 minutes. Each rank's watchdog bounds it: after `stall_exit_after_seconds` (3 s here) the
+    30 minutes. Each rank's watchdog bounds it: after `stall_exit_after_seconds` (3 and 5 s here) the
     stalled rank and the one waiting for it in the all_reduce both record their stacks and exit 43,
     and `postmortem` names the line the stalled rank was stuck at, and the other as waiting."""
     from watchdog.core.postmortem import diagnose
@@ -336,3 +344,117 @@ def test_a_restart_that_may_hang_is_said_at_start(environ, backend, said):
     assert (risk is not None) is said
     if said:
         assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in risk
+
+
+def _log_to(path):
+    """Every log line of this process, its message only, into `path` (a spawned rank's own log)."""
+    import logging
+
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
+
+
+def _out_of_step_in_a_ddp_loop(rank, port, out_dir):
+    """Two ranks, an all_reduce per step on the default group (DDP's), the watchdog sampling every 5
+    steps; rank 1 calls `step()` out of step with rank 0, as the test's name says."""
+    import torch
+    import torch.distributed as dist
+
+    with open(f"{out_dir}/case") as handle:
+        case = handle.read()
+    _log_to(f"{out_dir}/rank{rank}.log")
+    _join(rank, port)
+    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", agreement_timeout_seconds=60,
+                            stall_exit_after_seconds=60, **QUIET)
+    started, outcome, counter = time.monotonic(), {}, 0
+    try:
+        with Watchdog(config) as wd:
+            for step in range(60):
+                dist.all_reduce(torch.ones(4))
+                if rank == 1 and case == "off_by_one":
+                    wd.step(step + 1)
+                elif rank == 1 and case == "skipped" and step == 10:
+                    pass  # a sampling step's call skipped
+                elif case == "extra":  # a per-rank counter, and one call more on rank 1 (an evaluation's)
+                    wd.step(counter)
+                    counter += 1
+                    if rank == 1 and step == 7:
+                        wd.step(counter)
+                        counter += 1
+                else:
+                    wd.step(step)
+            outcome["finished"] = True
+    except RanksOutOfStep as exc:
+        outcome["raised"] = str(exc)
+    except RuntimeError as exc:  # the all_reduce, when the other rank left first
+        outcome["collective_failed"] = str(exc)[:200]
+    outcome["seconds"] = time.monotonic() - started
+    _write(out_dir, rank, outcome)
+    time.sleep(1)  # the other rank reads its own answer before this one's connections close
+    os._exit(0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["off_by_one", "skipped", "extra"])
+def test_counters_that_disagree_at_any_offset_are_named_on_every_rank_within_seconds(tmp_path, case):
+    """Issue 50: an off-by-one, a skipped sampling call or an extra call on one rank left that rank
+    in the agreement's all_gather while the other waited in DDP's all_reduce, for the whole 600 s
+    timeout, then "lost peer". Now every rank logs `ranks_out_of_step` as soon as the offers meet,
+    a rank raises `RanksOutOfStep` at its next `step()`, and the job ends within seconds."""
+    (tmp_path / "case").write_text(case)
+    context = mp.start_processes(_out_of_step_in_a_ddp_loop, args=(free_port(), str(tmp_path)), nprocs=2,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + 90
+    while any(p.is_alive() for p in context.processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in context.processes:
+        process.kill()
+    outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert not any(o.get("finished") for o in outcomes), outcomes
+    named = {"off_by_one": "different steps (from 0 to 5)", "skipped": "different steps (from 10 to 15)",
+             "extra": "rank 1 had issued 1 fewer on the default group than rank 0"}[case]
+    assert any(named in o.get("raised", "") for o in outcomes), outcomes
+    for rank, outcome in enumerate(outcomes):
+        assert outcome["seconds"] < 20, outcome  # not the agreement's 60 s timeout here, nor 600 by default
+        said = [line for line in (tmp_path / f"rank{rank}.log").read_text().splitlines()
+                if line.startswith("ranks_out_of_step")]
+        assert said and "every rank must call it with the same step numbers" in said[0], rank
+
+
+def _a_group_that_never_forms(rank, port, out_dir):
+    """Rank 0 starts its watchdog; rank 1 never joins the agreement's group (its making hangs)."""
+    import torch.distributed as dist
+
+    _log_to(f"{out_dir}/rank{rank}.log")
+    _join(rank, port)
+    if rank == 1:
+        dist.new_group = lambda **_: time.sleep(120)  # a rendezvous that never answers
+    started = time.monotonic()
+    try:
+        Watchdog(WatchdogConfig(device="cpu", source="rss", agreement_timeout_seconds=2, **QUIET)).start()
+    finally:
+        _write(out_dir, rank, {"seconds": time.monotonic() - started})
+
+
+@pytest.mark.slow
+def test_a_group_that_cannot_form_ends_the_process_within_its_bound_with_one_line(tmp_path):
+    """Issue 50: a restarted Hugging Face job hung over ten minutes while its groups formed. The
+    watchdog's own group is bounded: a peer that never comes fails it after the timeout (rank 0,
+    PeerLost, exit 43), and a making that never returns ends the process past the timeout and a
+    grace (rank 1, exit 43), each with one line saying why."""
+    context = mp.start_processes(_a_group_that_never_forms, args=(free_port(), str(tmp_path)), nprocs=2,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + 90
+    while any(p.is_alive() for p in context.processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in context.processes:
+        process.kill()
+    assert [p.exitcode for p in context.processes] == [EXIT_PEER_LOST, EXIT_PEER_LOST]
+    for rank in (0, 1):
+        said = [line for line in (tmp_path / f"rank{rank}.log").read_text().splitlines()
+                if line.startswith("agreement_unformed")]
+        assert len(said) == 1 and "could not form the watchdog's agreement group" in said[0], said
+    assert not (tmp_path / "rank1.json").exists(), "rank 1 never came back from making the group: ended from outside"
+    assert json.loads((tmp_path / "rank0.json").read_text())["seconds"] < 30

@@ -1,17 +1,22 @@
 """What many ranks' one decision costs the training thread: per sampling step, and on the other steps.
 
-    python -m watchdog.bench.agreement_cost [--worlds 2 4] [--every 10] [--calls 20000] [--rounds 3]
+    python -m watchdog.bench.agreement_cost [--worlds 2 4 8] [--every 10] [--calls 20000]
+                                            [--samples 100] [--period-ms 100] [--rounds 3]
 
 Spawns real processes that join a gloo group over 127.0.0.1, as the ranks of a job do, and times
 in each of them, in the same run, with a running `Watchdog` (RSS source, its sidecar thread live):
 
-- one decision: `Agreement.decide` alone (one all_reduce of four integers on the watchdog's group);
-- a sampling step: `Watchdog.step(n)` on steps that sample, where the ranks agree;
+- a sampling step: `Watchdog.step(n)` on steps that sample, where the ranks agree (the offer goes
+  to the agreement's thread; the answer to the previous one is read), with `--period-ms` of
+  training (a busy loop holding the GIL, as Python dispatching work does) between two;
+- the baseline, in the same processes and with the same gaps: a decision waited for on the
+  training thread, `Agreement.decide` (one all_gather of one integer per rank), as every sampling
+  step did before the agreement moved off the critical path;
 - a step that does not sample: `Watchdog.step(n)` on the others, beside an empty Python call (the
   `step()` goal: at most 3x the empty call), and the same for a watchdog with agreement off.
 
 Figures are medians over rounds (fresh processes each) of the median over ranks of each rank's
-mean. On a shared machine the processes compete for the cores (this one has 2: four ranks wait for
+mean. On a shared machine the processes compete for the cores (this one has 2: eight ranks wait for
 a core at every agreement), so read ratios measured in one run rather than absolute times; the
 load average is printed with them.
 """
@@ -41,7 +46,23 @@ def _per_call(fn, steps) -> float:
     return (time.perf_counter() - started) / len(steps)
 
 
-def _rank_main(rank: int, world: int, port: int, every: int, calls: int, out_dir: str) -> None:
+def _with_gaps(fn, steps, gap_seconds: float) -> float:
+    """Mean seconds inside `fn`, with `gap_seconds` of training before each call: a busy loop, as a
+    training thread dispatching work is (after a sleep, the first microseconds of any call run on a
+    cold core: 15 µs for a Future's result that takes 1.8 µs warm)."""
+    inside = 0.0
+    for step in steps:
+        until = time.perf_counter() + gap_seconds
+        while time.perf_counter() < until:
+            pass
+        started = time.perf_counter()
+        fn(step)
+        inside += time.perf_counter() - started
+    return inside / len(steps)
+
+
+def _rank_main(rank: int, world: int, port: int, every: int, calls: int, samples: int, gap: float,
+               out_dir: str) -> None:
     import torch.distributed as dist
 
     from watchdog.core.config import WatchdogConfig
@@ -58,8 +79,9 @@ def _rank_main(rank: int, world: int, port: int, every: int, calls: int, out_dir
         for step in range(200):  # warm up the connections
             agreement.decide(step, None)
         dist.barrier()
-        result = {"decision": _per_call(lambda step: agreement.decide(step, None), range(calls // every))}
-        sampling = range(0, calls, every)
+        result = {"decision": _with_gaps(lambda step: agreement.decide(step, None), range(samples), gap)}
+        agreement.close()
+        sampling = range(0, samples * every, every)
         off = [step for step in range(calls) if step % every]
         for name, agree in (("agreeing", True), ("alone", False)):
             dist.barrier()
@@ -67,7 +89,7 @@ def _rank_main(rank: int, world: int, port: int, every: int, calls: int, out_dir
                 result[f"off_step_{name}"] = _per_call(watchdog.step, off)
                 result[f"empty_{name}"] = _per_call(_noop, off)
                 dist.barrier()
-                result[f"sampling_step_{name}"] = _per_call(watchdog.step, sampling)
+                result[f"sampling_step_{name}"] = _with_gaps(watchdog.step, sampling, gap)
     finally:
         dist.destroy_process_group()
     write_atomically(Path(out_dir, f"rank{rank}.json"), json.dumps(result))
@@ -79,14 +101,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def measure(world: int, every: int, calls: int, rounds: int) -> dict[str, float]:
+def measure(world: int, every: int, calls: int, rounds: int, samples: int = 100,
+            period_ms: float = 100.0) -> dict[str, float]:
     """Seconds per call: median over rounds of the median over ranks of each rank's mean."""
     import torch.multiprocessing as mp
 
     results = []
     for _ in range(rounds):
         with tempfile.TemporaryDirectory(prefix="agreement-cost-") as out_dir:
-            mp.spawn(_rank_main, args=(world, _free_port(), every, calls, out_dir), nprocs=world, join=True)
+            mp.spawn(_rank_main, args=(world, _free_port(), every, calls, samples, period_ms / 1000, out_dir),
+                     nprocs=world, join=True)
             ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
         results.append({key: statistics.median(rank[key] for rank in ranks) for key in ranks[0]})
     return {key: statistics.median(result[key] for result in results) for key in results[0]}
@@ -94,23 +118,26 @@ def measure(world: int, every: int, calls: int, rounds: int) -> dict[str, float]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--samples", type=int, default=100, help="sampling steps timed, each after a period")
+    parser.add_argument("--period-ms", type=float, default=100.0, help="training between two sampling steps")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     rows = []
     for world in args.worlds:
-        figures = measure(world, args.every, args.calls, args.rounds)
+        figures = measure(world, args.every, args.calls, args.rounds, args.samples, args.period_ms)
         rows.append({"ranks": world, "every": args.every, **figures,
                      "off_step_ratio": figures["off_step_agreeing"] / figures["empty_agreeing"],
                      "off_step_ratio_alone": figures["off_step_alone"] / figures["empty_alone"]})
         if not args.json:
             if len(rows) == 1:
-                print(f"sample_every={args.every}; medians of {args.rounds} rounds of {args.calls:,} steps")
-                print("| ranks | one decision | sampling step, agreeing | sampling step, alone | "
+                print(f"sample_every={args.every}; medians of {args.rounds} rounds of {args.calls:,} steps, "
+                      f"{args.samples} sampling steps {args.period_ms:g} ms apart")
+                print("| ranks | decision waited for (before) | sampling step, agreeing | sampling step, alone | "
                       "other step, agreeing | other step, alone | empty call |")
                 print("|---|---|---|---|---|---|---|")
             row = rows[-1]

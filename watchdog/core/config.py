@@ -70,11 +70,12 @@ class WatchdogConfig:
     `policy.restart_window_steps` after it starts the count over."""
     agree_across_ranks: bool = True
     """With torch.distributed initialised and several ranks, every rank takes the most severe action
-    any rank asked for, at the same sampling step (`runtime/agreement.py`). Every rank must then call
-    `step()` with the same step numbers."""
+    any rank offered at a sampling step, at the next sampling step (`runtime/agreement.py`). Every
+    rank must then call `step()` with the same step numbers, as often."""
     agreement_timeout_seconds: float = 600.0
-    """How long a rank waits for the others at an agreement before it exits 43 (a rank died or
-    stalled): longer than the slowest step between two sampling steps, checkpoints included."""
+    """How long a rank waits for the others' offers before it exits 43 (a rank died or stalled),
+    and how long making the agreement's group may take: longer than the slowest step between two
+    sampling steps, checkpoints included."""
     forced_actions: tuple[tuple[int, Action], ...] = ()
     """Drills: (step, action) pairs, each asked for at that step as if the watchdog had decided it
     (agreed across ranks like any other)."""

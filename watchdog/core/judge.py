@@ -102,6 +102,11 @@ class Judge:
         self._pace = Pace()  # the newest readings: the limit rule's reach before any trend
         self._set_limit(effective_limit(None, memory_limit_bytes))
 
+    def agree_with_ranks(self) -> None:
+        """Actions are agreed across ranks, and reach the loop one sampling period later: the limit
+        rule looks that much further ahead."""
+        self._pace.agreement_gaps = 1
+
     @property
     def limit_bytes(self) -> int | None:
         """The effective limit as of the newest sample."""

@@ -49,7 +49,7 @@ FIRST_TO_LAST = (PACE_SAMPLES - QUARTER) / (PACE_SAMPLES - 1)  # the share of th
 class Pace:
     """The newest readings, their highest, and the pace they rise at."""
 
-    __slots__ = ("_steps", "_bytes", "_time", "_previous_time", "_highest", "_readings_since_high")
+    __slots__ = ("_steps", "_bytes", "_time", "_previous_time", "_highest", "_readings_since_high", "agreement_gaps")
 
     def __init__(self) -> None:
         self._steps: deque[float] = deque(maxlen=PACE_SAMPLES)
@@ -57,6 +57,7 @@ class Pace:
         self._time = self._previous_time = 0.0
         self._highest = -math.inf  # the highest reading since the last clear ...
         self._readings_since_high = 0  # ... and how many readings ago it came
+        self.agreement_gaps = 0  # gaps more before an action reaches the loop: 1 where ranks agree on it (runtime/agreement.py)
 
     def clear(self) -> None:
         """Memory was rebuilt or the process replaced: the readings before describe another state."""
@@ -118,8 +119,9 @@ class Pace:
         (`sample_every` 1, 10 and 50; 20, 40 and 150 samples to fill; a sawtooth of 0 to 2 samples'
         rise; 3 seeds), one gap and a half let 12 peak at the limit, two gaps 5 (all a 20-sample
         fill under a sawtooth twice a sample's rise), with no false action on the bench's corpora
-        nor on 300 flat jobs of tests/test_detector.py."""
-        return REACH_GAPS * self.gap + HANDOVER_STEPS
+        nor on 300 flat jobs of tests/test_detector.py. Where ranks agree on actions, an action
+        offered at a sampling step is carried out at the next: one gap more (`agreement_gaps`)."""
+        return (REACH_GAPS + self.agreement_gaps) * self.gap + HANDOVER_STEPS
 
     def rise(self) -> float:
         """How fast the readings kept rose from the first to the newest, per step (0 when they did not,

@@ -29,8 +29,9 @@ memory is the host's (the `rss` source), there is one series, judged against bot
 
 Many ranks take one decision (`runtime/agreement.py`): when torch.distributed runs several ranks at
 `start()`, an action is not handed over by the rank that decided it but held, and on each sampling
-step every rank offers what it holds (one all_gather on a gloo group of the watchdog's own) and
-every rank gets the most severe offer, at the same step. Forced actions (`forced_actions`) and a
+step every rank offers what it holds (posted to the agreement's thread, which makes one all_gather
+on a gloo group of the watchdog's own) and, at the next sampling step, every rank gets the most
+severe offer, at the same step. Forced actions (`forced_actions`) and a
 loop's own proposals (`propose`, e.g. a preemption) take the same path, so every loop gets them.
 
 The trace file is best-effort telemetry (`TraceSink`): an I/O error writing it never reaches
@@ -143,6 +144,7 @@ class Watchdog:
         self._error_log = OncePerKind(log, "watchdog_error")  # each kind logged once, every one counted
         self._compile_watch: CompileWatch | None = None
         self._ranks = agreement  # several ranks: the agreement every action goes through
+        self._joined: Agreement | None = None  # the agreement start() joined (a loop's own is the loop's to close)
         self._forced = list(self.config.forced_actions)  # (step, action), in step order
         self._forced_at = self._forced[0][0] if self._forced else _NEVER
         if self.config.recompilation.explain and "torch_xla" in sys.modules:
@@ -165,7 +167,9 @@ class Watchdog:
         if flight_path is not None:
             self._flight = FlightRecorder(flight_path, rank=self.config.rank, trace_file=self.config.trace_file)
         if self._ranks is None and self.config.agree_across_ranks:  # every rank at once: making its group is collective
-            self._ranks = agreement.join(self.config.agreement_timeout_seconds)
+            self._ranks = self._joined = agreement.join(self.config.agreement_timeout_seconds)
+        if self._ranks is not None:  # ranks out of step, or a peer lost: raised by the next step(), sampling or not
+            self._ranks.report_to(self._chores.append)
         if device_kind(device) == "xla":
             self._compile_watch = CompileWatch(self.config.recompilation, self.telemetry)
         if device_kind(device) == "cuda" and self._flight is not None:
@@ -174,6 +178,10 @@ class Watchdog:
             self.station.trace = TraceSink(self.config.trace_file, self.telemetry, lambda: self.trace_retry_seconds)
         if self.config.host_memory:
             self._watch_the_host()
+        if self._ranks is not None:
+            for station in (self.station, self._host_watch.station if self._host_watch is not None else None):
+                if station is not None:
+                    station.judge.agree_with_ranks()
         self._thread = threading.Thread(target=self._run, name="hbm-watchdog", daemon=True)
         self._thread.start()
         try:
@@ -199,6 +207,9 @@ class Watchdog:
         self._thread = None
         if self._compile_watch is not None:
             self._compile_watch.close()
+        if self._joined is not None:
+            self._joined.close()
+            self._ranks = self._joined = None
         if self._handed.unlogged is not None:
             self.log_outcome(HANDED_OVER)
         if self._drives_follower:
@@ -469,6 +480,8 @@ class Watchdog:
             chore = chores.popleft()
             if chore is _FOLLOW:
                 follow = True
+            elif isinstance(chore, BaseException):  # from the agreement's thread: ranks out of step, a peer lost
+                raise chore
             elif action is None or severity(chore[0]) > severity(action[0]):
                 action = chore
         if follow:
@@ -483,19 +496,26 @@ class Watchdog:
         return self._hand_over(step, *action)
 
     def _agree(self, step: int) -> Action | None:
-        """A sampling step with several ranks: offer the most severe action held, take the one agreed."""
+        """A sampling step with several ranks: take the action agreed on the previous sampling step's
+        offers, and offer the most severe action held now (its answer comes at the next one)."""
         if self._chores:
             self._do_chores(step)
         handed = self._handed
-        held, handed.held = handed.held, None
-        agreed = self._ranks.decide(step, held[0] if held is not None else None,
-                                    own=held[4] if held is not None else True)
+        if step == handed.offered_at:  # the same step again (an accumulation's micro-batches): one offer a step
+            return None
+        ranks = self._ranks
+        agreed = ranks.collect(step)
+        offered, held = handed.offered, handed.held
+        if agreed is not None and held is not None and held[4] and severity(held[0]) <= severity(agreed.action):
+            held = None  # the watchdog's own, decided on the state the agreed action now replaces
+        ranks.post(step, held[0] if held is not None else None, own=held[4] if held is not None else True)
+        handed.offered, handed.held, handed.offered_at = held, None, step
         if agreed is None:
             return None
-        mine = held is not None and held[0] is agreed.action and agreed.asked_by == self._ranks.rank
+        mine = offered is not None and offered[0] is agreed.action and agreed.asked_by == ranks.rank
         # Another rank's restart counts against the watchdog's budget only when its watchdog asked for
         # it: a preemption of one rank is no restart of the watchdog's on the others.
-        verdict, memory, origin, counts = held[1:] if mine else (self.verdict, DEVICE, "", agreed.own)
+        verdict, memory, origin, counts = offered[1:] if mine else (self.verdict, DEVICE, "", agreed.own)
         asker = f"rank {agreed.asked_by}" if agreed.own else f"rank {agreed.asked_by}'s loop (not its watchdog)"
         ranks = f"asked by {asker}, agreed by all {agreed.ranks} ranks"
         return self._hand_over(step, agreed.action, verdict, memory, f"{origin}; {ranks}" if origin else ranks, counts)
@@ -647,13 +667,15 @@ class _HandedOver:
     """The actions step() handed over: the newest, the one whose block is not logged yet, and
     whether the loop always logs their outcomes itself."""
 
-    __slots__ = ("last", "unlogged", "logs_outcomes", "held", "restarts")
+    __slots__ = ("last", "unlogged", "logs_outcomes", "held", "offered", "offered_at", "restarts")
 
     def __init__(self, logs_outcomes: bool, restarts: int, restart_step: int | None):
         self.last: ActionOutcome | None = None
         self.unlogged: ActionOutcome | None = None
         self.logs_outcomes = logs_outcomes
-        self.held: tuple | None = None  # several ranks: the action offered at the next agreement
+        self.held: tuple | None = None  # several ranks: the action to offer at the next sampling step ...
+        self.offered: tuple | None = None  # ... and the one offered at the newest, whose answer comes at the next
+        self.offered_at: int | None = None  # the newest sampling step offered at
         self.restarts = (restarts, restart_step)  # the watchdog's restarts in a row, and the newest one's step
 
 

@@ -536,6 +536,9 @@ class Trainer:
                     log.info("watchdog_footprint", first_step=first_step, step=self.state.step if self.state else None,
                              retained_bytes_at_start=footprint_at_start,
                              retained_bytes_at_end=retained_bytes(self.watchdog))
+            if self._agreement is not None:
+                self._agreement.close()
+                self._agreement = None
         final_loss = float(loss.item()) if loss is not None else None
         verdict = self.watchdog.verdict if self.watchdog is not None else None
         result = TrainResult(
