@@ -43,7 +43,7 @@ class HostReading:
     bytes_used: int  # the series judged (runtime/host_memory.py says which)
     bytes_limit: int  # its budget
     domain: str  # "budget", "cgroup" or "machine"
-    process_bytes: int  # resident memory of the process and its children
+    process_bytes: int  # the process tree's memory: its resident memory plus its children's private memory
     available_bytes: int  # the machine's MemAvailable
     oom_kills: int | None = None  # the cgroup's OOM kills so far, where there is a cgroup
 

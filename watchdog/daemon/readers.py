@@ -10,14 +10,14 @@ that memory (`pid`), where the source knows it.
 
 Readers here:
 
-- `ProcessTreeReader`: a process and its children, resident memory (PJRT CPU and CPU jobs).
+- `ProcessTreeReader`: a process and its children, each page counted once (PJRT CPU and CPU jobs).
 - `TpuChipsReader`: every TPU chip of this host (`device="tpu:N"`) through libtpu's runtime
   metrics, the same per-chip readings as the in-process `tpu` memory source
   (`watchdog.runtime.sources.TpuRuntimeSource`); the watched process is whom to signal.
 - `GpuProcessesReader`: every GPU of this host through NVML (`device="cuda:N"`): on each, the
   memory the target's process tree holds, against what the other processes leave it.
 - `WithHost`: another reader's devices plus the target's host memory (`device="host"`), read as
-  the in-process host watch reads it (`watchdog.runtime.host_memory`). A process tree's resident
+  the in-process host watch reads it (`watchdog.runtime.host_memory`). A process tree's
   memory already is the host's: there, one series, whose limit is the host's budget. When the
   other reader fails, the host's reading still comes (`PartialReading`), and the failure is counted.
 """
@@ -60,7 +60,8 @@ class PartialReading(Exception):
 
 
 class ProcessTreeReader:
-    """Resident memory of a process and all its descendants (data-loader workers, compile helpers).
+    """The memory of a process and all its descendants (data-loader workers, compile helpers), each
+    page counted once (`ProcessTree`: the process's resident memory plus each descendant's own).
 
     The limit is the host's budget for the process (`HostMemory`): the tightest memory cgroup
     limit over it, else the machine's memory, or `host_limit_bytes` when given. The peak follows `RssSource`: the process's own high-water mark (`VmHWM`),
@@ -81,7 +82,7 @@ class ProcessTreeReader:
 
     def read(self) -> list[DeviceReading]:
         own = self.process.memory_info().rss
-        total = self._tree.rss(own)
+        total = self._tree.bytes_used(own)
         children = total - own
         high_water = self._read_high_water()
         grew = high_water is not None and self._high_water is not None and high_water > self._high_water

@@ -14,7 +14,7 @@ process, and a new process always gives it back.
 Where the device's memory is the host's (PJRT CPU and CPU: the `rss` source), there is one
 memory and one series: the host is not judged apart (`judged=False`); the device's series is
 judged against the tighter of the two budgets instead (`merge_into_rss`), and the host's figures
-(the process tree's resident memory, the machine's available memory) go on the device's telemetry.
+(the process tree's memory, the machine's available memory) go on the device's telemetry.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def merge_into_rss(source, config: WatchdogConfig, telemetry: Telemetry) -> Host
     series, judged against the tighter of `--memory-limit` and the host's budget; said once. The
     host's figures are read on (returned: not judged) onto the device's telemetry."""
     memory = HostMemory(limit_bytes=config.host_memory_limit_bytes)
+    memory.tree = source.tree  # one tree: its children's pages are read once for both
     source.host_budget_bytes = memory.limit_bytes
     log.info("host_memory_is_device_memory", source=source.name, host_domain=memory.domain,
              host_limit_bytes=memory.limit_bytes, memory_limit_bytes=config.memory_limit_bytes,

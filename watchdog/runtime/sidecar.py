@@ -402,6 +402,14 @@ class Watchdog:
             reading = None
         self._post((_REINIT, reading))
 
+    def processes_grown(self) -> list[str]:
+        """The job's other processes (DataLoader workers) whose own memory grew by `GROWN_SAID_BYTES`
+        or more since they started, most first, a line each: what the census of this process cannot
+        reach, for an action's block."""
+        source, host = self._source, self._host_watch
+        tree = getattr(source, "tree", None) or (host.memory.tree if host is not None else None)
+        return [descendant.line() for descendant in tree.grown(GROWN_SAID_BYTES)] if tree is not None else []
+
     def observe_checkpoint(self, seconds: float) -> None:
         """A save the loop made, timed (`hbmwatch_checkpoint_seconds`)."""
         self.checkpoint_figures.observe_save(seconds)
@@ -548,7 +556,9 @@ class Watchdog:
         handed = self._handed
         if handed.unlogged is not None:  # an earlier one whose outcome its loop never said
             self.log_outcome(HANDED_OVER)
-        suspects = self._follower.name(step) if self._drives_follower and action.needs_checkpoint else []
+        suspects = []
+        if action.needs_checkpoint:
+            suspects = (self._follower.name(step) if self._drives_follower else []) + self.processes_grown()
         if action is Action.CHECKPOINT_RESTART and counts:
             count, previous = handed.restarts
             handed.restarts = (restarts_in_a_row(count, previous, step, self.config.policy.restart_window_steps), step)
@@ -662,6 +672,9 @@ class Watchdog:
         return StallWatch(lambda: self._newest_step, self.telemetry, report_after=self.config.stall_after_seconds,
                           check_every=self.config.stall_check_seconds, exit_after=exit_after, flight=self._flight,
                           rank=rank).start()
+
+GROWN_SAID_BYTES = 16 << 20  # a child process that grew less than this since it started is not named
+
 
 class _HandedOver:
     """The actions step() handed over: the newest, the one whose block is not logged yet, and

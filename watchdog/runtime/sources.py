@@ -225,13 +225,16 @@ def release_host_memory() -> None:
 
 
 class RssSource:
-    """Resident memory of this process; the only honest number on PJRT CPU and plain CPU.
+    """The memory of this process and its children (DataLoader workers), each page counted once
+    (`ProcessTree`: this process's resident memory plus each child's private memory); the only
+    honest number on PJRT CPU and plain CPU. A worker's cache is the job's memory as much as the
+    trainer's own: the kernel kills the job when their sum runs out.
 
     The peak is the high-water mark since the previous reading, not the lifetime one: after a
     reinit frees memory, a lifetime peak would keep the old high and read as an OOM about to happen.
     The kernel only keeps the lifetime maximum (`ru_maxrss`), so a new high since the last reading
     shows as that maximum growing; otherwise the peak in between is unknown and the current RSS
-    stands in for it.
+    stands in for it. The children's memory is added to either as it is now.
     """
 
     name = "rss"
@@ -239,17 +242,21 @@ class RssSource:
     def __init__(self, memory_limit_bytes: int | None = None):
         import psutil
 
+        from watchdog.runtime.host_memory import ProcessTree
+
         self._process = psutil.Process(os.getpid())
+        self.tree = ProcessTree(self._process)
         self.memory_limit_bytes = memory_limit_bytes
         self.host_budget_bytes: int | None = None  # set where the host is watched: one memory, two budgets
         self._lifetime_peak = _max_rss_bytes()
 
     def read(self) -> MemoryReading:
         rss = self._process.memory_info().rss
+        used = self.tree.bytes_used(rss)
         lifetime_peak = _max_rss_bytes()
-        peak = peak_since(self._lifetime_peak, lifetime_peak, rss)
+        peak = peak_since(self._lifetime_peak, lifetime_peak, rss) + used - rss
         self._lifetime_peak = lifetime_peak
-        return MemoryReading(rss, effective_limit(self.memory_limit_bytes, self.host_budget_bytes), peak)
+        return MemoryReading(used, effective_limit(self.memory_limit_bytes, self.host_budget_bytes), peak)
 
 
 def _max_rss_bytes() -> int:

@@ -152,7 +152,8 @@ def _host_gauges(t: Telemetry, labels: list[str]) -> Iterator[Metric]:
     if reading is None:
         return
     for name, doc, value in (
-            ("host_process_resident_bytes", "Resident memory of the training process and its children.",
+            ("host_process_resident_bytes", "The training process's resident memory plus its children's private "
+             "memory (USS): the process tree, each page counted once.",
              reading.process_bytes),
             ("host_available_bytes", "The machine's available memory (MemAvailable).", reading.available_bytes)):
         family = GaugeMetricFamily(PREFIX + name, doc, labels=BASE_LABELS)

@@ -740,7 +740,7 @@ class Trainer:
         if action is not None or (self.watchdog is not None and self.watchdog.leak_suspected):
             follower.arm()  # once until the next reinit
         if action is not None and action.needs_checkpoint:
-            return follower.name(step)
+            return follower.name(step) + (self.watchdog.processes_grown() if self.watchdog is not None else [])
         return None
 
     def _outcome(self, step: int, action: Action, suspects: list[str]) -> ActionOutcome:
