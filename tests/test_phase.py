@@ -132,3 +132,41 @@ def test_steps_going_back_are_a_new_process_whose_first_ramp_is_cautious_again()
     assert not judge.policy._cautious
     judge.judge(Sample(1000, 1.8e9, BASE, limit))
     assert judge.policy._cautious and judge.restarts_so_far == 0
+
+
+def climbing_evaluations(climb, *, runs=9, every=400, length=60, base=GiB, kept=100 * MiB, seed=0):
+    """Evaluations every `every` steps, each keeping `kept + climb * run` by its end and freeing it
+    after; the floor between them flat: (samples, the first step of each run)."""
+    rng = random.Random(seed)
+    samples, starts = [], []
+    for step in range(0, runs * every, 5):
+        run, into = divmod(step, every)
+        label = phase_label("eval", length) if into >= every - length else ""
+        if label and (not starts or starts[-1] < run * every):
+            starts.append(step)
+        share = (into - (every - length) + 5) / length if label else 0.0
+        used = base + share * (kept + climb * run) + rng.random() * 4 * MiB
+        samples.append(Sample(step, step * 0.1, int(used), None, None, label))
+    return samples, starts
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_evaluations_that_peak_higher_each_run_are_acted_on_between_runs_before_the_one_that_would_cross(seed):
+    """Issue 54: an evaluation that keeps more every time it runs leaks peaks (metatrain#1014,
+    karpathy/nanochat#295): the floor stays flat, each run ends below the limit, and the run that
+    crosses comes anyway. The action comes between runs, before that one: a checkpoint before eval."""
+    limit = GiB + 330 * MiB  # run 7 peaks at 100 + 7 * 33 = 331 MiB above the floor: the first to cross
+    samples, starts = climbing_evaluations(33 * MiB, seed=seed)
+    sample, verdict, _ = next(outcome for outcome in judged(samples, limit) if outcome[2].needs_checkpoint)
+    assert starts[6] < sample.step < starts[7], (sample.step, starts)
+    assert sample.phase == "", "between runs, not inside one"
+    assert "eval runs peak higher each time" in verdict.explanation and f"step {starts[7]:,}" in verdict.explanation
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_evaluations_that_peak_alike_or_jump_once_are_left_alone(seed):
+    limit = GiB + 160 * MiB  # each run peaks 100-104 MiB above the floor
+    assert not checkpoints(judged(climbing_evaluations(0, seed=seed)[0], limit))
+    jumped = [Sample(s.step, s.timestamp, s.bytes_used + (40 * MiB if s.phase and s.step > 2000 else 0), None, None,
+                     s.phase) for s in climbing_evaluations(0, seed=seed)[0]]  # one run kept 40 MiB more, and the rest
+    assert not checkpoints(judged(jumped, limit))

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 from watchdog.core.detector import DetectorConfig, LeakDetector
 from watchdog.core.pace import Pace
-from watchdog.core.phase import PhaseEpisode, PhaseForecast, parse_label
+from watchdog.core.phase import CLIMB_RUNS, NextRun, PeakClimb, PhaseEpisode, PhaseForecast, parse_label
 from watchdog.core.policy import ActionPolicy, PolicyConfig
 from watchdog.core.sample import Sample
 from watchdog.core.units import format_bytes, format_limit
@@ -97,6 +97,8 @@ class Judge:
         self._label = ""  # the phase label of the last sample
         self._episode: PhaseEpisode | None = None  # the bounded phase running now, if any
         self._phase_steps: dict[str, float] = {}  # how long each bounded phase ran last time
+        self._climbs: dict[str, PeakClimb] = {}  # each bounded phase's newest runs' peaks
+        self._next_run: tuple[str, NextRun] | None = None  # a phase whose next run would peak past the line
         self._margin_steps = self.policy.config.checkpoint_margin_steps
         self._line = _NO_LINE  # the limit rule's line: the effective limit less the headroom
         self._pace = Pace()  # the newest readings: the limit rule's reach before any trend
@@ -135,6 +137,8 @@ class Judge:
         verdict = self._route(sample)  # the detector, or the watch on a bounded phase
         if self._within_reach(sample.bytes_used, fresh):
             return self._at_limit(sample, verdict)
+        if self._next_run is not None and self._episode is None:
+            verdict = _climb_verdict(sample, verdict, *self._next_run, self.detector.limit_bytes)
         self._latest = verdict
         return verdict, self._act(verdict)
 
@@ -149,7 +153,7 @@ class Judge:
         """
         step = sample.step
         if (sample.bytes_limit != self._device_limit or sample.phase != self._label or step < self._previous_step
-                or self._episode is not None):
+                or self._episode is not None or self._next_run is not None):
             return self.judge(sample)  # a limit, a phase or a process changed: the whole way
         self._previous_step = step
         fresh = self._pace.add(step, sample.timestamp, sample.bytes_used)
@@ -173,7 +177,14 @@ class Judge:
         only when `fresh`: the pace's window is full and holds a new high)."""
         line = self._line
         return used + self.detector.rising_bytes_per_step * self._margin_steps >= line or (
-            fresh and self._pace.reaches(line))
+            fresh and self._pace.reaches(line, self._phase_left()))
+
+    def _phase_left(self) -> float:
+        """Steps until the bounded phase running now ends, where known (its growth stops there)."""
+        episode = self._episode
+        if episode is None or episode.expected_steps is None:
+            return math.inf
+        return episode.first_step + episode.expected_steps - episode.last_step
 
     def _act(self, verdict: Verdict) -> Action:
         action = self._decide(verdict)
@@ -219,14 +230,26 @@ class Judge:
         self._floor_at_action = None
         self._label, self._episode, self._phase_steps = "", None, {}
         self._pace.clear()
+        self._forget_peaks()
 
     # -- bounded phases --------------------------------------------------------------------------
 
     def _phase_changed(self, sample: Sample) -> None:
-        """A phase ended or began: remember how long a bounded one ran, start watching a new one."""
+        """A phase ended or began: remember how long a bounded one ran and how high it peaked, start
+        watching a new one. The pace starts over: its readings climbed in the phase that ended (an
+        evaluation's ramp, whose last reading may carry the next phase's label)."""
+        self._pace.clear()
         episode = self._episode
         if episode is not None and episode.n:
-            self._phase_steps[episode.phase.name] = episode.span
+            name = episode.phase.name
+            self._phase_steps[name] = episode.span
+            climb = self._climbs.setdefault(name, PeakClimb())
+            climb.add(episode.first_step, episode.peak)
+            following = climb.next_run()
+            if following is not None and following.peak >= self._line:
+                self._next_run = (name, following)
+            elif self._next_run is not None and self._next_run[0] == name:
+                self._next_run = None
         self._label = sample.phase
         phase = parse_label(sample.phase)
         if not phase.bounded:
@@ -234,6 +257,10 @@ class Judge:
             return
         expected = phase.planned_steps if phase.planned_steps is not None else self._phase_steps.get(phase.name)
         self._episode = PhaseEpisode(phase, expected, sample.step, sample.timestamp)
+
+    def _forget_peaks(self) -> None:
+        """The runs' peaks describe a state that is gone (a rebuild that gave memory back, a new process)."""
+        self._climbs, self._next_run = {}, None
 
     def _in_phase(self, sample: Sample) -> Verdict:
         """The detector's verdict on the floor (the sample is a transient to it), unless the phase's
@@ -268,6 +295,7 @@ class Judge:
         if recovered:
             self.detector.reset()
             self.policy.rearm()
+            self._forget_peaks()
         return Recovery(before, float(bytes_after), recovered)
 
     def restarted(self) -> None:
@@ -293,6 +321,7 @@ class Judge:
         self._latest = self._unjudged = None
         self.detector.reset()
         self._pace.clear()
+        self._forget_peaks()
         self._use_policy(ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far))
 
     def restart_settled(self, bytes_after: float) -> Recovery | None:
@@ -351,6 +380,23 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
     return verdict._replace(status=Status.OOM_PROJECTED, projected_oom_step=math.ceil(sample.step + steps),
                             projected_oom_steps=steps, projected_oom_seconds=seconds,
                             projected_oom_steps_pessimistic=steps, explanation=explanation)
+
+
+def _climb_verdict(sample: Sample, floor: Verdict, name: str, run: NextRun, limit: int | None) -> Verdict:
+    """OOM_PROJECTED at the next run of a phase whose peaks climb, from now until it starts: acted
+    on before it, when that is within the checkpoint margin. A floor verdict that projects an OOM
+    sooner stands."""
+    step = sample.step
+    steps = max(0.0, run.start - step)
+    if floor.oom_projected and floor.projected_oom_steps_pessimistic <= steps:
+        return floor
+    explanation = (f"{name} runs peak higher each time (+{format_bytes(run.climb)} a run, {CLIMB_RUNS} runs); the next, "
+                   f"due at step {math.ceil(run.start):,}, would peak at {format_bytes(run.peak)}, past the "
+                   f"{format_limit(limit)} limit")
+    return floor._replace(status=Status.OOM_PROJECTED, limit_bytes=limit, projected_oom_step=math.ceil(run.start),
+                          projected_oom_steps=steps, projected_oom_seconds=math.inf,
+                          projected_oom_steps_pessimistic=steps, explanation=explanation,
+                          window_steps=max(floor.window_steps, run.seen_over))
 
 
 def _phase_verdict(sample: Sample, episode: PhaseEpisode, forecast: PhaseForecast, floor: Verdict,

@@ -131,21 +131,24 @@ class Pace:
             return 0.0
         return max(0.0, (used[-1] - used[0]) / (steps[-1] - steps[0]))
 
-    def reaches(self, line: float) -> bool:
+    def reaches(self, line: float, growing_for: float = math.inf) -> bool:
         """Whether, with a new high among the newest quarter's readings, memory could be at or past
-        `line` at the pace seen before an action decided at the next reading reaches the loop."""
+        `line` at the pace seen before an action decided at the next reading reaches the loop.
+        `growing_for`: steps the climb can last at most (a bounded phase that ends sooner: what it
+        allocates stops growing there), when fewer than the reach."""
         used, steps = self._bytes, self._steps
         if self._readings_since_high >= QUARTER or len(used) < PACE_SAMPLES:  # no new high lately
             return False
+        reach = min(self.reach, max(growing_for, 0.0))
         highest, span = max(used), (steps[-1] - steps[0]) * FIRST_TO_LAST
         # The pace is at most the readings' whole spread over that span, and the level at most the
         # highest plus that pace over the window: memory that could not reach the line even so needs
         # no quarters (most new highs of a wandering machine's trace).
         bound = (highest - min(used)) / span if span > 0 else 0.0
-        if highest + bound * (steps[-1] - steps[0] + self.reach) < line:
+        if highest + bound * (steps[-1] - steps[0] + reach) < line:
             return False
         rate = self.rate()
-        return rate > 0 and self.level(rate) + rate * self.reach >= line
+        return rate > 0 and self.level(rate) + rate * reach >= line
 
     def level(self, rate: float) -> float:
         """The highest reading carried forward to the newest step at `rate`: where the peak is now.

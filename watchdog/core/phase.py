@@ -18,6 +18,12 @@ judged here, against the peak it will reach by the phase's end:
   than the detector would extrapolate floor growth (`max_extrapolation` times the steps it was
   seen over); the policy's caution for a first ramp (a WARN first, unless imminent) applies.
 
+A phase that keeps more every time it runs (an evaluation that keeps its outputs: metatrain#1014,
+karpathy/nanochat#295, which lost 29 hours to an eval's OOM) leaks *peaks*: the floor between runs
+stays flat and each run's growth ends below the limit, but each run peaks higher. `PeakClimb`
+keeps each run's peak and tells where the next one will start and peak, so the action comes
+between runs, before the run that would cross: the checkpoint before eval nanochat asked for.
+
 A phase travels with each sample as a label: the name, and `/STEPS` when the loop said how long it
 runs (`eval/300`). The label is the trace CSV's optional `phase` column, so `analyze` replays what
 the sidecar decided.
@@ -85,6 +91,51 @@ class PhaseForecast(NamedTuple):
     oom_x_high: float  # ... at `high`
     end_step: float | None  # where the phase is expected to end; None: unknown
     seconds_per_step: float
+
+
+class NextRun(NamedTuple):
+    """Where the next run of a phase whose peaks climb is expected."""
+
+    start: float  # the step it starts at: the newest run's start plus the newest gap between starts
+    peak: float  # the peak it reaches: the newest peak plus the median climb between runs
+    climb: float  # that climb, bytes per run
+    seen_over: float  # steps from the oldest run's start to the next's: what the climb was seen over
+
+
+CLIMB_RUNS = 4  # runs whose peaks must each climb: three climbs, as the pace rule asks four quarters
+
+
+class PeakClimb:
+    """The peaks of one bounded phase's newest runs, and the next run's, when they climb.
+
+    A climb is believed only when each of the newest `CLIMB_RUNS` runs peaked higher than the one
+    before. The next run is then expected one newest gap after the newest start, to peak the median
+    climb above the newest peak. A run's peak is its highest reading, which a sparse sampling of a
+    ramp places anywhere in its last gap: one loop's runs read +32, +18, +74, +11, +41 and +57 MiB
+    apart for a steady +40 MiB, so the climbs are not asked to be alike, only all upwards. Runs of a
+    healthy job peak high or low at random; three climbs in a row come one time in six, but then
+    with a next peak that only matters within a climb of the limit."""
+
+    __slots__ = ("_starts", "_peaks")
+
+    def __init__(self) -> None:
+        self._starts: list[float] = []
+        self._peaks: list[float] = []
+
+    def add(self, start: float, peak: float) -> None:
+        self._starts = [*self._starts[1 - CLIMB_RUNS:], start]
+        self._peaks = [*self._peaks[1 - CLIMB_RUNS:], peak]
+
+    def next_run(self) -> NextRun | None:
+        starts, peaks = self._starts, self._peaks
+        if len(peaks) < CLIMB_RUNS:
+            return None
+        climbs = sorted(b - a for a, b in zip(peaks, peaks[1:]))
+        if climbs[0] <= 0 or starts[-1] <= starts[-2]:
+            return None
+        climb = climbs[len(climbs) // 2]
+        start = starts[-1] + (starts[-1] - starts[-2])
+        return NextRun(start, peaks[-1] + climb, climb, start - starts[0])
 
 
 class PhaseEpisode:
