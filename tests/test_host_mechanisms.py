@@ -8,6 +8,17 @@ get no action.
   https://github.com/pytorch/pytorch/issues/13246. Before, the judged series was the trainer's own
   resident memory: it sat at 1.0 GiB while the tree read 2,424 MiB at the budget, unjudged, and
   the tree's figure counted the pages the forked workers share with the trainer twice.
+- Python objects that pile up, no tensor and no buffer among them:
+  https://github.com/pytorch/torchtitan/issues/3790 (fused AdamW with FSDP2 kept `DTensorSpec`
+  objects, about 0.5 MB a step of host RAM, 57.6 GB over 102k steps). Before, the census said
+  "no growing group of live tensors or Python buffers found".
+- A staircase at every checkpoint save: https://github.com/marin-community/marin/issues/6774 (about
+  26 GB of host RAM kept per save, an OOM after about 20 saves).
+- A cache that fills ever more slowly is not a leak: a cache of 1 MiB records over 188 keys drawn at
+  random fills as 1 - exp(-t/188) and stops at 188 MiB. Its twin caches a record under a key that
+  never comes again, a leak at the cache's first rate. (Issue 54 saw a cache of 188 MiB acted on at
+  step 301 with a 414.8 KiB/step projection to its limit: with its plateau close under the limit,
+  that case is still open; this one levels off 112 MiB under it.)
 - An evaluation that keeps more every time it runs: https://github.com/metatensor/metatrain/issues/1014
   (an eval loop OOMs after about 100k samples), https://github.com/karpathy/nanochat/pull/295 (29
   hours lost to an eval's OOM; it asks for a checkpoint before eval). The floor between runs
@@ -147,3 +158,138 @@ def test_an_evaluation_that_keeps_more_each_run_is_acted_on_between_runs_before_
 def test_an_evaluation_that_keeps_the_same_each_run_is_left_alone(tmp_path):
     result = run_loop(EVAL_PEAKS, tmp_path, "bounded")
     assert "acted" not in result and len(result["evaluations"]) == 12, result
+
+
+PYTHON_OBJECTS = textwrap.dedent('''
+    import json, sys, time
+    from dataclasses import dataclass
+    import psutil
+    from watchdog import Watchdog, WatchdogConfig
+
+    MiB = 1 << 20
+    bounded = sys.argv[1] == "bounded"
+
+    @dataclass(frozen=True)
+    class DTensorSpec:
+        shape: tuple
+        placements: tuple
+
+    class Optimizer:
+        def __init__(self):
+            self.specs = {}
+
+    optimizer = Optimizer()
+    budget = psutil.Process().memory_info().rss + 250 * MiB
+    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", host_memory_limit_bytes=budget)
+    result = {"budget": budget}
+    with Watchdog(config) as wd:
+        for step in range(1, 1500):
+            for i in range(1000):  # the optimizer keeps a spec per parameter and step
+                key = (step, i)
+                optimizer.specs[key] = DTensorSpec((step, i), ("shard", i))
+                if bounded and len(optimizer.specs) > 20_000:
+                    optimizer.specs.pop(next(iter(optimizer.specs)))
+            result["highest"] = max(result.get("highest", 0), psutil.Process().memory_info().rss)
+            action = wd.step(step)
+            if action is not None and action.needs_checkpoint:
+                result.update(acted=step, suspects=list(wd.last_action.suspects))
+                break
+    print(json.dumps(result))
+''')
+
+
+def test_python_objects_that_pile_up_are_acted_on_before_the_budget_with_their_type_and_holder_named(tmp_path):
+    result = run_loop(PYTHON_OBJECTS, tmp_path, "leaking")
+    assert "acted" in result and result["highest"] < result["budget"], result
+    named = " ".join(result["suspects"])
+    assert "Python objects" in named and "DTensorSpec" in named and "attribute 'specs' of Optimizer" in named, named
+
+
+def test_python_objects_kept_to_a_bound_are_left_alone(tmp_path):
+    assert "acted" not in run_loop(PYTHON_OBJECTS, tmp_path, "bounded")
+
+
+SAVE_STAIRCASE = textwrap.dedent('''
+    import json, sys, time
+    import psutil
+    from watchdog import Watchdog, WatchdogConfig
+
+    MiB = 1 << 20
+    bounded = sys.argv[1] == "bounded"
+
+    class Checkpointer:
+        def __init__(self):
+            self.staged = []  # each save's host copy, never let go of (the leak)
+
+        def save(self, state):
+            staged = bytearray(state)  # a host copy of the state on its way to disk
+            if not bounded:
+                self.staged.append(staged)
+
+    checkpointer, state = Checkpointer(), b"w" * (30 * MiB)
+    budget = psutil.Process().memory_info().rss + 400 * MiB
+    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", host_memory_limit_bytes=budget)
+    result = {"budget": budget, "saves": 0}
+    with Watchdog(config) as wd:
+        for step in range(1, 1600):
+            time.sleep(0.002)
+            if step % 50 == 0:
+                checkpointer.save(state)
+                result["saves"] += 1
+            result["highest"] = max(result.get("highest", 0), psutil.Process().memory_info().rss)
+            action = wd.step(step)
+            if action is not None and action.needs_checkpoint:
+                result.update(acted=step, suspects=list(wd.last_action.suspects))
+                break
+    print(json.dumps(result))
+''')
+
+
+def test_a_staircase_at_every_save_is_acted_on_before_the_budget_with_the_staged_copies_named(tmp_path):
+    result = run_loop(SAVE_STAIRCASE, tmp_path, "leaking")
+    assert "acted" in result and result["highest"] < result["budget"], result
+    named = " ".join(result["suspects"])
+    assert "bytearray" in named and "attribute 'staged' of Checkpointer" in named, named
+
+
+def test_saves_that_let_their_copies_go_are_left_alone(tmp_path):
+    result = run_loop(SAVE_STAIRCASE, tmp_path, "bounded")
+    assert "acted" not in result and result["saves"] == 31, result
+
+
+FILLING_CACHE = textwrap.dedent('''
+    import json, random, sys, time
+    import psutil
+    from watchdog import Watchdog, WatchdogConfig
+
+    MiB = 1 << 20
+    levelling = sys.argv[1] == "bounded"
+    budget = psutil.Process().memory_info().rss + 300 * MiB
+    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", host_memory_limit_bytes=budget)
+    cache, draw, result = {}, random.Random(0), {"budget": budget}
+    with Watchdog(config) as wd:
+        for step in range(1, 1500):
+            time.sleep(0.002)
+            key = draw.randrange(188) if levelling else step  # 188 keys: the cache fills ever more slowly
+            if key not in cache:
+                cache[key] = bytearray(b"r" * MiB)
+            result["highest"] = max(result.get("highest", 0), psutil.Process().memory_info().rss)
+            action = wd.step(step)
+            if action is not None and action.needs_checkpoint:
+                result.update(acted=step, suspects=list(wd.last_action.suspects))
+                break
+    result["records"] = len(cache)
+    print(json.dumps(result))
+''')
+
+
+def test_a_cache_that_keeps_every_record_is_acted_on_before_the_budget(tmp_path):
+    result = run_loop(FILLING_CACHE, tmp_path, "leaking")
+    assert "acted" in result and result["highest"] < result["budget"], result
+    named = " ".join(result["suspects"])
+    assert "Python buffers bytearray[1048576]" in named and "global 'cache' in module __main__" in named, named
+
+
+def test_a_cache_that_fills_ever_more_slowly_and_levels_off_is_left_alone(tmp_path):
+    result = run_loop(FILLING_CACHE, tmp_path, "bounded")
+    assert "acted" not in result and result["records"] == 188, result

@@ -130,6 +130,21 @@ def test_the_census_names_growing_python_buffers_and_numpy_arrays_with_their_hol
                for line in lines), lines
 
 
+def test_the_census_finds_buffers_in_a_dict_the_collector_does_not_track_and_names_its_holder():
+    """A dict holding only numbers and buffers is untracked by CPython's collector: a cache of
+    records keyed by step (issue 54's cache that keeps every record) was "no growing group found"."""
+    import gc
+
+    caches = {"records": {}}  # as a module's globals hold one (a list or a dict of them: the same)
+    baseline = census()
+    for step in range(20):
+        caches["records"][step] = bytearray(b"\x01") * (256 << 10)
+    assert not gc.is_tracked(caches["records"])
+    lines = explain_leak(baseline)
+    assert lines and lines[0].startswith("+20 Python buffers bytearray[262144] in host memory (+5.0 MiB); held by key "), lines
+    assert "of dict of 20 (key 'records' of dict of 1" in lines[0], lines
+
+
 # -- the sidecar: two series, two judges -----------------------------------------------------
 
 @pytest.fixture

@@ -116,26 +116,42 @@ def _size(tensor) -> int:
     return tensor.nelement() * tensor.element_size()
 
 
-def _python_buffers(containers: list) -> list:
+def _python_buffers(containers: list, held_by: dict[int, object] | None = None) -> list:
     """Large bytes, bytearrays and data-owning NumPy arrays that lists, dicts and deques hold.
     Buffers are not tracked by the garbage collector, so they are found through their holders:
     their referents, asked for a few thousand holders at a time (one C call each, not one per
-    holder: it keeps this part of a census to about the cost of the tensor walk)."""
+    holder: it keeps this part of a census to about the cost of the tensor walk). A dict that holds
+    nothing but buffers and numbers is untracked too (CPython stops tracking such dicts: a cache
+    `{step: bytearray}` was never found), so dicts of `_UNTRACKED_ENTRIES` or more that the holders
+    hold and the collector does not track are looked into as well, one level down (the small ones,
+    records of numbers and strings, are most untracked dicts; a cache that leaks grows past that). `held_by` gets, for each buffer found
+    that way, the untracked holder: the collector's referrers never name it."""
     numpy = sys.modules.get("numpy")
     ndarray = numpy.ndarray if numpy is not None else None
     found: dict[int, object] = {}
-    for start in range(0, len(containers), _REFERENTS_CHUNK):
-        for item in gc.get_referents(*containers[start:start + _REFERENTS_CHUNK]):
-            kind = type(item)
-            if kind is bytes or kind is bytearray:
-                if len(item) >= MIN_BUFFER_BYTES:
+    untracked: dict[int, object] = {}
+    for level in (containers, None):
+        holders = level if level is not None else list(untracked.values())
+        for start in range(0, len(holders), _REFERENTS_CHUNK):
+            for item in gc.get_referents(*holders[start:start + _REFERENTS_CHUNK]):
+                kind = type(item)
+                if kind is bytes or kind is bytearray:
+                    if len(item) >= MIN_BUFFER_BYTES:
+                        found[id(item)] = item
+                elif ndarray is not None and kind is ndarray and item.base is None and item.nbytes >= MIN_BUFFER_BYTES:
                     found[id(item)] = item
-            elif ndarray is not None and kind is ndarray and item.base is None and item.nbytes >= MIN_BUFFER_BYTES:
-                found[id(item)] = item
+                elif level is not None and kind is dict and len(item) >= _UNTRACKED_ENTRIES and not gc.is_tracked(item):
+                    untracked[id(item)] = item
+    if held_by is not None and untracked:
+        for holder in untracked.values():
+            for item in gc.get_referents(holder):
+                if id(item) in found:
+                    held_by[id(item)] = holder
     return list(found.values())
 
 
 _REFERENTS_CHUNK = 4096
+_UNTRACKED_ENTRIES = 16
 
 
 def _undefined(tensor) -> bool:
@@ -178,7 +194,8 @@ class _Live:
                 elif isinstance(obj, module_type):
                     self.modules.append(obj)
             ours = {id(self.tensors), id(self.parameters), id(self.modules), id(objects)}
-            self.buffers: list = _python_buffers([c for c in containers if id(c) not in ours])
+            self.held_by: dict[int, object] = {}  # a buffer's holder that the collector does not track
+            self.buffers: list = _python_buffers([c for c in containers if id(c) not in ours], self.held_by)
         containers.clear()
         objects.clear()
 
@@ -188,7 +205,7 @@ class _Live:
         return self.tensors + self.buffers
 
     def ids(self) -> set[int]:
-        return {id(self), id(self.tensors), id(self.parameters), id(self.modules), id(self.buffers)}
+        return {id(self), id(self.tensors), id(self.parameters), id(self.modules), id(self.buffers), id(self.held_by)}
 
     def walker(self) -> GraphWalker:
         """A walker that leaves the parameters' own buffers out of the saved bytes."""
@@ -317,6 +334,7 @@ def explain_leak(baseline: Census, top: int = 3, sites: CreationSites | None = N
     counted = live.counted
     _count_groups(counted, now)
     namer = Namer(ours=live.ids() | {id(counted)}, modules=live.modules)
+    namer.adopt(live.held_by)
     grads = live.grads_with_graph()
     graph_tensors = [t for t in live.tensors if t.grad_fn is not None]
     namer.ignore(grads, graph_tensors)

@@ -64,6 +64,19 @@ class Namer:
         self._module_paths: dict[int, str] | None = None
         self._parents: dict[int, list] = {}
 
+    def adopt(self, held_by: dict[int, object]) -> None:
+        """Holders the collector's referrers cannot find (a dict it does not track), by the id of
+        what they hold; where those holders are held is found as for any other."""
+        if not held_by:
+            return
+        holders = list({id(holder): holder for holder in held_by.values()}.values())
+        self.ignore(holders)
+        for key, holder in held_by.items():
+            parents = self._parents.setdefault(key, [])
+            self.ours.add(id(parents))
+            parents.append(holder)
+        self._climb(holders)
+
     def ignore(self, *containers) -> None:
         """The caller's own containers of the objects asked about: never named as their holders."""
         self.ours.update(map(id, containers))
