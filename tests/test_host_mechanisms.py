@@ -293,3 +293,25 @@ def test_a_cache_that_keeps_every_record_is_acted_on_before_the_budget(tmp_path)
 def test_a_cache_that_fills_ever_more_slowly_and_levels_off_is_left_alone(tmp_path):
     result = run_loop(FILLING_CACHE, tmp_path, "bounded")
     assert "acted" not in result and result["records"] == 188, result
+
+
+def test_another_rank_started_by_this_one_is_not_counted_in_its_tree_and_a_worker_is():
+    """Lightning's own DDP launcher starts rank 1 from rank 0: rank 1 has its own watchdog and
+    budget, and counted in rank 0's tree it made rank 0 act on a resumed leak (tests/test_ranks_e2e.py)."""
+    import os
+
+    import psutil
+
+    from watchdog.runtime.host_memory import ProcessTree
+
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
+    worker = subprocess.Popen(sleep, env={**environ, **{k: os.environ[k] for k in ("RANK", "LOCAL_RANK") if k in os.environ}})
+    rank = subprocess.Popen(sleep, env={**environ, "LOCAL_RANK": "7", "RANK": "7"})
+    try:
+        members = {p.pid for p in ProcessTree(psutil.Process())._members()}
+        assert worker.pid in members and rank.pid not in members
+    finally:
+        for process in (worker, rank):
+            process.kill()
+            process.wait()

@@ -197,9 +197,32 @@ class ProcessTree:
     def _descendants(self) -> list[psutil.Process]:
         now = time.monotonic()
         if now - self._scanned_at >= RESCAN_SECONDS:
-            self._children, self._scanned_at = self.process.children(recursive=True), now
+            self._children, self._scanned_at = self._members(), now
             self._private_at = -float("inf")  # new members: read them now
         return self._children
+
+    def _members(self) -> list[psutil.Process]:
+        """The descendants, less any that is another rank of the job (and what is below it): a
+        rank started by this one (Lightning's own DDP launcher starts rank 1 from rank 0) has its
+        own watchdog and budget, and counted here its whole memory landed on rank 0's series, which
+        acted on a resumed leak that rank 0 alone never brought near its limit."""
+        own = _rank_of(self.process)
+        found: list[psutil.Process] = []
+        try:
+            frontier = self.process.children()
+        except psutil.Error:
+            return found
+        while frontier:
+            child = frontier.pop()
+            rank = _rank_of(child)
+            if rank is not None and rank != own:
+                continue
+            found.append(child)
+            try:
+                frontier.extend(child.children())
+            except psutil.Error:
+                continue
+        return found
 
     def pids(self) -> set[int]:
         """The process's and its descendants' PIDs."""
@@ -236,6 +259,21 @@ class ProcessTree:
         workers = sorted(pid for pid, name, _, _ in read if name == DATALOADER_WORKER)
         return tuple(Descendant(pid, f"DataLoader worker {workers.index(pid) + 1}" if name == DATALOADER_WORKER
                                 else f"child process {name}", own, grown) for pid, name, own, grown in read)
+
+
+def _rank_of(process: psutil.Process) -> tuple[str | None, str | None] | None:
+    """The rank a process was started as (`RANK`, `LOCAL_RANK`), None where neither is set. This
+    process's own from its environment now (a launcher may set them after it started); another's
+    from the environment it was started with (a forked worker's is its parent's)."""
+    if process.pid == os.getpid():
+        environ = os.environ
+    else:
+        try:
+            environ = process.environ()
+        except psutil.Error:
+            return None
+    rank = (environ.get("RANK"), environ.get("LOCAL_RANK"))
+    return None if rank == (None, None) else rank
 
 
 DATALOADER_WORKER = "pt_data_worker"  # the name torch's DataLoader gives each worker process's main thread
