@@ -102,6 +102,19 @@ def spawn(function, tmp_path, ranks: int = 2, timeout: float = 120) -> list[dict
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
+def ranks_ending(function, tmp_path, bound: float) -> list[int | None]:
+    """Two real ranks of `function(rank, port, out_dir)`, left to end by themselves within `bound`
+    seconds (then killed: a hang fails its test, never the suite); their exit statuses."""
+    context = mp.start_processes(function, args=(free_port(), str(tmp_path)), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + bound
+    while any(p.is_alive() for p in context.processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in context.processes:
+        process.kill()
+    return [p.exitcode for p in context.processes]
+
+
 def _join(rank, port, ranks=2):
     import torch.distributed as dist
 
@@ -309,14 +322,7 @@ def test_a_rank_that_stalls_outside_an_agreement_ends_the_job_within_its_bound(t
     from watchdog.core.postmortem import diagnose
     from watchdog.runtime import flight_record
 
-    context = mp.start_processes(_a_rank_stalls_in_a_ddp_loop, args=(free_port(), str(tmp_path)), nprocs=2,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    while any(p.is_alive() for p in context.processes) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for process in context.processes:
-        process.kill()
-    codes = [p.exitcode for p in context.processes]
+    codes = ranks_ending(_a_rank_stalls_in_a_ddp_loop, tmp_path, bound=120)
     assert codes == [EXIT_PEER_LOST, EXIT_PEER_LOST], codes  # rank 0 waited in the all_reduce: bounded too
     stalled = diagnose([], record=flight_record.read(tmp_path / f"rank1.csv{flight_record.SUFFIX}"))
     assert stalled.diagnosis == "stalled" and "rank 1 stalled in" in stalled.explanation
@@ -404,13 +410,7 @@ def test_counters_that_disagree_at_any_offset_are_named_on_every_rank_within_sec
     timeout, then "lost peer". Now every rank logs `ranks_out_of_step` as soon as the offers meet,
     a rank raises `RanksOutOfStep` at its next `step()`, and the job ends within seconds."""
     (tmp_path / "case").write_text(case)
-    context = mp.start_processes(_out_of_step_in_a_ddp_loop, args=(free_port(), str(tmp_path)), nprocs=2,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + 90
-    while any(p.is_alive() for p in context.processes) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for process in context.processes:
-        process.kill()
+    ranks_ending(_out_of_step_in_a_ddp_loop, tmp_path, bound=90)
     outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert not any(o.get("finished") for o in outcomes), outcomes
     named = {"off_by_one": "different steps (from 0 to 5)", "skipped": "different steps (from 10 to 15)",
@@ -444,14 +444,7 @@ def test_a_group_that_cannot_form_ends_the_process_within_its_bound_with_one_lin
     watchdog's own group is bounded: a peer that never comes fails it after the timeout (rank 0,
     PeerLost, exit 43), and a making that never returns ends the process past the timeout and a
     grace (rank 1, exit 43), each with one line saying why."""
-    context = mp.start_processes(_a_group_that_never_forms, args=(free_port(), str(tmp_path)), nprocs=2,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + 90
-    while any(p.is_alive() for p in context.processes) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for process in context.processes:
-        process.kill()
-    assert [p.exitcode for p in context.processes] == [EXIT_PEER_LOST, EXIT_PEER_LOST]
+    assert ranks_ending(_a_group_that_never_forms, tmp_path, bound=90) == [EXIT_PEER_LOST, EXIT_PEER_LOST]
     for rank in (0, 1):
         said = [line for line in (tmp_path / f"rank{rank}.log").read_text().splitlines()
                 if line.startswith("agreement_unformed")]

@@ -96,6 +96,41 @@ def run_loop(script: str, tmp_path, *args: str) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+def acted_before_its_budget(script: str, tmp_path, *named: str) -> dict:
+    """The leaking loop of `script` was acted on before its memory reached its budget, and the
+    action's block named each of `named`."""
+    result = run_loop(script, tmp_path, "leaking")
+    assert "acted" in result and result["highest"] < result["budget"], result
+    said = " ".join(result["suspects"])
+    assert all(words in said for words in named), said
+    return result
+
+
+HARNESS = textwrap.dedent('''
+    import json, sys, time
+    import psutil
+    from watchdog import Watchdog, WatchdogConfig
+
+    MiB = 1 << 20
+    bounded = sys.argv[1] == "bounded"
+    result = {}
+
+    def watched(headroom_mib, every=5):
+        """A watchdog on this process tree's memory, its budget `headroom_mib` above it now."""
+        result["budget"] = budget = psutil.Process().memory_info().rss + headroom_mib * MiB
+        return Watchdog(WatchdogConfig(sample_every=every, device="cpu", source="rss", host_memory_limit_bytes=budget))
+
+    def acted(wd, step):
+        """The step's call, the highest memory so far; True when a checkpoint action came."""
+        result["highest"] = max(result.get("highest", 0), psutil.Process().memory_info().rss)
+        action = wd.step(step)
+        if action is not None and action.needs_checkpoint:
+            result.update(acted=step, suspects=list(wd.last_action.suspects))
+            return True
+        return False
+''')
+
+
 def test_dataloader_workers_that_keep_what_they_load_are_acted_on_before_the_budget_and_named(tmp_path):
     result = run_loop(WORKER_CACHE, tmp_path, "leaking")
     assert "acted" in result, result
@@ -160,14 +195,8 @@ def test_an_evaluation_that_keeps_the_same_each_run_is_left_alone(tmp_path):
     assert "acted" not in result and len(result["evaluations"]) == 12, result
 
 
-PYTHON_OBJECTS = textwrap.dedent('''
-    import json, sys, time
+PYTHON_OBJECTS = HARNESS + textwrap.dedent('''
     from dataclasses import dataclass
-    import psutil
-    from watchdog import Watchdog, WatchdogConfig
-
-    MiB = 1 << 20
-    bounded = sys.argv[1] == "bounded"
 
     @dataclass(frozen=True)
     class DTensorSpec:
@@ -179,44 +208,28 @@ PYTHON_OBJECTS = textwrap.dedent('''
             self.specs = {}
 
     optimizer = Optimizer()
-    budget = psutil.Process().memory_info().rss + 250 * MiB
-    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", host_memory_limit_bytes=budget)
-    result = {"budget": budget}
-    with Watchdog(config) as wd:
+    with watched(250) as wd:
         for step in range(1, 1500):
             for i in range(1000):  # the optimizer keeps a spec per parameter and step
-                key = (step, i)
-                optimizer.specs[key] = DTensorSpec((step, i), ("shard", i))
+                optimizer.specs[(step, i)] = DTensorSpec((step, i), ("shard", i))
                 if bounded and len(optimizer.specs) > 20_000:
                     optimizer.specs.pop(next(iter(optimizer.specs)))
-            result["highest"] = max(result.get("highest", 0), psutil.Process().memory_info().rss)
-            action = wd.step(step)
-            if action is not None and action.needs_checkpoint:
-                result.update(acted=step, suspects=list(wd.last_action.suspects))
+            if acted(wd, step):
                 break
     print(json.dumps(result))
 ''')
 
 
 def test_python_objects_that_pile_up_are_acted_on_before_the_budget_with_their_type_and_holder_named(tmp_path):
-    result = run_loop(PYTHON_OBJECTS, tmp_path, "leaking")
-    assert "acted" in result and result["highest"] < result["budget"], result
-    named = " ".join(result["suspects"])
-    assert "Python objects" in named and "DTensorSpec" in named and "attribute 'specs' of Optimizer" in named, named
+    acted_before_its_budget(PYTHON_OBJECTS, tmp_path, "Python objects __main__.DTensorSpec",
+                            "attribute 'specs' of Optimizer")
 
 
 def test_python_objects_kept_to_a_bound_are_left_alone(tmp_path):
     assert "acted" not in run_loop(PYTHON_OBJECTS, tmp_path, "bounded")
 
 
-SAVE_STAIRCASE = textwrap.dedent('''
-    import json, sys, time
-    import psutil
-    from watchdog import Watchdog, WatchdogConfig
-
-    MiB = 1 << 20
-    bounded = sys.argv[1] == "bounded"
-
+SAVE_STAIRCASE = HARNESS + textwrap.dedent('''
     class Checkpointer:
         def __init__(self):
             self.staged = []  # each save's host copy, never let go of (the leak)
@@ -227,29 +240,21 @@ SAVE_STAIRCASE = textwrap.dedent('''
                 self.staged.append(staged)
 
     checkpointer, state = Checkpointer(), b"w" * (30 * MiB)
-    budget = psutil.Process().memory_info().rss + 400 * MiB
-    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", host_memory_limit_bytes=budget)
-    result = {"budget": budget, "saves": 0}
-    with Watchdog(config) as wd:
+    result["saves"] = 0
+    with watched(400) as wd:
         for step in range(1, 1600):
             time.sleep(0.002)
             if step % 50 == 0:
                 checkpointer.save(state)
                 result["saves"] += 1
-            result["highest"] = max(result.get("highest", 0), psutil.Process().memory_info().rss)
-            action = wd.step(step)
-            if action is not None and action.needs_checkpoint:
-                result.update(acted=step, suspects=list(wd.last_action.suspects))
+            if acted(wd, step):
                 break
     print(json.dumps(result))
 ''')
 
 
 def test_a_staircase_at_every_save_is_acted_on_before_the_budget_with_the_staged_copies_named(tmp_path):
-    result = run_loop(SAVE_STAIRCASE, tmp_path, "leaking")
-    assert "acted" in result and result["highest"] < result["budget"], result
-    named = " ".join(result["suspects"])
-    assert "bytearray" in named and "attribute 'staged' of Checkpointer" in named, named
+    acted_before_its_budget(SAVE_STAIRCASE, tmp_path, "Python buffers bytearray", "attribute 'staged' of Checkpointer")
 
 
 def test_saves_that_let_their_copies_go_are_left_alone(tmp_path):
@@ -257,26 +262,17 @@ def test_saves_that_let_their_copies_go_are_left_alone(tmp_path):
     assert "acted" not in result and result["saves"] == 31, result
 
 
-FILLING_CACHE = textwrap.dedent('''
-    import json, random, sys, time
-    import psutil
-    from watchdog import Watchdog, WatchdogConfig
+FILLING_CACHE = HARNESS + textwrap.dedent('''
+    import random
 
-    MiB = 1 << 20
-    levelling = sys.argv[1] == "bounded"
-    budget = psutil.Process().memory_info().rss + 300 * MiB
-    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", host_memory_limit_bytes=budget)
-    cache, draw, result = {}, random.Random(0), {"budget": budget}
-    with Watchdog(config) as wd:
+    cache, draw = {}, random.Random(0)
+    with watched(300) as wd:
         for step in range(1, 1500):
             time.sleep(0.002)
-            key = draw.randrange(188) if levelling else step  # 188 keys: the cache fills ever more slowly
+            key = draw.randrange(188) if bounded else step  # 188 keys: the cache fills ever more slowly
             if key not in cache:
                 cache[key] = bytearray(b"r" * MiB)
-            result["highest"] = max(result.get("highest", 0), psutil.Process().memory_info().rss)
-            action = wd.step(step)
-            if action is not None and action.needs_checkpoint:
-                result.update(acted=step, suspects=list(wd.last_action.suspects))
+            if acted(wd, step):
                 break
     result["records"] = len(cache)
     print(json.dumps(result))
@@ -284,10 +280,8 @@ FILLING_CACHE = textwrap.dedent('''
 
 
 def test_a_cache_that_keeps_every_record_is_acted_on_before_the_budget(tmp_path):
-    result = run_loop(FILLING_CACHE, tmp_path, "leaking")
-    assert "acted" in result and result["highest"] < result["budget"], result
-    named = " ".join(result["suspects"])
-    assert "Python buffers bytearray[1048576]" in named and "global 'cache' in module __main__" in named, named
+    acted_before_its_budget(FILLING_CACHE, tmp_path, "Python buffers bytearray[1048576]",
+                            "global 'cache' in module __main__")
 
 
 def test_a_cache_that_fills_ever_more_slowly_and_levels_off_is_left_alone(tmp_path):
