@@ -26,6 +26,7 @@ import functools
 import gc
 import inspect
 import os
+import re
 import sys
 import types
 from collections import Counter, deque
@@ -43,6 +44,22 @@ MODULE_HOOKS = {  # nn.Module attribute -> words
 }
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the forensics' own frames hold nothing
 _MAX_FRONTIER = 256  # objects climbed from per level (gc.get_referrers is linear in them)
+_KEYED = re.compile(r"key .+? of (dict of \d+.*)", re.DOTALL)
+
+
+def _one_per_mapping(found: Counter) -> Counter:
+    """A dict that holds many members, each under a key of its own, named once: "dict of 266
+    (global 'cache' in module __main__)", not "key 251 of dict of 266 (...), key 252 of ...". A
+    dict holding one member keeps its key ("key 'kept' of dict of 3"). Each is credited with every
+    member it holds already, so merged ones keep that count, not a sum."""
+    merged: Counter = Counter()
+    shared = Counter(match.group(1) for match in map(_KEYED.fullmatch, found) if match)
+    for words, count in found.items():
+        match = _KEYED.fullmatch(words)
+        if match and shared[match.group(1)] > 1:
+            words = match.group(1)
+        merged[words] = max(merged[words], count)
+    return merged
 
 
 @dataclass(frozen=True)
@@ -103,7 +120,7 @@ class Namer:
                 words = self._words(ref, member, 0)
                 if words is not None:
                     found[words] += _held(ref, ids)
-        ranked = found.most_common(limit)
+        ranked = _one_per_mapping(found).most_common(limit)
         return tuple(words for words, count in ranked if count * 4 >= ranked[0][1])  # not a stray neighbour
 
     def holder_of(self, obj) -> str | None:
