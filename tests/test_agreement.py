@@ -157,6 +157,10 @@ def _agreements(rank, port, out_dir):
         result["ranks"] = wd.ranks
     result["watchdog"] = handed
     _write(out_dir, rank, result)
+    # No interpreter teardown with gloo groups alive: once in about fifteen runs of this three-rank
+    # test a rank died of SIGABRT there ("terminate called without an active exception"), after
+    # its results were written, in gloo's teardown, not in anything under test.
+    os._exit(0)
 
 
 @pytest.mark.slow
@@ -219,6 +223,7 @@ def _trainer_rank(rank, port, out_dir):
                          "talks": list(talks), "watchdog_restarts": restarts}
     dist.destroy_process_group()
     _write(out_dir, rank, outcomes)
+    os._exit(0)  # no interpreter teardown with gloo's threads about (see _agreements)
 
 
 @pytest.mark.slow
