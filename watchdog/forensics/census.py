@@ -124,30 +124,36 @@ def _python_buffers(containers: list, held_by: dict[int, object] | None = None) 
     nothing but buffers and numbers is untracked too (CPython stops tracking such dicts: a cache
     `{step: bytearray}` was never found), so dicts of `_UNTRACKED_ENTRIES` or more that the holders
     hold and the collector does not track are looked into as well, one level down (the small ones,
-    records of numbers and strings, are most untracked dicts; a cache that leaks grows past that). `held_by` gets, for each buffer found
-    that way, the untracked holder: the collector's referrers never name it."""
+    records of numbers and strings, are most untracked dicts; a cache that leaks grows past that),
+    each on its own: `held_by` gets, for each buffer found in one, that dict, which the
+    collector's referrers never name."""
+    found: dict[int, object] = {}
+    untracked: dict[int, dict] = {}
+    for start in range(0, len(containers), _REFERENTS_CHUNK):
+        _buffers_among(gc.get_referents(*containers[start:start + _REFERENTS_CHUNK]), found, untracked)
+    for holder in untracked.values():
+        inside: dict[int, object] = {}
+        _buffers_among(gc.get_referents(holder), inside, None)
+        found.update(inside)
+        if held_by is not None:
+            held_by.update(dict.fromkeys(inside, holder))
+    return list(found.values())
+
+
+def _buffers_among(items: list, found: dict[int, object], untracked: dict[int, dict] | None) -> None:
+    """The large buffers among `items` into `found`; with `untracked`, the untracked dicts among them too."""
     numpy = sys.modules.get("numpy")
     ndarray = numpy.ndarray if numpy is not None else None
-    found: dict[int, object] = {}
-    untracked: dict[int, object] = {}
-    for level in (containers, None):
-        holders = level if level is not None else list(untracked.values())
-        for start in range(0, len(holders), _REFERENTS_CHUNK):
-            for item in gc.get_referents(*holders[start:start + _REFERENTS_CHUNK]):
-                kind = type(item)
-                if kind is bytes or kind is bytearray:
-                    if len(item) >= MIN_BUFFER_BYTES:
-                        found[id(item)] = item
-                elif ndarray is not None and kind is ndarray and item.base is None and item.nbytes >= MIN_BUFFER_BYTES:
-                    found[id(item)] = item
-                elif level is not None and kind is dict and len(item) >= _UNTRACKED_ENTRIES and not gc.is_tracked(item):
-                    untracked[id(item)] = item
-    if held_by is not None and untracked:
-        for holder in untracked.values():
-            for item in gc.get_referents(holder):
-                if id(item) in found:
-                    held_by[id(item)] = holder
-    return list(found.values())
+    for item in items:
+        kind = type(item)
+        if kind is bytes or kind is bytearray:
+            if len(item) >= MIN_BUFFER_BYTES:
+                found[id(item)] = item
+        elif ndarray is not None and kind is ndarray and item.base is None and item.nbytes >= MIN_BUFFER_BYTES:
+            found[id(item)] = item
+        elif (untracked is not None and kind is dict and len(item) >= _UNTRACKED_ENTRIES
+              and not gc.is_tracked(item)):
+            untracked[id(item)] = item
 
 
 _REFERENTS_CHUNK = 4096

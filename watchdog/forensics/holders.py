@@ -26,7 +26,6 @@ import functools
 import gc
 import inspect
 import os
-import re
 import sys
 import types
 from collections import Counter, deque
@@ -44,24 +43,6 @@ MODULE_HOOKS = {  # nn.Module attribute -> words
 }
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the forensics' own frames hold nothing
 _MAX_FRONTIER = 256  # objects climbed from per level (gc.get_referrers is linear in them)
-_KEYED = re.compile(r"key .+? of (dict of \d+.*)", re.DOTALL)
-
-
-def _one_per_mapping(found: Counter) -> Counter:
-    """A dict that holds many members, each under a key of its own, named once: "dict of 266
-    (global 'cache' in module __main__)", not "key 251 of dict of 266 (...), key 252 of ...". A
-    dict holding one member keeps its key ("key 'kept' of dict of 3"). Each is credited with every
-    member it holds already, so merged ones keep that count, not a sum."""
-    merged: Counter = Counter()
-    shared = Counter(match.group(1) for match in map(_KEYED.fullmatch, found) if match)
-    for words, count in found.items():
-        match = _KEYED.fullmatch(words)
-        if match and shared[match.group(1)] > 1:
-            words = match.group(1)
-        merged[words] = max(merged[words], count)
-    return merged
-
-
 @dataclass(frozen=True)
 class _Local:
     """A local variable of a running function, as a referrer."""
@@ -117,10 +98,11 @@ class Namer:
         found: Counter[str] = Counter()
         for member in sample:
             for ref in self._parents.get(id(member), []):
-                words = self._words(ref, member, 0)
+                held = _held(ref, ids)
+                words = self._words(ref, member, 0, keyed=held == 1)
                 if words is not None:
-                    found[words] += _held(ref, ids)
-        ranked = _one_per_mapping(found).most_common(limit)
+                    found[words] += held
+        ranked = found.most_common(limit)
         return tuple(words for words, count in ranked if count * 4 >= ranked[0][1])  # not a stray neighbour
 
     def holder_of(self, obj) -> str | None:
@@ -192,8 +174,10 @@ class Namer:
                 return words
         return None
 
-    def _words(self, ref, child, depth: int) -> str | None:
-        """Words for `ref`, which refers to `child`."""
+    def _words(self, ref, child, depth: int, keyed: bool = True) -> str | None:
+        """Words for `ref`, which refers to `child`. `keyed`: name the key a dict holds `child`
+        under; False where it holds many of a group, each under a key of its own: "dict of 266",
+        one holder, not "key 251 of dict of 266", "key 252 of dict of 266", ..."""
         if isinstance(ref, _Local):
             return f"local variable {ref.name!r} of {ref.function} ({ref.where})"
         if isinstance(ref, types.CellType):
@@ -203,7 +187,7 @@ class Namer:
         if isinstance(ref, types.FunctionType):
             return None  # a function's code, defaults and closure are reached through their own objects
         if isinstance(ref, dict):
-            return self._dict_words(ref, child, depth)
+            return self._dict_words(ref, child, depth, keyed)
         if isinstance(ref, tuple):
             bound = self._bound_argument_words(ref, child, depth)
             if bound is not None:
@@ -218,7 +202,7 @@ class Namer:
                 return self._attribute(name, ref)
         return None
 
-    def _dict_words(self, mapping: dict, child, depth: int) -> str | None:
+    def _dict_words(self, mapping: dict, child, depth: int, keyed: bool = True) -> str | None:
         key = next((k for k, v in mapping.items() if v is child), None)
         if "__builtins__" in mapping and mapping.get("__name__"):
             return f"global {key!r} in module {mapping['__name__']}" if key is not None else None
@@ -231,7 +215,7 @@ class Namer:
             if type(owner).__name__ == "_lru_cache_wrapper":
                 return f"cache of functools.lru_cache {owner.__qualname__!r} ({len(mapping)} entries)"
         outer = self._outer(mapping, depth)
-        entry = f"key {key!r} of " if isinstance(key, (str, int)) else ""
+        entry = f"key {key!r} of " if keyed and isinstance(key, (str, int)) else ""
         return f"{entry}dict of {len(mapping)}" + (f" ({outer})" if outer else "")
 
     def _hook_table(self, mapping: dict) -> str | None:
