@@ -256,6 +256,8 @@ class ProcessTree:
                 self._scanned_at = -float("inf")  # one is gone: look again next time
                 continue
             read.append((child.pid, name, own, own - self._first.setdefault(child.pid, own)))
+        # Only the living are remembered: workers start anew every epoch, each with a new PID.
+        self._first = {pid: self._first[pid] for pid, _, _, _ in read}
         workers = sorted(pid for pid, name, _, _ in read if name == DATALOADER_WORKER)
         return tuple(Descendant(pid, f"DataLoader worker {workers.index(pid) + 1}" if name == DATALOADER_WORKER
                                 else f"child process {name}", own, grown) for pid, name, own, grown in read)
