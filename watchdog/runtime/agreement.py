@@ -136,6 +136,11 @@ class Agreement:
 
     # ---- the training thread's side ------------------------------------------------------------
 
+    @property
+    def offered_at(self) -> int | None:
+        """The step of the newest offer posted, until its answer is collected."""
+        return self._pending[0] if self._pending is not None else None
+
     def post(self, step: int, proposal: Action | None, *, own: bool = True) -> None:
         """Offer `proposal` (None: nothing) at `step`; its answer comes with the next `collect`.
         `own`: the watchdog's decision (or a drill), False for a loop's proposal (a preemption)."""

@@ -508,16 +508,15 @@ class Watchdog:
         offers, and offer the most severe action held now (its answer comes at the next one)."""
         if self._chores:
             self._do_chores(step)
-        handed = self._handed
-        if step == handed.offered_at:  # the same step again (an accumulation's micro-batches): one offer a step
+        handed, ranks = self._handed, self._ranks
+        if step == ranks.offered_at:  # the same step again (an accumulation's micro-batches): one offer a step
             return None
-        ranks = self._ranks
         agreed = ranks.collect(step)
         offered, held = handed.offered, handed.held
         if agreed is not None and held is not None and held[4] and severity(held[0]) <= severity(agreed.action):
             held = None  # the watchdog's own, decided on the state the agreed action now replaces
         ranks.post(step, held[0] if held is not None else None, own=held[4] if held is not None else True)
-        handed.offered, handed.held, handed.offered_at = held, None, step
+        handed.offered, handed.held = held, None
         if agreed is None:
             return None
         mine = offered is not None and offered[0] is agreed.action and agreed.asked_by == ranks.rank
@@ -525,8 +524,9 @@ class Watchdog:
         # it: a preemption of one rank is no restart of the watchdog's on the others.
         verdict, memory, origin, counts = offered[1:] if mine else (self.verdict, DEVICE, "", agreed.own)
         asker = f"rank {agreed.asked_by}" if agreed.own else f"rank {agreed.asked_by}'s loop (not its watchdog)"
-        ranks = f"asked by {asker}, agreed by all {agreed.ranks} ranks"
-        return self._hand_over(step, agreed.action, verdict, memory, f"{origin}; {ranks}" if origin else ranks, counts)
+        decided = f"asked by {asker}, agreed by all {agreed.ranks} ranks"
+        return self._hand_over(step, agreed.action, verdict, memory, f"{origin}; {decided}" if origin else decided,
+                               counts)
 
     def _force(self, step: int) -> None:
         """Forced actions due now join the chores; those of steps this process never ran (it resumed
@@ -680,7 +680,7 @@ class _HandedOver:
     """The actions step() handed over: the newest, the one whose block is not logged yet, and
     whether the loop always logs their outcomes itself."""
 
-    __slots__ = ("last", "unlogged", "logs_outcomes", "held", "offered", "offered_at", "restarts")
+    __slots__ = ("last", "unlogged", "logs_outcomes", "held", "offered", "restarts")
 
     def __init__(self, logs_outcomes: bool, restarts: int, restart_step: int | None):
         self.last: ActionOutcome | None = None
@@ -688,7 +688,6 @@ class _HandedOver:
         self.logs_outcomes = logs_outcomes
         self.held: tuple | None = None  # several ranks: the action to offer at the next sampling step ...
         self.offered: tuple | None = None  # ... and the one offered at the newest, whose answer comes at the next
-        self.offered_at: int | None = None  # the newest sampling step offered at
         self.restarts = (restarts, restart_step)  # the watchdog's restarts in a row, and the newest one's step
 
 
