@@ -57,11 +57,19 @@ def test_forced_actions_and_the_timeout_are_checked_when_the_config_is_built():
             WatchdogConfig(agreement_timeout_seconds=bad)
 
 
-def test_the_run_s_end_is_kept_where_the_policy_already_names_one():
-    config = WatchdogConfig()
-    assert config.ending_at(500).policy.last_step == 500
-    assert config.ending_at(500).ending_at(900).policy.last_step == 500
-    assert config.ending_at(None) is config and config.ending_at(-1) is config
+def test_the_run_s_end_is_the_watchdogs_state_unless_the_policy_already_names_one():
+    from watchdog.core.policy import PolicyConfig
+
+    wd = Watchdog(WatchdogConfig(**QUIET))
+    assert wd.judge.policy.last_step is None
+    wd.ends_at(500)
+    assert wd.judge.policy.last_step == 500 and wd.config.policy.last_step is None, "state, not config"
+    wd.ends_at(None)
+    wd.ends_at(-1)
+    assert wd.judge.policy.last_step == 500
+    named = Watchdog(WatchdogConfig(policy=PolicyConfig(last_step=300), **QUIET))
+    named.ends_at(900)
+    assert named.judge.policy.last_step == 300, "the setting wins"
 
 
 def test_the_restart_count_comes_from_the_engine_that_restarted_the_job(monkeypatch):
@@ -75,9 +83,11 @@ def test_the_restart_count_comes_from_the_engine_that_restarted_the_job(monkeypa
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
     monkeypatch.delenv("HBMWATCH_RESTART_COUNT", raising=False)
     wd = Watchdog(WatchdogConfig(**QUIET))
-    assert wd.config.restarts_so_far == 3 and wd.telemetry.restarts_total == 3
+    assert wd.state_dict()["restarts_so_far"] == 3 and wd.telemetry.restarts_total == 3
     assert wd.judge.restarts_so_far == 3, "the restart budget counts them (no host told it the watchdog's own)"
-    assert Watchdog(WatchdogConfig(restarts_so_far=0, **QUIET)).config.restarts_so_far == 0, "a host's count wins"
+    wd.load_state_dict({"restarts_so_far": 5, "watchdog_restarts": 1})
+    assert wd.telemetry.restarts_total == 5, "a checkpoint's larger count wins"
+    assert wd.judge.restarts_so_far == 1, "the budget counts the watchdog's own, where the checkpoint kept them"
 
 
 # ---- real ranks --------------------------------------------------------------------------------

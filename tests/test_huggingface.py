@@ -109,21 +109,23 @@ def test_exit_code_findings_and_the_run_s_end_belong_to_one_train(tmp_path):
                     callbacks=[watch])
     first.train()
     assert watch.exit_code == 42 and watch.action_step == 3
-    assert watch.watchdog.judge.policy.config.last_step == 20
+    assert watch.watchdog.judge.policy.last_step == 20
     second = Trainer(model=tiny_gpt2(), args=arguments(tmp_path, max_steps=12), train_dataset=Tokens(64),
                      callbacks=[watch])
     second.train(resume_from_checkpoint=True)  # from checkpoint-3: past the drill
     assert second.state.global_step == 12
     assert watch.exit_code == 0 and watch.action_step is None and watch.findings == []
-    assert watch.watchdog.judge.policy.config.last_step == 12
+    assert watch.watchdog.judge.policy.last_step == 12
 
 
-def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_beside_the_trainers_checkpoint(tmp_path):
+def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_beside_the_trainers_checkpoint(tmp_path, monkeypatch):
     """A restart the watchdog asked for is counted beside the checkpoint the Trainer saves for it;
     a new callback, as in the restarted process, resumes with it: the restart budget counts the
     watchdog's own restarts across processes, not every restart of the job."""
+    monkeypatch.setenv("HBMWATCH_RESTART_COUNT", "4")  # what the restart engine says: every restart so far
+
     def run(forced, max_steps, resume):
-        watch = HbmWatchdogCallback(WatchdogConfig(sample_every=2, source="rss", restarts_so_far=4,
+        watch = HbmWatchdogCallback(WatchdogConfig(sample_every=2, source="rss",
                                                    memory_limit_bytes=settled_rss() + (1 << 30), forced_actions=forced))
         trainer = Trainer(model=tiny_gpt2(), args=arguments(tmp_path, max_steps=max_steps), train_dataset=Tokens(64),
                           callbacks=[watch])
@@ -133,9 +135,9 @@ def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_beside_the_train
     first = run(((3, "checkpoint_restart"),), 20, None)
     assert first.exit_code == 42
     saved = json.loads((tmp_path / "checkpoint-3" / "hbm-watchdog.json").read_text())
-    assert saved == {"watchdog_restarts": 5, "watchdog_restart_step": 3}
+    assert saved == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": 3}
     second = run((), 10, True)  # a new process: a new callback
-    assert second.watchdog.config.watchdog_restarts == 5 and second.watchdog.judge.restarts_so_far == 5
+    assert second.watchdog.state_dict()["watchdog_restarts"] == 5 and second.watchdog.judge.restarts_so_far == 5
 
 
 def test_a_clean_run_gets_no_action_and_no_leak_report(tmp_path, events):

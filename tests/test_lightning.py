@@ -216,25 +216,25 @@ def test_exit_code_and_the_run_s_end_belong_to_one_fit(tmp_path):
     first = trainer(20)
     first.fit(LeakyModule(leak=False), data)
     assert callback.exit_code == 42 and callback.action_step == 3, "the drill, at its step"
-    assert callback.watchdog.judge.policy.config.last_step == 20
+    assert callback.watchdog.judge.policy.last_step == 20
     second = trainer(12)
     second.fit(LeakyModule(leak=False), data, ckpt_path=callback.resume_path())  # resumed past the drill
     assert second.global_step == 12
     assert callback.exit_code == 0 and callback.action_step is None
-    assert callback.watchdog.judge.policy.config.last_step == 12
+    assert callback.watchdog.judge.policy.last_step == 12
 
 
-def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_through_lightnings_checkpoint(tmp_path):
+def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_through_lightnings_checkpoint(tmp_path, monkeypatch):
     """A restart the watchdog asked for is counted in the checkpoint Lightning saves (the callback's
     `state_dict`); a new callback, as in the restarted process, resumes with it, so the restart
     budget counts the watchdog's own restarts across processes, not every restart of the job."""
     torch.manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 1)), batch_size=8)
     limit = settled_rss() + (1 << 30)
+    monkeypatch.setenv("HBMWATCH_RESTART_COUNT", "4")  # what the restart engine says: every restart so far
 
     def fit(forced, max_steps, ckpt_path=None):
-        config = WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit, restarts_so_far=4,
-                                forced_actions=forced)
+        config = WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit, forced_actions=forced)
         callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
         trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
@@ -243,9 +243,10 @@ def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_through_lightnin
         return callback
 
     first = fit(((3, "checkpoint_restart"),), 20)
-    assert first.exit_code == 42 and first.watchdog.state_dict() == {"watchdog_restarts": 5, "watchdog_restart_step": 3}
+    assert first.exit_code == 42
+    assert first.watchdog.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": 3}
     second = fit((), 10, ckpt_path=first.resume_path())  # a new process: a new callback
-    assert second.watchdog.config.watchdog_restarts == 5 and second.watchdog.config.watchdog_restart_step == 3
+    assert second.watchdog.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": 3}
     assert second.watchdog.judge.restarts_so_far == 5
 
 

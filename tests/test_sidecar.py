@@ -343,33 +343,40 @@ def test_the_watchdog_keeps_within_cpythons_shared_key_dict():
 def test_the_watchdogs_restarts_in_a_row_span_processes_through_its_state_dict():
     """The restart budget counts the watchdog's own restarts in a row, in every loop: it counts one
     when it hands a restart over, a loop keeps `state_dict()` in its checkpoint, and the next
-    process gets it back with `WatchdogConfig.resumed`; a restart after the window starts over."""
+    process gets it back with `load_state_dict`; a restart after the window starts over."""
     from watchdog.core.policy import PolicyConfig
 
-    quiet = dict(host_memory=False, forensics=False, memory_limit_bytes=1 << 40, restarts_so_far=5,
+    quiet = dict(host_memory=False, forensics=False, memory_limit_bytes=1 << 40,
                  policy=PolicyConfig(restart_window_steps=100))
-    first = Watchdog(WatchdogConfig(forced_actions=((10, Action.CHECKPOINT_RESTART),), **quiet))
-    assert first.state_dict() == {"watchdog_restarts": 5, "watchdog_restart_step": None}, "a host that never kept it"
+
+    def watchdog(saved: dict, *forced: int) -> Watchdog:
+        wd = Watchdog(WatchdogConfig(forced_actions=tuple((s, Action.CHECKPOINT_RESTART) for s in forced), **quiet))
+        wd.load_state_dict(saved)
+        return wd
+
+    first = watchdog({"restarts_so_far": 5}, 10)
+    assert first.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": None}, \
+        "a host that never kept the watchdog's own: every restart counts"
     assert [first.step(s) for s in range(12)].count(Action.CHECKPOINT_RESTART) == 1
     saved = first.state_dict()
-    assert saved == {"watchdog_restarts": 6, "watchdog_restart_step": 10}
+    assert saved == {"restarts_so_far": 6, "watchdog_restarts": 6, "watchdog_restart_step": 10}
 
-    config = WatchdogConfig(forced_actions=((50, Action.CHECKPOINT_RESTART),), **quiet).resumed(saved)
-    second = Watchdog(config)
+    second = watchdog(saved, 50)
     assert second.judge.restarts_so_far == 6, "the budget starts where the last process left it"
     for s in range(11, 52):
         second.step(s)
-    assert second.state_dict() == {"watchdog_restarts": 7, "watchdog_restart_step": 50}, "40 steps later: a loop"
+    assert second.state_dict()["watchdog_restarts"] == 7, "40 steps later: a loop"
 
-    third = Watchdog(WatchdogConfig(forced_actions=((400, Action.CHECKPOINT_RESTART),), **quiet)
-                     .resumed(second.state_dict()))
+    third = watchdog(second.state_dict(), 400)
     for s in range(51, 401):
         third.step(s)
-    assert third.state_dict() == {"watchdog_restarts": 1, "watchdog_restart_step": 400}, "350 steps of progress"
+    assert third.state_dict() == {"restarts_so_far": 8, "watchdog_restarts": 1, "watchdog_restart_step": 400}, \
+        "350 steps of progress"
 
-    fourth = Watchdog(WatchdogConfig(**quiet).resumed(third.state_dict()))
+    fourth = watchdog(third.state_dict())
     fourth.propose(Action.CHECKPOINT_RESTART, "stop signal")
     assert fourth.step(401) is Action.CHECKPOINT_RESTART
-    assert fourth.state_dict() == third.state_dict(), "a preemption is not the watchdog's restart"
+    assert fourth.state_dict() == {**third.state_dict(), "restarts_so_far": 9}, \
+        "a preemption is a restart of the job, not the watchdog's"
     with pytest.raises(ConfigError, match="watchdog_restarts"):
-        WatchdogConfig().resumed({"watchdog_restarts": "7"})
+        fourth.load_state_dict({"watchdog_restarts": "7"})

@@ -38,7 +38,7 @@ def test_a_restart_without_a_checkpoint_dir_keeps_its_checkpoints_and_says_where
     """Without --checkpoint-dir the checkpoints live in a temporary directory, removed at the end:
     a run that ends asking for a restart keeps it (nothing lost) and logs how to resume from it."""
     trainer = Trainer(replace(TINY, forced_actions=((2, Action.CHECKPOINT_RESTART),)))
-    kept = trainer.checkpoints.directory
+    kept = trainer.checkpointer.checkpoints.directory
     try:
         result = trainer.run()
     finally:
@@ -52,7 +52,7 @@ def test_a_restart_without_a_checkpoint_dir_keeps_its_checkpoints_and_says_where
         assert clean.run().exit_code == EXIT_OK
     finally:
         clean.close()
-    assert not clean.checkpoints.directory.exists(), "a run that needs nothing kept leaves nothing behind"
+    assert not clean.checkpointer.checkpoints.directory.exists(), "a run that needs nothing kept leaves nothing behind"
     shutil.rmtree(kept)
 
 
@@ -272,7 +272,7 @@ def test_a_path_too_long_to_look_up_is_one_line_not_a_traceback(flag, capsys):
 
 
 def test_the_watchdogs_restarts_in_a_row_start_over_after_the_window():
-    from watchdog.core.policy import restarts_in_a_row
+    from watchdog.core.restarts import restarts_in_a_row
 
     assert restarts_in_a_row(0, None, 9_842, window=2_000) == 1
     assert restarts_in_a_row(1, 9_842, 19_807, window=2_000) == 1  # 10k steps of progress: not a loop

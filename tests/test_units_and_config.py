@@ -50,9 +50,6 @@ def test_format_bytes_is_signed_and_binary():
     ({"history_size": 0}, "history_size"),
     ({"rank": -1}, "rank"),
     ({"source": "replay"}, "replay_trace"),
-    ({"restarts_so_far": -1}, "restarts_so_far"),
-    ({"watchdog_restarts": -2}, "watchdog_restarts"),
-    ({"watchdog_restarts": True}, "watchdog_restarts"),
     ({"memory_limit_bytes": 2**70}, "memory_limit_bytes"),  # bounded like every size: below 2**63
     ({"host_memory_limit_bytes": 2**63}, "host_memory_limit_bytes"),
     ({"sample_every": 2**60}, "sample_every"),  # bounded like every step count: below 2**52
@@ -67,8 +64,17 @@ def test_bad_config_names_the_field(kwargs, field):
 
 
 def test_the_restart_budget_counts_the_watchdogs_own_restarts_where_the_host_knows_them():
-    assert WatchdogConfig(restarts_so_far=4).restart_budget_spent == 4  # a host that cannot tell
-    assert WatchdogConfig(restarts_so_far=4, watchdog_restarts=1).restart_budget_spent == 1  # 3 preemptions
+    from watchdog.core.errors import ConfigError
+    from watchdog.core.restarts import RunState
+
+    run = RunState(4)
+    assert run.budget_spent == 4  # a host that cannot tell
+    run.load_state_dict({"watchdog_restarts": 1})
+    assert run.budget_spent == 1 and run.restarts_so_far == 4  # 3 preemptions
+    for bad in ({"restarts_so_far": -1}, {"watchdog_restarts": -2}, {"watchdog_restarts": True},
+                {"watchdog_restart_step": "7"}, ["not", "a", "dict"]):
+        with pytest.raises(ConfigError):
+            RunState().load_state_dict(bad)
 
 
 def test_default_config_is_valid():

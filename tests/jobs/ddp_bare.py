@@ -68,8 +68,10 @@ process = psutil.Process()
 limit = process.memory_info().rss + BUDGET
 peak = 0
 config = WatchdogConfig(sample_every=2, memory_limit_bytes=limit, trace_file=args.out / f"trace-{rank}.csv",
-                        agreement_timeout_seconds=120).ending_at(args.steps)
-with Watchdog(config) as wd:
+                        agreement_timeout_seconds=120)
+wd = Watchdog(config)
+wd.ends_at(args.steps)
+with wd:
     for step in range(start, args.steps):
         x = torch.randn(8, 16)
         optimizer.zero_grad()

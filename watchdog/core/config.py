@@ -6,7 +6,7 @@ message naming the field (`ConfigError`), never hours into a run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from watchdog.core.detector import DetectorConfig
@@ -29,7 +29,8 @@ class WatchdogConfig:
     """Everything a `Watchdog` is told, checked when made (`ConfigError` names a bad field): how often
     and from where it reads memory, the budgets, the trace, the stall watch, the ranks' agreement,
     and the detector's and policy's settings (`DetectorConfig`, `PolicyConfig`, both importable from
-    `watchdog`). Frozen: `resumed(state)` and `ending_at(step)` return changed copies."""
+    `watchdog`). Frozen, and settings only: what changes during a run (its restarts, where it ends)
+    is the `Watchdog`'s state (`state_dict`, `load_state_dict`, `ends_at`)."""
 
     sample_every: int = 10
     """Wake the sidecar every this many training steps."""
@@ -55,19 +56,6 @@ class WatchdogConfig:
     `DEFAULT_STALL_EXIT_SECONDS` with several ranks, never for a single process (set a number to
     bound one too). Longer than the slowest stretch between two `step()` calls, saves included."""
     rank: int = 0
-    restarts_so_far: int | None = None
-    """Restarts this job has already had, for any reason (`hbmwatch_restarts_total`). None: what the
-    restart engine says (`HBMWATCH_RESTART_COUNT` under `supervise` or JobSet's manifests,
-    `TORCHELASTIC_RESTART_COUNT` under torchrun; 0 with neither), read when the `Watchdog` is made."""
-    watchdog_restarts: int | None = None
-    """Of those, the restarts the watchdog itself asked for, in a row (the `Watchdog` counts them,
-    starting over after `policy.restart_window_steps`): what the restart budget counts. A preemption or a crash restart is not the watchdog's
-    to spend, and counting them left a job preempted `max_restarts` times unable to restart out of
-    a leak a reinit cannot free. None: every restart counts (a loop that does not know which).
-    Loops keep it in their checkpoints through `Watchdog.state_dict()` and give it back with `resumed`."""
-    watchdog_restart_step: int | None = None
-    """The step of the watchdog's newest restart, kept with `watchdog_restarts`: a restart
-    `policy.restart_window_steps` after it starts the count over."""
     agree_across_ranks: bool = True
     """With torch.distributed initialised and several ranks, every rank takes the most severe action
     any rank offered at a sampling step, at the next sampling step (`runtime/agreement.py`). Every
@@ -116,10 +104,6 @@ class WatchdogConfig:
                 raise ConfigError(name, f"must be a positive number of seconds up to {MAX_SECONDS:.0e}, got {value!r}")
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
             raise ConfigError("rank", f"must be a non-negative integer, got {self.rank!r}")
-        for name in ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
         value = self.agreement_timeout_seconds
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < MAX_SECONDS:
             raise ConfigError("agreement_timeout_seconds", f"must be a positive number of seconds, got {value!r}")
@@ -130,32 +114,6 @@ class WatchdogConfig:
             object.__setattr__(self, "trace_file", Path(self.trace_file))
         if self.replay_trace is not None:
             object.__setattr__(self, "replay_trace", Path(self.replay_trace))
-
-    @property
-    def restart_budget_spent(self) -> int:
-        """The restarts the policy's budget counts: the watchdog's own, where the host knows them."""
-        if self.watchdog_restarts is not None:
-            return self.watchdog_restarts
-        return self.restarts_so_far or 0
-
-    def resumed(self, state: dict | None) -> "WatchdogConfig":
-        """This configuration for a process resumed from a checkpoint that kept `Watchdog.state_dict()`
-        (None: a first start, or a checkpoint from before it was kept): the watchdog's restarts in a
-        row and the newest one's step, so its restart budget and window span processes."""
-        if state is None:
-            return self
-        if not isinstance(state, dict):
-            raise ConfigError("resumed", f"expected the dict Watchdog.state_dict() returns, got {type(state).__name__}")
-        return replace(self, watchdog_restarts=state.get("watchdog_restarts"),
-                       watchdog_restart_step=state.get("watchdog_restart_step"))
-
-    def ending_at(self, last_step: int | None) -> "WatchdogConfig":
-        """This configuration for a run that ends at `last_step` (the host knows it: the trainer's
-        steps, Lightning's and Hugging Face's `max_steps`), unless the policy already names an end:
-        an OOM projected past it is a warning, since the run finishes first."""
-        if last_step is None or last_step < 0 or self.policy.last_step is not None:
-            return self
-        return replace(self, policy=replace(self.policy, last_step=int(last_step)))
 
 
 def _forced(pairs) -> tuple[tuple[int, Action], ...]:

@@ -118,6 +118,23 @@ class Judge:
     def restarts_so_far(self) -> int:
         return self.policy.restarts_so_far
 
+    def resume(self, restarts_spent: int) -> None:
+        """The restart budget spent by earlier processes of the job (the host's saved state)."""
+        self.policy.restarts_so_far = restarts_spent
+
+    def ends_at(self, last_step: int | None) -> None:
+        """The run ends at `last_step` (the host knows it: the trainer's steps, Lightning's and Hugging
+        Face's `max_steps`), unless the policy's settings already name an end: an OOM projected past it
+        is a warning, since the run finishes first."""
+        if last_step is not None and last_step >= 0 and self.policy.config.last_step is None:
+            self.policy.last_step = int(last_step)
+
+    def _fresh_policy(self) -> ActionPolicy:
+        """A policy starting over, keeping the restarts so far and the run's end."""
+        policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far)
+        policy.last_step = self.policy.last_step
+        return policy
+
     @property
     def latest(self) -> Verdict | None:
         """The verdict on the newest sample (built now if `judge_quietly` skipped it)."""
@@ -226,7 +243,7 @@ class Judge:
         """Steps went back: a restarted process appending to the same trace. Its sidecar started
         from scratch (the detector sees the same and resets itself), so a replay does too; only
         the restart count carries over, as it does through the supervisor."""
-        self._use_policy(ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far))
+        self._use_policy(self._fresh_policy())
         self._floor_at_action = None
         self._label, self._episode, self._phase_steps = "", None, {}
         self._pace.clear()
@@ -322,7 +339,7 @@ class Judge:
         self.detector.reset()
         self._pace.clear()
         self._forget_peaks()
-        self._use_policy(ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far))
+        self._use_policy(self._fresh_policy())
 
     def restart_settled(self, bytes_after: float) -> Recovery | None:
         """One reading of the restarted process once it has settled, against the old process's floor.

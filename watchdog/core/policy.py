@@ -123,14 +123,6 @@ class PolicyConfig:
             raise ConfigError("policy.min_recovery", f"must be between 0 and 1, got {self.min_recovery!r}")
 
 
-def restarts_in_a_row(count: int, previous_step: int | None, step: int, window: int) -> int:
-    """The watchdog's restarts in a row once it restarts at `step`: one more, or one again when its
-    previous restart was `window` steps or more before (progress, not a loop; 0: never again)."""
-    if window and previous_step is not None and step - previous_step >= window:
-        return 1
-    return count + 1
-
-
 class ActionPolicy:
     """Turns the detector's verdicts into at most one action per cooldown; see the module docstring."""
 
@@ -139,6 +131,7 @@ class ActionPolicy:
         if restarts_so_far < 0:
             raise ConfigError("restarts_so_far", "must not be negative")
         self.restarts_so_far = restarts_so_far
+        self.last_step = self.config.last_step  # where the run ends, where known (the host may say later)
         self._first_step: int | None = None
         self._confirmed = 0
         self._quiet_until = -math.inf  # no checkpoint action before this step (one is being carried out)
@@ -192,7 +185,7 @@ class ActionPolicy:
         return self._checkpoint(verdict)
 
     def _run_ends_first(self, verdict: Verdict) -> bool:
-        last = self.config.last_step
+        last = self.last_step
         return last is not None and verdict.step + verdict.projected_oom_steps_pessimistic > last
 
     def limit_reached(self, verdict: Verdict) -> Action:

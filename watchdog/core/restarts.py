@@ -7,8 +7,8 @@ from the pod's restart-attempt annotation through the downward API); torchrun se
 
 from __future__ import annotations
 
-from watchdog.core.errors import InputError
-from watchdog.core.numbers import parse_count
+from watchdog.core.errors import ConfigError, InputError
+from watchdog.core.numbers import MAX_STEP, parse_count
 
 RESTART_COUNT_ENV = "HBMWATCH_RESTART_COUNT"
 TORCHRUN_RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
@@ -24,3 +24,68 @@ def restarts_so_far(environ) -> int:
             except InputError as exc:
                 raise InputError(f"{name}: {exc}") from None
     return 0
+
+
+def restarts_in_a_row(count: int, previous_step: int | None, step: int, window: int) -> int:
+    """The watchdog's restarts in a row once it restarts at `step`: one more, or one again when its
+    previous restart was `window` steps or more before (progress, not a loop; 0: never again)."""
+    if window and previous_step is not None and step - previous_step >= window:
+        return 1
+    return count + 1
+
+
+class RunState:
+    """The watchdog's state that spans a run's processes, kept in a checkpoint (`state_dict`) and given
+    back on resume (`load_state_dict`): every restart of the job so far, and of those the restarts
+    the watchdog itself asked for, in a row, with the newest one's step (what the restart budget
+    counts; a preemption is not the watchdog's to spend), and where the run ends. Pure: no I/O past
+    the environment's count."""
+
+    __slots__ = ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step", "last_step")
+    KEPT = ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step")  # what a checkpoint keeps
+
+    def __init__(self, restarts: int = 0):
+        self.restarts_so_far = restarts
+        self.last_step: int | None = None  # where the run ends, where the host knows it (each process does)
+        self.watchdog_restarts: int | None = None  # None: not known (every restart then counts)
+        self.watchdog_restart_step: int | None = None
+
+    @classmethod
+    def from_environment(cls, environ) -> "RunState":
+        return cls(restarts_so_far(environ))
+
+    @property
+    def budget_spent(self) -> int:
+        """The restarts the policy's budget counts: the watchdog's own, where they are known."""
+        return self.restarts_so_far if self.watchdog_restarts is None else self.watchdog_restarts
+
+    def restart_handed_over(self, step: int, window: int, watchdogs: bool) -> None:
+        """A restart leaves for the loop at `step`: the job's count grows, and so does the watchdog's
+        (starting over `window` steps after its previous one) when it is the watchdog's (`watchdogs`)."""
+        if watchdogs:
+            self.watchdog_restarts = restarts_in_a_row(self.budget_spent, self.watchdog_restart_step, step, window)
+            self.watchdog_restart_step = step
+        elif self.watchdog_restarts is None:  # from now on the job's count is no longer the watchdog's
+            self.watchdog_restarts = self.restarts_so_far
+        self.restarts_so_far += 1
+
+    def state_dict(self) -> dict:
+        return {"restarts_so_far": self.restarts_so_far, "watchdog_restarts": self.budget_spent,
+                "watchdog_restart_step": self.watchdog_restart_step}
+
+    def load_state_dict(self, state: object) -> None:
+        """Take back a `state_dict()` (older checkpoints hold only some of its keys). The job's count
+        is the larger of the saved one and the restart engine's; a bad value raises ConfigError."""
+        if not isinstance(state, dict):
+            raise ConfigError("state", f"expected the dict state_dict() returns, got {type(state).__name__}")
+        checked = {name: _count(name, state.get(name)) for name in self.KEPT}
+        if checked["restarts_so_far"] is not None:
+            self.restarts_so_far = max(self.restarts_so_far, checked["restarts_so_far"])
+        self.watchdog_restarts = checked["watchdog_restarts"]
+        self.watchdog_restart_step = checked["watchdog_restart_step"]
+
+
+def _count(name: str, value: object) -> int | None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < MAX_STEP):
+        raise ConfigError(name, f"must be a non-negative integer below {MAX_STEP:,}, got {value!r}")
+    return value

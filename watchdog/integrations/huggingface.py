@@ -47,7 +47,7 @@ from watchdog.core.inputs import open_regular
 from watchdog.fileio import write_atomically
 from watchdog.logs import get_logger
 from watchdog.runtime import xla_stats
-from watchdog.runtime.sidecar import RESTART_REQUESTED, Watchdog
+from watchdog.runtime.sidecar import Watchdog
 from watchdog.runtime.sources import MemorySource
 
 log = get_logger(__name__)
@@ -80,7 +80,7 @@ class HbmWatchdogCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # On the training thread, once the Trainer has placed the model: its device is the one to
         # watch (a guess from what is imported would start torch_xla's runtime for a CPU run).
-        config = self.config.ending_at(_last_step(args, state)).resumed(_saved_state(args, state))
+        config = self.config
         if config.device is None and model is not None:
             parameter = next(model.parameters(), None)
             if parameter is not None:
@@ -89,7 +89,12 @@ class HbmWatchdogCallback(TrainerCallback):
         self._eval_batches, self._phase, self._pending = 0, None, None
         self.exit_code, self.action_step, self.findings = EXIT_OK, None, []  # this train()'s, not an earlier one's
         # Every rank starts its watchdog here, together: with several ranks they agree on every action.
-        self.watchdog = Watchdog(config, source=self.source, logs_outcomes=True).start()
+        self.watchdog = Watchdog(config, source=self.source, logs_outcomes=True)
+        self.watchdog.ends_at(_last_step(args, state))
+        saved = _saved_state(args, state)
+        if saved is not None:
+            self.watchdog.load_state_dict(saved)
+        self.watchdog.start()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.watchdog is None:
@@ -157,7 +162,7 @@ class HbmWatchdogCallback(TrainerCallback):
         decided = self.watchdog.last_action
         if decided is not None and self.findings:
             decided.suspects = [*self.findings[-1:], *decided.suspects]
-        self.watchdog.log_outcome(f"the Trainer saves and stops, {RESTART_REQUESTED}", checkpoint=checkpoint)
+        self.watchdog.carry_out(action, checkpoint=checkpoint)  # the Trainer saves it itself, after this step
 
     def _stop(self) -> None:
         if self.watchdog is not None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 from pathlib import Path
 
 from lightning.pytorch import Callback
@@ -47,7 +46,7 @@ from watchdog.core.errors import EXIT_OK, EXIT_RESTART_REQUESTED, ConfigError
 from watchdog.fileio import replacing_path
 from watchdog.logs import get_logger
 from watchdog.runtime import xla_stats
-from watchdog.runtime.sidecar import RESTART_REQUESTED, Watchdog
+from watchdog.runtime.sidecar import Watchdog
 from watchdog.runtime.sources import MemorySource
 
 log = get_logger(__name__)
@@ -100,15 +99,19 @@ class HbmWatchdogCallback(Callback):
         # Called on the training thread, after the strategy has put the model on its device. The
         # strategy names that device: guessing from what is imported would start torch_xla's
         # runtime (and, on a TPU VM, claim the chips) for a CPU or GPU fit that merely has it installed.
-        config = self.config.ending_at(_last_step(trainer)).resumed(self._resumed)
+        config = self.config
         if config.device is None:
             config = dataclasses.replace(config, device=str(trainer.strategy.root_device))
         self._stop()  # a watchdog left from an earlier fit with this callback
         self._validation_batches, self._phase, self._pending = 0, None, None
         self.exit_code, self.action_step = EXIT_OK, None  # what this fit asks for, not an earlier one's
+        self.watchdog = Watchdog(config, source=self.source, logs_outcomes=True)
+        self.watchdog.ends_at(_last_step(trainer))
+        if self._resumed is not None:
+            self.watchdog.load_state_dict(self._resumed)
+            self._resumed = None  # consumed: a later fit resumes from its own checkpoint, or starts afresh
         # Every rank starts its watchdog here, together: with several ranks they agree on every action.
-        self.watchdog = Watchdog(config, source=self.source, logs_outcomes=True).start()
-        self._resumed = None  # consumed: a later fit resumes from its own checkpoint, or starts afresh
+        self.watchdog.start()
 
     def state_dict(self) -> dict:
         """Saved in every Lightning checkpoint: the watchdog's restarts in a row and the newest one's
@@ -150,26 +153,25 @@ class HbmWatchdogCallback(Callback):
             self._checkpoint_and_stop(trainer, action)
 
     def _checkpoint_and_stop(self, trainer, action) -> None:
-        started = time.perf_counter()
-        self._save_atomically(trainer)
-        self.watchdog.observe_checkpoint(time.perf_counter() - started)
+        """Either checkpoint action: saved and a restart asked for (Lightning's loop is not ours to rebuild)."""
+        self.watchdog.carry_out(action, save=lambda: self._save_atomically(trainer))
         self.action_step = trainer.global_step
-        self.exit_code = EXIT_RESTART_REQUESTED
+        self.exit_code = self.watchdog.last_action.exit_code or EXIT_RESTART_REQUESTED
         trainer.should_stop = True
         log.error("lightning_checkpoint_and_stop", action=action.value, step=trainer.global_step,
                   checkpoint=str(self.checkpoint_path), exit_code=self.exit_code)
-        self.watchdog.log_outcome(f"fit stopped, {RESTART_REQUESTED}", checkpoint=str(self.checkpoint_path))
 
-    def _save_atomically(self, trainer) -> None:
+    def _save_atomically(self, trainer) -> Path:
         """Lightning writes the checkpoint (on global rank zero) to a temporary that becomes the real
         name only once whole (watchdog/fileio.py: a random name no link can be planted under).
         `save_checkpoint` is collective, so every rank passes rank zero's path."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         if not trainer.is_global_zero:
             trainer.save_checkpoint(trainer.strategy.broadcast(None))
-            return
+            return self.checkpoint_path
         with replacing_path(self.checkpoint_path) as temporary:
             trainer.save_checkpoint(trainer.strategy.broadcast(str(temporary)))
+        return self.checkpoint_path
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._stop()

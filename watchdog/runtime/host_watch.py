@@ -51,9 +51,8 @@ class HostWatch:
         if not judged:
             return
         judge = Judge(config.detector, dataclasses.replace(config.policy, prefer_restart=True),
-                      memory_limit_bytes=self.memory.limit_bytes, restarts_so_far=config.restart_budget_spent)
+                      memory_limit_bytes=self.memory.limit_bytes)  # the Watchdog gives it the run's state
         telemetry.device, telemetry.source, telemetry.rank = HOST, f"host-{self.memory.domain}", config.rank
-        telemetry.restarts_total = config.restarts_so_far
         trace = None
         if config.trace_file is not None:
             trace = TraceSink(labelled_trace_path(config.trace_file, HOST), telemetry, trace_retry_seconds,

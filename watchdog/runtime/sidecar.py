@@ -47,27 +47,26 @@ input pipeline), and past `stall_exit_after_seconds` its stacks are recorded and
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import os
 import queue
 import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import phase_label
-from watchdog.core.policy import restarts_in_a_row
-from watchdog.core.restarts import restarts_so_far
+from watchdog.core.restarts import RunState
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
-from watchdog.logs import OncePerKind, ensure_readable_output, exception_text, get_logger, log_event
+from watchdog.logs import OncePerKind, ensure_readable_output, exception_text, get_logger
 from watchdog.runtime import agreement, xla_stats
+from watchdog.runtime.action_path import (DEVICE, FORCED, HANDED_OVER, REINITIALISED, RESTART_REQUESTED, UNSAVED,
+                                          ActionPath, HandedOver)
 from watchdog.runtime.agreement import Agreement, severity
 from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
@@ -87,37 +86,30 @@ log = get_logger(__name__)
 _SAMPLE, _REINIT, _BARRIER, _STOP = "sample", "reinit", "barrier", "stop"
 _SAMPLE_REQUEST = (_SAMPLE, None)  # the step to sample is read from `_requested_step` when handled
 _FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
-DEVICE = "device"  # which memory asked for an action: the device's, or HOST
-HANDED_OVER = "handed to the training loop"  # the outcome of an action whose loop never said what it did
-REINITIALISED, RESTART_REQUESTED = "reinitialised in process", "exit 42: restart requested"
-FORCED = "forced (a drill)"
+__all__ = ["Watchdog", "PhaseScope", "DEVICE", "FORCED", "HANDED_OVER", "REINITIALISED", "RESTART_REQUESTED", "UNSAVED"]
 _NEVER = 1 << 62  # no forced action to come
 
 
-class Watchdog:
-    """Watches device memory from a sidecar thread; see the module docstring for the flow."""
+class Watchdog(ActionPath):
+    """Watches device memory from a sidecar thread; see the module docstring for the flow, and
+    `runtime/action_path.py` for an action's life once handed over (`carry_out`, `state_dict`)."""
 
     trace_retry_seconds = 30.0  # after a trace I/O error, wait this long before reopening the file
 
     def __init__(self, config: WatchdogConfig | None = None, *, source: MemorySource | None = None,
                  telemetry: Telemetry | None = None, logs_outcomes: bool = False,
-                 follower: LeakFollower | None = None, agreement: Agreement | None = None):
-        """`logs_outcomes`: the loop says what it did with every action (`log_outcome`), perhaps
-        some steps later (after an evaluation): the block is never logged for it at the next step.
-        `follower`: a loop that drives its own `LeakFollower` (the trainer) shares it, so that the
-        watchdog's `suspects` and flight record see its censuses; the watchdog then drives none.
+                 agreement: Agreement | None = None):
+        """`logs_outcomes`: the loop says what it did with every action (`carry_out`, `log_outcome`),
+        perhaps some steps later (after an evaluation): the block is never logged for it at the next step.
         `agreement`: a loop that agrees on more than the watchdog's actions (the trainer: whether
         every rank's save landed) shares its own; by default `start()` joins one when several ranks run."""
         config = config or WatchdogConfig()
-        if config.restarts_so_far is None:  # what the restart engine tells this process
-            config = dataclasses.replace(config, restarts_so_far=restarts_so_far(os.environ))
         self.config = config
         self.telemetry = telemetry or Telemetry(rank=self.config.rank)
-        self.telemetry.restarts_total = self.config.restarts_so_far
         self.checkpoint_figures = self.telemetry.part(CheckpointFigures)  # served from the first scrape
         self.station = Station(Judge(self.config.detector, self.config.policy,
-                                     memory_limit_bytes=self.config.memory_limit_bytes,
-                                     restarts_so_far=self.config.restart_budget_spent), self.telemetry, memory=DEVICE)
+                                     memory_limit_bytes=self.config.memory_limit_bytes), self.telemetry, memory=DEVICE)
+        self._run_state = RunState.from_environment(os.environ)  # the restart engine's count, until a checkpoint's
         self.history: deque[Sample] = deque(maxlen=self.config.history_size)
         self.last_recovery: Recovery | None = None  # what the last reinit gave back (the terminal's action block)
         self._source = source
@@ -131,9 +123,9 @@ class Watchdog:
         self._labels: dict[tuple[str, int | None], str] = {}  # phase labels, validated once each
         # Kept together: an instance over 30 attributes loses CPython's shared-key dict, and step()
         # pays for every attribute it reads (tests/test_sidecar.py counts them).
-        self._handed = _HandedOver(logs_outcomes, config.restart_budget_spent, config.watchdog_restart_step)
-        self._drives_follower = follower is None and self.config.forensics
-        self._follower = follower if follower is not None else (LeakFollower() if self._drives_follower else None)
+        self._handed = HandedOver(logs_outcomes)
+        self._drives_follower = self.config.forensics
+        self._follower = LeakFollower() if self._drives_follower else None
         # Work for the training thread between steps, in one deque so that step() checks one thing:
         # an action to hand over (a tuple), or _FOLLOW (the follower has work, or a block is due).
         self._chores: deque = deque([_FOLLOW] if self._drives_follower else [])
@@ -149,6 +141,7 @@ class Watchdog:
         self._forced_at = self._forced[0][0] if self._forced else _NEVER
         if self.config.recompilation.explain and "torch_xla" in sys.modules:
             xla_stats.prepare_compile_analysis()  # before the first graph, or torch_xla never reads it
+        self._apply_run_state()
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -178,6 +171,7 @@ class Watchdog:
             self.station.trace = TraceSink(self.config.trace_file, self.telemetry, lambda: self.trace_retry_seconds)
         if self.config.host_memory:
             self._watch_the_host()
+            self._apply_run_state()
         if self._ranks is not None:
             for station in (self.station, self._host_watch.station if self._host_watch is not None else None):
                 if station is not None:
@@ -359,29 +353,6 @@ class Watchdog:
         if action.needs_checkpoint:
             self._chores.append((action, self.verdict, DEVICE, origin, False))  # not the watchdog's restart to count
 
-    def state_dict(self) -> dict:
-        """What a loop keeps in its checkpoint so the watchdog's restart budget and its window span
-        processes: its restarts in a row and the newest one's step (give it back with
-        `WatchdogConfig.resumed`). Read it when saving: a restart handed over counts at once."""
-        count, step = self._handed.restarts
-        return {"watchdog_restarts": count, "watchdog_restart_step": step}
-
-    @staticmethod
-    def saved_state(state: object, where: str) -> dict | None:
-        """A `state_dict()` read back from a checkpoint, checked: the dict itself, or None (logged
-        as `watchdog_state_unread` with `where`) when it is not one `WatchdogConfig.resumed` takes.
-        A bad saved state never stops training: the restart budget then counts every restart of the
-        job instead. Every loop that resumes (Lightning, Hugging Face) reads its state through here."""
-        if state is None:
-            return None
-        try:
-            WatchdogConfig().resumed(state)  # its types and bounds
-        except InputError as exc:
-            log.warning("watchdog_state_unread", path=where, error=str(exc),
-                        note="the restart budget counts every restart of the job instead")
-            return None
-        return dict(state)  # type: ignore[arg-type]
-
     @property
     def ranks(self) -> int:
         """How many ranks take this watchdog's decisions together (1: this process alone)."""
@@ -415,62 +386,9 @@ class Watchdog:
         self.checkpoint_figures.observe_save(seconds)
 
     @property
-    def last_action(self) -> ActionOutcome | None:
-        """The action step() handed over last, with the verdict behind it and the suspects."""
-        return self._handed.last
-
-    @property
     def suspects(self) -> Suspects | None:
         """The newest census's answer to "what is leaking" (also logged as `leak_suspects`)."""
         return self._follower.last if self._follower is not None else None
-
-    def carry_out(self, action: Action | None, *, save: Callable[[], object],
-                  rebuild: Callable[[], None] | None = None) -> bool:
-        """Carry out a checkpoint action with the loop's own `save()` (which may return the
-        checkpoint's path) and `rebuild()` (drop the training state and load it back)::
-
-            action = wd.step(step)
-            if action is not None and not wd.carry_out(action, save=save, rebuild=rebuild):
-                sys.exit(42)                     # a restart: the supervisor or JobSet starts it again
-
-        Times the save, measures what a rebuild gave back and logs the action's block. Returns
-        True when training goes on in this process (no action, a WARN, a reinit), False when the
-        process should exit 42 (a restart, or a reinit with no `rebuild`)."""
-        if action is None or not action.needs_checkpoint:
-            return True
-        started = time.perf_counter()
-        saved = save()
-        self.observe_checkpoint(time.perf_counter() - started)
-        checkpoint = str(saved) if saved is not None else None
-        if action is Action.CHECKPOINT_REINIT and rebuild is not None:
-            rebuild()
-            self.reinit_finished()
-            self.log_outcome(REINITIALISED, checkpoint=checkpoint)
-            return True
-        self.log_outcome(RESTART_REQUESTED, checkpoint=checkpoint)
-        return False
-
-    def log_outcome(self, outcome: str, *, checkpoint: str | None = None,
-                    decided: ActionOutcome | None = None) -> None:
-        """Log an action's outcome, its block (`action_outcome`): what was seen, what is leaking,
-        what the loop did (`outcome`, `checkpoint`) and, after a reinit, what it gave back.
-        `decided`: an action the loop decided with others (agreement across ranks, a forced
-        action); by default the one `step()` handed over last. Call on the training thread."""
-        handed = self._handed
-        if decided is None:
-            decided = handed.unlogged
-        handed.unlogged = None  # logged, or superseded by what the loop decided
-        if decided is None:
-            return
-        decided.outcome, decided.checkpoint = outcome, checkpoint
-        if decided.suspects and self._flight is not None:  # every loop's outcome comes through here
-            self._flight.observe_action(decided.step, decided.suspects)
-        if decided.action is Action.CHECKPOINT_REINIT and outcome == REINITIALISED:
-            self.drain(timeout=10)  # the sidecar measures what the rebuild gave back
-            recovery = self.last_recovery
-            if recovery is not None:
-                decided.recovered_bytes, decided.memory_after_bytes = recovery.recovered_bytes, recovery.bytes_after
-        log_action_outcome(decided)
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Block until the sidecar has handled everything posted so far; False on timeout."""
@@ -548,25 +466,41 @@ class Watchdog:
             if self._follower.pending:
                 self._chores.append(_FOLLOW)
 
+    @property
+    def restart_window_steps(self) -> int:
+        return self.config.policy.restart_window_steps
+
     def _hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "",
                    counts: bool = True) -> Action:
-        """An action leaves for the training loop: name the leak now (its suspects go into the
-        block), keep what the loop needs to log its outcome, and count a restart that is the watchdog's
-        (`counts`: not one a loop proposed on its own account, such as a preemption)."""
-        handed = self._handed
-        if handed.unlogged is not None:  # an earlier one whose outcome its loop never said
-            self.log_outcome(HANDED_OVER)
-        suspects = []
-        if action.needs_checkpoint:
-            suspects = (self._follower.name(step) if self._drives_follower else []) + self.processes_grown()
-        if action is Action.CHECKPOINT_RESTART and counts:
-            count, previous = handed.restarts
-            handed.restarts = (restarts_in_a_row(count, previous, step, self.config.policy.restart_window_steps), step)
-        handed.last = handed.unlogged = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
-                                                      origin=origin)
-        if not handed.logs_outcomes:  # its block is logged at the next step, if the loop says nothing
+        super()._hand_over(step, action, verdict, memory, origin, counts)
+        if not self._handed.logs_outcomes:  # its block is logged at the next step, if the loop says nothing
             self._chores.append(_FOLLOW)
         return action
+
+    def _suspects(self, step: int) -> list[str]:
+        """What is leaking, named now: this process's census, and the job's processes that grew."""
+        return (self._follower.name(step) if self._drives_follower else []) + self.processes_grown()
+
+    def _stations(self) -> list[Station]:
+        host = self._host_watch.station if self._host_watch is not None else None
+        return [self.station] if host is None else [self.station, host]
+
+    def _apply_run_state(self) -> None:
+        run = self._run_state
+        for station in self._stations():
+            station.judge.resume(run.budget_spent)
+            station.judge.ends_at(run.last_step)
+            station.telemetry.restarts_total = run.restarts_so_far
+
+    def _measure(self, decided: ActionOutcome) -> None:
+        """Into the flight record; after a reinit, what the sidecar measured it gave back."""
+        if decided.suspects and self._flight is not None:  # every loop's outcome comes through here
+            self._flight.observe_action(decided.step, decided.suspects)
+        if decided.action is Action.CHECKPOINT_REINIT and decided.outcome == REINITIALISED:
+            self.drain(timeout=10)
+            recovery = self.last_recovery
+            if recovery is not None:
+                decided.recovered_bytes, decided.memory_after_bytes = recovery.recovered_bytes, recovery.bytes_after
 
     # ---- the sidecar thread --------------------------------------------------------------------
 
@@ -674,27 +608,6 @@ class Watchdog:
                           rank=rank).start()
 
 GROWN_SAID_BYTES = 16 << 20  # a child process that grew less than this since it started is not named
-
-
-class _HandedOver:
-    """The actions step() handed over: the newest, the one whose block is not logged yet, and
-    whether the loop always logs their outcomes itself."""
-
-    __slots__ = ("last", "unlogged", "logs_outcomes", "held", "offered", "restarts")
-
-    def __init__(self, logs_outcomes: bool, restarts: int, restart_step: int | None):
-        self.last: ActionOutcome | None = None
-        self.unlogged: ActionOutcome | None = None
-        self.logs_outcomes = logs_outcomes
-        self.held: tuple | None = None  # several ranks: the action to offer at the next sampling step ...
-        self.offered: tuple | None = None  # ... and the one offered at the newest, whose answer comes at the next
-        self.restarts = (restarts, restart_step)  # the watchdog's restarts in a row, and the newest one's step
-
-
-def log_action_outcome(outcome: ActionOutcome) -> None:
-    """One readable block for a person (and its fields for a log pipeline)."""
-    log_event(log, logging.WARNING, "action_outcome", block=outcome.block(), **outcome.fields())
-
 
 
 class PhaseScope:

@@ -60,6 +60,7 @@ class ActionOutcome:
     memory_after_bytes: float | None = None
     memory: str = "device"  # which memory asked for it: "device", or "host" (the host's RAM)
     origin: str = ""  # who decided it, when not this rank's watchdog alone: "forced (a drill)", "asked by rank 0, ..."
+    exit_code: int | None = None  # the status the process ends with for it (42, 44); None: training went on
 
     def block(self) -> str:
         rows = []
@@ -88,7 +89,8 @@ class ActionOutcome:
         """The raw fields for JSON logs (base units)."""
         verdict = self.verdict
         return {"step": self.step, "action": self.action.value, "memory": self.memory, "suspects": self.suspects,
-                "checkpoint": self.checkpoint, "outcome": self.outcome, "origin": self.origin, "recovered_bytes": self.recovered_bytes,
+                "checkpoint": self.checkpoint, "outcome": self.outcome, "origin": self.origin, "exit_code": self.exit_code,
+                "recovered_bytes": self.recovered_bytes,
                 "slope_bytes_per_step": verdict.slope_bytes_per_step if verdict else None,
                 "projected_oom_step": verdict.projected_oom_step if verdict else None}
 

@@ -68,7 +68,7 @@ class Progress:
 def bar_text(loss: float, watchdog) -> str:
     """What the bar shows after the step count: `loss 0.912 | 1.88 GiB / 2.00 GiB | leaking, OOM in ~8 s (step 271)`."""
     parts = [f"loss {loss:.3f}"]
-    if watchdog is None:
+    if not watchdog.watches:  # an unwatched run
         return parts[0]
     sample, verdict = watchdog.telemetry.sample, watchdog.telemetry.verdict
     if sample is not None:
@@ -91,7 +91,7 @@ def bar_text(loss: float, watchdog) -> str:
 
 def _watchdog_fields(watchdog) -> dict:
     """Raw fields for the JSON progress line (base units: the log pipeline's contract)."""
-    if watchdog is None:
+    if not watchdog.watches:  # an unwatched run
         return {}
     telemetry = watchdog.telemetry
     sample, verdict = telemetry.sample, telemetry.verdict

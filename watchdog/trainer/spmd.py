@@ -41,6 +41,7 @@ import torch
 from watchdog.actions.sharded_checkpoint import ShardedCheckpointManager
 from watchdog.core.errors import InputError
 from watchdog.logs import get_logger
+from watchdog.trainer.checkpointer import checkpoint_payload
 from watchdog.trainer.data import Batch
 from watchdog.trainer.loop import (
     Replica,
@@ -49,7 +50,6 @@ from watchdog.trainer.loop import (
     _has_tpu,
     build_state,
     check_same_model,
-    checkpoint_payload,
     restore_state,
 )
 

@@ -1,0 +1,178 @@
+"""An action's life after it is decided, written once for every host.
+
+decided (the sidecar, a drill, the loop's own proposal) -> agreed (several ranks) -> handed over by
+`step()` -> carried out by the loop's `save` and `rebuild` (`carry_out`) or by exit 42 -> its
+effect measured (a reinit: one reading after the rebuild) -> the watch resumes.
+
+`ActionPath` holds the part every watcher shares: the record of the action handed over (built once,
+`ActionOutcome`), carrying it out, its block on the terminal, and the run's state that spans
+processes (`RunState`: restarts so far, the watchdog's own in a row, where the run ends). The
+`Watchdog` and the unwatched run's stand-in (`runtime/unwatched.py`) are both one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from watchdog.core.errors import EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
+from watchdog.core.restarts import RunState
+from watchdog.core.verdict import Action, Verdict
+from watchdog.logs import get_logger, log_event
+from watchdog.station.blocks import ActionOutcome
+
+log = get_logger(__name__)
+
+DEVICE = "device"  # which memory asked for an action: the device's, or the host's
+HANDED_OVER = "handed to the training loop"  # the outcome of an action whose loop never said what it did
+REINITIALISED, RESTART_REQUESTED = "reinitialised in process", "exit 42: restart requested"
+UNSAVED = "the checkpoint failed: exit 44 to restart from the newest one"
+FORCED = "forced (a drill)"
+
+
+class HandedOver:
+    """The actions step() handed over: the newest, the one whose block is not logged yet, and
+    whether the loop always logs their outcomes itself; with several ranks, the action held for
+    the next offer and the one offered, whose answer comes at the next sampling step."""
+
+    __slots__ = ("last", "unlogged", "logs_outcomes", "held", "offered")
+
+    def __init__(self, logs_outcomes: bool):
+        self.last: ActionOutcome | None = None
+        self.unlogged: ActionOutcome | None = None
+        self.logs_outcomes = logs_outcomes
+        self.held: tuple | None = None
+        self.offered: tuple | None = None
+
+
+class ActionPath:
+    """What a watcher does with an action once `step()` has handed it over (see the module docstring).
+    A subclass sets `_handed`, `_run_state` and `restart_window_steps`, and may extend the hooks
+    `_suspects`, `_apply_run_state` and `_measure`."""
+
+    _handed: HandedOver
+    _run_state: RunState
+    restart_window_steps: int = 0
+    watches = True  # memory is read and judged (not so for an unwatched run's stand-in)
+
+    # ---- the run's state ---------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What a loop keeps in its checkpoint so the job's restarts, and the watchdog's restart budget
+        and its window, span processes: give it back with `load_state_dict`. Read it when saving: a
+        restart handed over counts at once."""
+        return self._run_state.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """A resumed process: what `state_dict()` returned in the process that saved the checkpoint.
+        Before `start()`. A bad state raises ConfigError (`saved_state` checks one first)."""
+        self._run_state.load_state_dict(state)
+        self._apply_run_state()
+
+    def ends_at(self, last_step: int | None) -> None:
+        """The run ends at `last_step` (the trainer's steps, Lightning's and Hugging Face's `max_steps`),
+        unless the policy's settings name an end: an OOM projected past it is a warning."""
+        if last_step is not None and last_step >= 0:
+            self._run_state.last_step = int(last_step)
+            self._apply_run_state()
+
+    @staticmethod
+    def saved_state(state: object, where: str) -> dict | None:
+        """A `state_dict()` read back from a checkpoint, checked: the dict itself, or None (logged as
+        `watchdog_state_unread` with `where`) when `load_state_dict` would refuse it. A bad saved state
+        never stops training: the restart budget then counts every restart of the job instead."""
+        if state is None:
+            return None
+        try:
+            RunState().load_state_dict(state)  # its types and bounds
+        except InputError as exc:
+            log.warning("watchdog_state_unread", path=where, error=str(exc),
+                        note="the restart budget counts every restart of the job instead")
+            return None
+        return dict(state)  # type: ignore[arg-type]
+
+    @property
+    def last_action(self) -> ActionOutcome | None:
+        """The action step() handed over last: its record, with the verdict behind it, the suspects and,
+        once carried out, its outcome and the exit status the process ends with (None: it goes on)."""
+        return self._handed.last
+
+    # ---- carrying an action out --------------------------------------------------------------
+
+    def carry_out(self, action: Action | None, *, save: Callable[[], object] | None = None,
+                  rebuild: Callable[[], None] | None = None, checkpoint: str | None = None) -> bool:
+        """Carry out a checkpoint action with the loop's own `save()` (which may return the
+        checkpoint's path, or False when it could not save) and `rebuild()` (drop the training state
+        and load it back)::
+
+            action = wd.step(step)
+            if action is not None and not wd.carry_out(action, save=save, rebuild=rebuild):
+                sys.exit(wd.last_action.exit_code)   # 42: a restart (44: the save failed)
+
+        Times the save, measures what a rebuild gave back and logs the action's block. Returns True
+        when training goes on in this process (no action, a WARN, a reinit), False when the process
+        should exit with `last_action.exit_code`. A framework that saves by itself after the step
+        (Hugging Face's Trainer) passes no `save`, and says where with `checkpoint`."""
+        if action is None or not action.needs_checkpoint:
+            return True
+        if save is not None:
+            started = time.perf_counter()
+            saved = save()
+            if saved is False:
+                self.log_outcome(UNSAVED, exit_code=EXIT_UNSAVED)
+                return False
+            self.observe_checkpoint(time.perf_counter() - started)
+            checkpoint = None if saved is None or saved is True else str(saved)
+        if action is Action.CHECKPOINT_REINIT and rebuild is not None:
+            rebuild()
+            self.reinit_finished()
+            self.log_outcome(REINITIALISED, checkpoint=checkpoint)
+            return True
+        self.log_outcome(RESTART_REQUESTED, checkpoint=checkpoint, exit_code=EXIT_RESTART_REQUESTED)
+        return False
+
+    def log_outcome(self, outcome: str, *, checkpoint: str | None = None, exit_code: int | None = None) -> None:
+        """Log the outcome of the action step() handed over last, its block (`action_outcome`): what
+        was seen, what is leaking, what the loop did (`outcome`, `checkpoint`) and, after a reinit,
+        what it gave back. `carry_out` calls it; a loop that carries an action out its own way calls
+        it once done. Once per action: nothing is logged with no action handed over."""
+        handed = self._handed
+        decided, handed.unlogged = handed.unlogged, None
+        if decided is None:
+            return
+        decided.outcome, decided.checkpoint, decided.exit_code = outcome, checkpoint, exit_code
+        self._measure(decided)
+        log_event(log, logging.WARNING, "action_outcome", block=decided.block(), **decided.fields())
+
+    def observe_checkpoint(self, seconds: float) -> None:
+        """A save the loop made, timed."""
+
+    def reinit_finished(self) -> None:
+        """After checkpoint-and-reinit, between steps."""
+
+    # ---- handing over ------------------------------------------------------------------------
+
+    def _hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "",
+                   counts: bool = True) -> Action:
+        """An action leaves for the training loop: its record, built once (what is leaking is named
+        now), and a restart counted (`counts`: the watchdog's, not one a loop proposed on its own
+        account, such as a preemption)."""
+        handed = self._handed
+        if handed.unlogged is not None:  # an earlier one whose outcome its loop never said
+            self.log_outcome(HANDED_OVER)
+        if action is Action.CHECKPOINT_RESTART:
+            self._run_state.restart_handed_over(step, self.restart_window_steps, counts)
+        suspects = self._suspects(step) if action.needs_checkpoint else []
+        handed.last = handed.unlogged = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
+                                                      origin=origin)
+        return action
+
+    def _suspects(self, step: int) -> list[str]:
+        return []
+
+    def _apply_run_state(self) -> None:
+        """The run's state changed (resumed, or its end known): tell whoever judges."""
+
+    def _measure(self, decided: ActionOutcome) -> None:
+        """Add what was measured of the action's effect to its record, before its block is logged."""
