@@ -164,3 +164,47 @@ def test_a_leak_that_refills_after_every_rebuild_is_acted_on_before_the_budget_i
     record = flight_record.read(tmp_path / f"trace.csv{flight_record.SUFFIX}")
     at_action = record["action_suspects"]  # what leaked before the newest reinit, kept beside the newest census
     assert at_action["step"] == outcomes[-1]["step"] and "attribute 'kept' of Metrics" in at_action["lines"][0]
+
+
+def test_one_record_per_action_carries_its_outcome_and_the_exit_status(tmp_path, events):
+    """Issue 49: an action's record is built once, when it is handed over (`last_action`), and
+    `carry_out` completes that same record: its outcome, its checkpoint and the status the process
+    ends with. A save that returns False is no checkpoint: exit 44, said in the block, not timed."""
+    from watchdog.core.errors import EXIT_RESTART_REQUESTED, EXIT_UNSAVED
+    from watchdog.runtime.action_path import UNSAVED
+
+    drills = ((3, Action.CHECKPOINT_RESTART), (6, Action.CHECKPOINT_REINIT), (9, Action.CHECKPOINT_RESTART))
+    wd = Watchdog(WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40, host_memory=False,
+                                 forensics=False, forced_actions=drills))
+    outcomes = []
+    with wd:
+        for step in range(10):
+            action = wd.step(step)
+            if action is None:
+                continue
+            record = wd.last_action
+            saves = {3: lambda: tmp_path / "ckpt-3.pt", 6: lambda: False, 9: lambda: None}[step]
+            went_on = wd.carry_out(action, save=saves)
+            assert wd.last_action is record, "the record handed over is the one carried out"
+            outcomes.append((step, went_on, record.outcome, record.exit_code, record.checkpoint))
+    assert outcomes == [(3, False, RESTART_REQUESTED, EXIT_RESTART_REQUESTED, str(tmp_path / "ckpt-3.pt")),
+                        (6, False, UNSAVED, EXIT_UNSAVED, None),
+                        (9, False, RESTART_REQUESTED, EXIT_RESTART_REQUESTED, None)]
+    blocks = events.named("action_outcome")
+    assert [b["exit_code"] for b in blocks] == [42, 44, 42], "one block per action"
+    assert "the checkpoint failed: exit 44" in blocks[1]["block"]
+    assert wd.checkpoint_figures.saves == 2, "the failed save is not timed as a checkpoint"
+
+
+def test_a_framework_that_saves_by_itself_names_the_checkpoint_without_a_save(events):
+    """Hugging Face's Trainer saves after the step ends: `carry_out(action, checkpoint=...)` logs the
+    block with the folder the Trainer writes, and asks for the restart; nothing is timed as a save."""
+    wd = Watchdog(WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40, host_memory=False,
+                                 forensics=False, forced_actions=((2, Action.CHECKPOINT_REINIT),)))
+    with wd:
+        actions = [wd.step(step) for step in range(3)]
+        assert actions[2] is Action.CHECKPOINT_REINIT
+        assert not wd.carry_out(Action.CHECKPOINT_REINIT, checkpoint="out/checkpoint-2")
+    [block] = events.named("action_outcome")
+    assert block["checkpoint"] == "out/checkpoint-2" and block["exit_code"] == 42
+    assert wd.checkpoint_figures.saves == 0

@@ -1,6 +1,6 @@
-"""Leaks outside this process's tensors (issue 54), each a loop of one's own on plain CPU, watched
-by the real `Watchdog` on the job's memory against a host budget, with its bounded twin, which must
-get no action.
+"""Leaks outside this process's tensors (issue 54), each a loop of one's own on plain CPU and on PJRT
+CPU (`on`), watched by the real `Watchdog` on the job's memory against a host budget, with its
+bounded twin, which must get no action.
 
 - DataLoader workers that each keep what they load: with `num_workers > 0` the *workers'* memory
   grows (per-worker caches, pages copied by touching the parent's Python objects) while the
@@ -37,7 +37,19 @@ from conftest import hbm_watchdog_env
 
 pytestmark = pytest.mark.slow
 
-WORKER_CACHE = textwrap.dedent('''
+# Where the loop runs: plain CPU, or PJRT CPU (torch_xla's CPU device, whose memory the `auto`
+# source reads as the process tree's too: torch_xla reports none on CPU).
+WHERE = textwrap.dedent('''
+    import os
+    if os.environ.get("LOOP_DEVICE") == "xla":
+        import torch_xla
+        WHERE = dict(device=str(torch_xla.device()), source="auto")
+    else:
+        WHERE = dict(device="cpu", source="rss")
+''')
+ON = pytest.mark.parametrize("on", ["cpu", "xla"])
+
+WORKER_CACHE = WHERE + textwrap.dedent('''
     import json, sys, time
     import psutil, torch
     from torch.utils.data import DataLoader, Dataset
@@ -64,7 +76,7 @@ WORKER_CACHE = textwrap.dedent('''
             return torch.zeros(4)
 
     budget = psutil.Process().memory_info().rss + 500 * MiB
-    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", host_memory_limit_bytes=budget)
+    config = WatchdogConfig(sample_every=5, **WHERE, host_memory_limit_bytes=budget)
     batches = iter(DataLoader(Items(), batch_size=1, num_workers=2))  # kept: its workers live to the end
     result = {"budget": budget}
     with Watchdog(config) as wd:
@@ -87,26 +99,26 @@ WORKER_CACHE = textwrap.dedent('''
 ''')
 
 
-def run_loop(script: str, tmp_path, *args: str) -> dict:
+def run_loop(script: str, tmp_path, *args: str, on: str = "cpu") -> dict:
     path = tmp_path / "loop.py"
     path.write_text(script)
     completed = subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, capture_output=True, text=True,
-                               timeout=240, env=hbm_watchdog_env())
+                               timeout=240, env={**hbm_watchdog_env(), "LOOP_DEVICE": on})
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def acted_before_its_budget(script: str, tmp_path, *named: str) -> dict:
+def acted_before_its_budget(script: str, tmp_path, *named: str, on: str = "cpu") -> dict:
     """The leaking loop of `script` was acted on before its memory reached its budget, and the
     action's block named each of `named`."""
-    result = run_loop(script, tmp_path, "leaking")
+    result = run_loop(script, tmp_path, "leaking", on=on)
     assert "acted" in result and result["highest"] < result["budget"], result
     said = " ".join(result["suspects"])
     assert all(words in said for words in named), said
     return result
 
 
-HARNESS = textwrap.dedent('''
+HARNESS = WHERE + textwrap.dedent('''
     import json, sys, time
     import psutil
     from watchdog import Watchdog, WatchdogConfig
@@ -118,7 +130,7 @@ HARNESS = textwrap.dedent('''
     def watched(headroom_mib, every=5):
         """A watchdog on this process tree's memory, its budget `headroom_mib` above it now."""
         result["budget"] = budget = psutil.Process().memory_info().rss + headroom_mib * MiB
-        return Watchdog(WatchdogConfig(sample_every=every, device="cpu", source="rss", host_memory_limit_bytes=budget))
+        return Watchdog(WatchdogConfig(sample_every=every, **WHERE, host_memory_limit_bytes=budget))
 
     def acted(wd, step):
         """The step's call, the highest memory so far; True when a checkpoint action came."""
@@ -131,8 +143,9 @@ HARNESS = textwrap.dedent('''
 ''')
 
 
-def test_dataloader_workers_that_keep_what_they_load_are_acted_on_before_the_budget_and_named(tmp_path):
-    result = run_loop(WORKER_CACHE, tmp_path, "leaking")
+@ON
+def test_dataloader_workers_that_keep_what_they_load_are_acted_on_before_the_budget_and_named(tmp_path, on):
+    result = run_loop(WORKER_CACHE, tmp_path, "leaking", on=on)
     assert "acted" in result, result
     assert result["highest"] < result["budget"], "acted on before the job's memory reached its budget"
     named = [line for line in result["suspects"] if line.startswith("DataLoader worker ")]
@@ -141,12 +154,13 @@ def test_dataloader_workers_that_keep_what_they_load_are_acted_on_before_the_bud
     assert result["counted_once"] < result["resident_sum"] - 100 * (1 << 20), result
 
 
-def test_dataloader_workers_with_a_bounded_cache_are_left_alone(tmp_path):
-    result = run_loop(WORKER_CACHE, tmp_path, "bounded")
+@ON
+def test_dataloader_workers_with_a_bounded_cache_are_left_alone(tmp_path, on):
+    result = run_loop(WORKER_CACHE, tmp_path, "bounded", on=on)
     assert "acted" not in result, result
 
 
-EVAL_PEAKS = textwrap.dedent('''
+EVAL_PEAKS = WHERE + textwrap.dedent('''
     import json, sys, time
     import psutil
     from watchdog import Watchdog, WatchdogConfig
@@ -154,7 +168,7 @@ EVAL_PEAKS = textwrap.dedent('''
     MiB = 1 << 20
     bounded = sys.argv[1] == "bounded"
     budget = psutil.Process().memory_info().rss + 300 * MiB
-    config = WatchdogConfig(sample_every=2, device="cpu", source="rss", host_memory_limit_bytes=budget)
+    config = WatchdogConfig(sample_every=2, **WHERE, host_memory_limit_bytes=budget)
     result, evaluations, step, action = {"budget": budget, "evaluations": []}, 0, 0, None
     with Watchdog(config) as wd:
         while evaluations < 12 and action is None:
@@ -182,16 +196,18 @@ EVAL_PEAKS = textwrap.dedent('''
 ''')
 
 
-def test_an_evaluation_that_keeps_more_each_run_is_acted_on_between_runs_before_the_one_that_would_cross(tmp_path):
-    result = run_loop(EVAL_PEAKS, tmp_path, "leaking")
+@ON
+def test_an_evaluation_that_keeps_more_each_run_is_acted_on_between_runs_before_the_one_that_would_cross(tmp_path, on):
+    result = run_loop(EVAL_PEAKS, tmp_path, "leaking", on=on)
     assert "acted" in result, result
     assert "eval runs peak higher each time" in result["explanation"], result
     assert result["highest"] < result["budget"], "every evaluation that ran stayed under the budget"
     assert len(result["evaluations"]) >= 4 and result["acted"] > result["evaluations"][-1], "between runs"
 
 
-def test_an_evaluation_that_keeps_the_same_each_run_is_left_alone(tmp_path):
-    result = run_loop(EVAL_PEAKS, tmp_path, "bounded")
+@ON
+def test_an_evaluation_that_keeps_the_same_each_run_is_left_alone(tmp_path, on):
+    result = run_loop(EVAL_PEAKS, tmp_path, "bounded", on=on)
     assert "acted" not in result and len(result["evaluations"]) == 12, result
 
 
@@ -220,13 +236,15 @@ PYTHON_OBJECTS = HARNESS + textwrap.dedent('''
 ''')
 
 
-def test_python_objects_that_pile_up_are_acted_on_before_the_budget_with_their_type_and_holder_named(tmp_path):
+@ON
+def test_python_objects_that_pile_up_are_acted_on_before_the_budget_with_their_type_and_holder_named(tmp_path, on):
     acted_before_its_budget(PYTHON_OBJECTS, tmp_path, "Python objects __main__.DTensorSpec",
-                            "attribute 'specs' of Optimizer")
+                            "attribute 'specs' of Optimizer", on=on)
 
 
-def test_python_objects_kept_to_a_bound_are_left_alone(tmp_path):
-    assert "acted" not in run_loop(PYTHON_OBJECTS, tmp_path, "bounded")
+@ON
+def test_python_objects_kept_to_a_bound_are_left_alone(tmp_path, on):
+    assert "acted" not in run_loop(PYTHON_OBJECTS, tmp_path, "bounded", on=on)
 
 
 SAVE_STAIRCASE = HARNESS + textwrap.dedent('''
@@ -253,12 +271,15 @@ SAVE_STAIRCASE = HARNESS + textwrap.dedent('''
 ''')
 
 
-def test_a_staircase_at_every_save_is_acted_on_before_the_budget_with_the_staged_copies_named(tmp_path):
-    acted_before_its_budget(SAVE_STAIRCASE, tmp_path, "Python buffers bytearray", "attribute 'staged' of Checkpointer")
+@ON
+def test_a_staircase_at_every_save_is_acted_on_before_the_budget_with_the_staged_copies_named(tmp_path, on):
+    acted_before_its_budget(SAVE_STAIRCASE, tmp_path, "Python buffers bytearray", "attribute 'staged' of Checkpointer",
+                            on=on)
 
 
-def test_saves_that_let_their_copies_go_are_left_alone(tmp_path):
-    result = run_loop(SAVE_STAIRCASE, tmp_path, "bounded")
+@ON
+def test_saves_that_let_their_copies_go_are_left_alone(tmp_path, on):
+    result = run_loop(SAVE_STAIRCASE, tmp_path, "bounded", on=on)
     assert "acted" not in result and result["saves"] == 31, result
 
 
@@ -279,13 +300,15 @@ FILLING_CACHE = HARNESS + textwrap.dedent('''
 ''')
 
 
-def test_a_cache_that_keeps_every_record_is_acted_on_before_the_budget(tmp_path):
+@ON
+def test_a_cache_that_keeps_every_record_is_acted_on_before_the_budget(tmp_path, on):
     acted_before_its_budget(FILLING_CACHE, tmp_path, "Python buffers bytearray[1048576]",
-                            "global 'cache' in module __main__")
+                            "global 'cache' in module __main__", on=on)
 
 
-def test_a_cache_that_fills_ever_more_slowly_and_levels_off_is_left_alone(tmp_path):
-    result = run_loop(FILLING_CACHE, tmp_path, "bounded")
+@ON
+def test_a_cache_that_fills_ever_more_slowly_and_levels_off_is_left_alone(tmp_path, on):
+    result = run_loop(FILLING_CACHE, tmp_path, "bounded", on=on)
     assert "acted" not in result and result["records"] == 188, result
 
 

@@ -278,3 +278,17 @@ def test_the_watchdogs_restarts_in_a_row_start_over_after_the_window():
     assert restarts_in_a_row(1, 9_842, 19_807, window=2_000) == 1  # 10k steps of progress: not a loop
     assert restarts_in_a_row(1, 1_000, 1_300, window=2_000) == 2  # the leak refilled at once: a loop
     assert restarts_in_a_row(3, 1_000, 90_000, window=0) == 4  # no window: every restart counts
+
+
+def test_the_trainers_run_is_the_story_of_a_step_and_never_tests_for_a_missing_watchdog():
+    """Issue 49: `run()` decided saves, evaluations, reinits, restarts and exit codes itself, with 26
+    `watchdog is None` branches. Its components now decide their own parts (the checkpointer, the
+    evaluator, the stop signals, the watchdog's one action path), and an unwatched run gets a
+    stand-in that does nothing (`Unwatched`)."""
+    import inspect
+
+    from watchdog.trainer import loop
+
+    source = inspect.getsource(loop)
+    assert "self.watchdog is None" not in source and "self.watchdog is not None" not in source
+    assert len(inspect.getsource(loop.Trainer.run).splitlines()) <= 40

@@ -3,13 +3,15 @@
     build the state (model, AdamW, LR schedule, data position, RNG)
     -> resume from the newest checkpoint, if asked and there is one
     -> for each step: batch, forward, backward, optimizer step, (leak), sync, ask the watchdog
-       -> every `eval_every` steps, a small evaluation under the watchdog's "eval" phase
-       -> carry out what it asks for, between steps:
+       -> every `eval_every` steps, a small evaluation under the watchdog's "eval" phase (evaluator.py)
+       -> carry out what it asks for, between steps, through the watchdog's one action path
+          (`Watchdog.carry_out`, runtime/action_path.py) with the checkpointer's save:
           checkpoint-and-reinit: save, drop every reference to the state, collect, rebuild
-                                 from the checkpoint, tell the watchdog (it re-measures the floor)
+                                 from the checkpoint (the watchdog re-measures the floor)
           checkpoint-and-restart: save, exit 42 (a supervisor or the cluster restarts the job)
-          SIGTERM (preemption): save at the next step boundary, exit 42
+          SIGTERM (preemption): save at the next step boundary, exit 42 (stop_signals.py)
           SIGINT (Ctrl-C): save at the next step boundary, exit 130 (a second Ctrl-C stops at once)
+       -> else a periodic save when one is due (checkpointer.py)
     -> a checkpoint the disk refuses is logged (path, bytes needed, bytes free) and training goes
        on; if an action, a signal or the last step needed it, a restart is still requested, as
        exit 44: nothing new was saved, so a restarter that counts it bounds a disk that refuses
@@ -23,7 +25,9 @@ The watchdog's step counter keeps rising through evaluations: it is the training
 evaluation batches run before it (`watch_step`), a pure function of the step, so a resumed run
 counts as the uninterrupted one would have.
 The device object is created once per process and reused by every rebuild: the XLA runtime is
-never initialised twice.
+never initialised twice. An unwatched run (`TrainConfig.watchdog=None`) gets `Unwatched` in the
+watchdog's place, which reads nothing and still carries out drills and stop signals: the loop
+never tests for a missing watchdog.
 """
 
 from __future__ import annotations
@@ -399,15 +403,19 @@ class Trainer:
         self._optimizer_step = _optimizer_step_function(replica.replicated)
         self._loader = None  # several replicas: MpDeviceLoader batches, rebuilt with the state
         self.state: TrainerState | None = None
-        self.watchdog: Watchdog | Unwatched | None = None  # made by run(): Unwatched without a watchdog config
+        self.watchdog: Watchdog | Unwatched = Unwatched()  # run() makes the run's (Unwatched without a watchdog config)
         self._agreement: Agreement | None = None  # several processes: one decision (made at run())
         self.ledger: JobLedger | None = None  # where this process's time goes, for the job's goodput
         self._restore_seconds = 0.0
         self.reinits = 0
         self.restarts_at_start = 0  # every restart of the job before this process (supervise's count, or the checkpoint's)
         # Under --hlo-source-lines, the first step's program goes into the flight record (op -> your line).
-        self._program_due = (self.device.type == "xla" and config.watchdog is not None
-                             and config.watchdog.trace_file is not None and os.environ.get("XLA_HLO_DEBUG") == "1")
+        self._program_due = (self.device.type == "xla" and self._trace_file is not None
+                             and os.environ.get("XLA_HLO_DEBUG") == "1")
+
+    @property
+    def _trace_file(self) -> Path | None:
+        return self.config.watchdog.trace_file if self.config.watchdog is not None else None
 
     @property
     def eval_losses(self) -> dict[int, float]:
@@ -431,7 +439,7 @@ class Trainer:
                 while self.state.step < self.config.steps and exit_code == EXIT_OK:
                     step = self.state.step
                     loss = self._one_step(step)
-                    if footprint is None and self.config.watchdog is not None:
+                    if footprint is None and self.watchdog.watches:
                         footprint = retained_bytes(self.watchdog)  # what the watchdog holds, after the first step
                     action = self._ask(step)  # one decision, on every process at the same step
                     if action is None and self.evaluator.due(step):
@@ -476,7 +484,7 @@ class Trainer:
 
     def _claim_the_job_file(self) -> None:
         """A job file that is not ours is one line and exit 2 before anything of this run is written."""
-        path = job_ledger.path_for(self.config.watchdog.trace_file if self.config.watchdog is not None else None)
+        path = job_ledger.path_for(self._trace_file)
         if path is not None and self.replica.rank == 0:
             job_ledger.existing_records(path)
 
@@ -509,8 +517,7 @@ class Trainer:
     def _open_ledger(self, first_step: int) -> JobLedger | None:
         """The job file, written by rank 0 (the replicas run in lockstep), beside the trace or where
         supervise said (`HBMWATCH_JOB_FILE`)."""
-        trace = self.config.watchdog.trace_file if self.config.watchdog is not None else None
-        path = job_ledger.path_for(trace)
+        path = job_ledger.path_for(self._trace_file)
         if path is None or self.replica.rank != 0:
             return None
         compile_seconds = lambda: None  # noqa: E731 - off XLA nothing compiles
@@ -613,12 +620,11 @@ class Trainer:
         if self.ledger is not None:
             self.ledger.end(_ENDINGS.get(exit_code, "restart") if finished else "error", step)
         progress.close()
-        if self.watchdog is not None:
-            self.watchdog.drain()
-            self.watchdog.stop(clean=finished)
-            if footprint is not None:
-                log.info("watchdog_footprint", first_step=first_step, step=step, retained_bytes_at_start=footprint,
-                         retained_bytes_at_end=retained_bytes(self.watchdog))
+        self.watchdog.drain()
+        self.watchdog.stop(clean=finished)
+        if footprint is not None:
+            log.info("watchdog_footprint", first_step=first_step, step=step, retained_bytes_at_start=footprint,
+                     retained_bytes_at_end=retained_bytes(self.watchdog))
         if self._agreement is not None:
             self._agreement.close()
             self._agreement = None
@@ -638,7 +644,6 @@ class Trainer:
     def run_summary(self, result: "TrainResult") -> RunSummary:
         """How the run ended, for the last lines of the terminal."""
         telemetry = self.watchdog.telemetry
-        watch = self.config.watchdog
         outcome = {EXIT_OK: "done", EXIT_INTERRUPTED: "interrupted, checkpoint saved (exit 130)"}.get(
             result.exit_code, f"restart requested (exit {result.exit_code})")
         return RunSummary(
@@ -646,7 +651,7 @@ class Trainer:
             first_step=result.first_step, steps_per_second=result.steps_per_second, reinits=result.reinits,
             restarts=result.restarts, peak_bytes=telemetry.peak_bytes_seen if telemetry and telemetry.sample else None,
             limit_bytes=self.watchdog.limit_bytes, verdict=self.watchdog.verdict,
-            trace_file=str(watch.trace_file) if watch is not None and watch.trace_file else None,
+            trace_file=str(self._trace_file) if self._trace_file else None,
             checkpoint_dir=None if self.checkpointer.temporary else str(self.checkpointer.checkpoints.directory),
             newest_checkpoint_step=self.checkpointer.checkpoints.latest_step())
 
