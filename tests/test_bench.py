@@ -198,5 +198,6 @@ def test_growth_near_enough_to_project_an_oom_from_is_the_projections_to_report(
     judge = Judge(memory_limit_bytes=trace.limit_bytes)
     verdicts = [judge.judge(s)[0] for s in trace.samples]
     assert not any(v.leak_detected for v in verdicts)
-    suspects = [v for v in verdicts if v.status is Status.SUSPECT and "not yet confirmed" in v.explanation]
+    held = ("not yet confirmed", "levelling off")  # the confirmation, or the ramp's slowdown (issue 54)
+    suspects = [v for v in verdicts if v.status is Status.SUSPECT and any(words in v.explanation for words in held)]
     assert suspects, "the projection was asked and held back: the case this test is about"

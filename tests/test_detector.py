@@ -92,6 +92,44 @@ def test_growth_that_decays_to_a_plateau_is_not_a_leak():
     assert first_alarm(verdicts) is None
 
 
+def test_saturation_rise_reads_a_slowdown_that_holds_throughout_and_nothing_else():
+    """A cache filling towards its size (1 - exp(-t/tau)) has about its rest to come; a steady leak,
+    and a warm-up ramp followed by a steady leak, slow down nowhere after their start: inf."""
+    from watchdog.core.trend import saturation_rise
+
+    xs = list(range(0, 240, 8))
+    filling = [188 * (1 - math.exp(-x / 150)) for x in xs]
+    rest = 188 - filling[-1]
+    assert 0.8 * rest <= saturation_rise(filling) <= 1.6 * rest
+    assert saturation_rise([1.25 * x for x in xs]) == math.inf
+    assert saturation_rise([min(x, 40) * 1.0 + 0.3 * x for x in xs]) == math.inf, "a warm-up, then a steady leak"
+    assert saturation_rise([5.0] * len(xs)) == math.inf
+
+
+def test_a_young_cache_filling_ever_more_slowly_close_under_the_limit_gets_no_action_and_its_twin_does():
+    """Issue 54: a cache that fills ever more slowly, its plateau 30 MiB under the limit, got a
+    reinit at step 202 (the newest windows' line reached the limit at step 318); seen over its whole
+    ramp it slows throughout and levels off below it. Its twin grows at the cache's first rate and
+    never slows: acted on before the limit."""
+    from watchdog.core.verdict import Action
+
+    def first_action(fill):
+        rng = random.Random(0)
+        judge = Judge(memory_limit_bytes=1000 * MiB + 218 * MiB)
+        for step in range(1200):
+            used = 1000 * MiB + fill(step) + rng.uniform(0, 4) * MiB
+            verdict, action = judge.judge(Sample(step, step * 0.1, int(used), None))
+            assert used < judge.limit_bytes, f"step {step}: over the limit with no action"
+            if action.needs_checkpoint:
+                return step, verdict
+        return None, verdict
+
+    step, last = first_action(lambda s: 188 * MiB * (1 - math.exp(-s / 150)))
+    assert step is None, last.explanation
+    step, verdict = first_action(lambda s: 188 * MiB / 150 * s)
+    assert step is not None and step < 180, "the twin reaches the limit at step 174 and is acted on first"
+
+
 def test_a_single_spike_does_not_move_the_floor_or_raise_the_alarm():
     spike = lambda s: 5 * GiB if 3000 <= s < 3004 else 0  # noqa: E731
     verdicts = statuses(job(6000, spikes=spike, transient=1 * GiB))

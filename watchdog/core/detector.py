@@ -25,7 +25,11 @@ How it reads memory (and why):
    over the window (every quarter contributes: a one-off level shift puts it all in one quarter),
    and it is not levelling off (the newest quarters, extrapolated as a geometric slowdown, would
    not stop short of the limit: a cache that fills and stops; nor would a staircase whose lumps
-   come further and further apart, `staircase_rise`). A suffix window that begins after
+   come further and further apart, `staircase_rise`). A candidate is also held back (suspect,
+   never projected) while the whole history since the baseline rises ever more slowly and, at
+   that slowdown, would stop short of the limit (`saturation_rise`: a cache filling towards its
+   size, whose newest windows are near enough to straight that a line through them reaches the
+   limit). A suffix window that begins after
    a level shift is its new baseline. The OOM projection (status `oom_projected`) also needs it within
    `max_extrapolation` times the span the growth was seen over (a line is not extrapolated far
    beyond its evidence), and the candidate must hold for `confirm_closes` closes and
@@ -85,6 +89,7 @@ from watchdog.core.trend import (
     largest_excursion,
     newest_evidence,
     plateau_rise,
+    saturation_rise,
     staircase_rise,
     window_sizes,
     with_level,
@@ -461,7 +466,7 @@ class LeakDetector:
             self._leak_seen = (candidate.x_last, candidate.span)
             reported = self._leak_report(candidate)
             too_far = self._too_far(candidate, excursion)
-            why_not = too_far or self._confirm(candidate, excursion)
+            why_not = too_far or self._levelling(candidate, excursion) or self._confirm(candidate, excursion)
             status = Status.SUSPECT if why_not else Status.OOM_PROJECTED
             # Growth near enough to project an OOM from is the projection's to call: its confirmation
             # is what tells a fill levelling off below the limit from a leak. The report raises only
@@ -528,6 +533,17 @@ class LeakDetector:
         room = self._room(trend.level, excursion)
         hold = min(self.config.confirm_fraction * trend.span, URGENT_SHARE * max(room, 0.0) / trend.slope)
         return self._streak.held(trend, self.config, hold)
+
+    def _levelling(self, candidate: Trend, excursion: float) -> str:
+        """'' unless the whole history since the baseline rises ever more slowly and, at that slowdown,
+        stops short of the limit: a cache filling towards its size seen over its whole ramp, which a
+        shorter window's line would project to the limit (issue 54)."""
+        rest = saturation_rise(self._floors)
+        room = self._room(candidate.level, excursion)
+        if rest >= room:
+            return ""
+        return (f"growth slowing throughout: about {format_bytes(rest)} more at its slowdown, "
+                f"levelling off {format_bytes(room - rest)} below the limit")
 
     def _leak_report(self, trend: Trend) -> bool:
         """The other signal: a candidate that held as a projection's would, however far its OOM.

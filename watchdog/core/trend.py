@@ -124,6 +124,38 @@ def plateau_rise(trend: Trend) -> float:
     return newest * q / (1 - q)
 
 
+SATURATION_SEGMENTS = 6  # a window's rise split six ways: five increments to fit a slowdown to
+
+
+def saturation_rise(ys: list[float], segments: int = SATURATION_SEGMENTS) -> float:
+    """Growth still to come if the window's whole rise keeps slowing geometrically (inf when it does
+    not clearly slow): a cache filling towards its size, seen over the whole of its ramp.
+
+    Each segment's median floor rises by less than the one before, by a factor q, so the rest adds
+    up to d * q / (1 - q) after the newest increment d (the larger of the measured and the fitted
+    one). q is fitted to the logarithms of all the segments' increments at once (a median of pairwise
+    slopes, robust to one noisy segment), and only where even the upper quartile of those slopes says
+    slowing: growth that slows only at first (a warm-up before a steady leak, whose later segments'
+    pairs are flat) is never called a plateau. Unlike `plateau_rise`, which reads the newest two
+    quarters alone, it needs the slowdown throughout.
+    """
+    size = len(ys) // segments
+    if size < 2:
+        return INF
+    levels = [median(ys[j * size:(j + 1) * size]) for j in range(segments)]
+    increments = [b - a for a, b in zip(levels, levels[1:])]
+    if min(increments) <= 0:
+        return INF
+    logs = [math.log(d) for d in increments]
+    slopes = sorted((logs[j] - logs[i]) / (j - i) for i in range(len(logs)) for j in range(i + 1, len(logs)))
+    if slopes[(3 * len(slopes)) // 4] >= 0:  # not slowing at every pace the pairs allow
+        return INF
+    central = median(slopes)
+    newest = max(increments[-1], math.exp(median([y - central * i for i, y in enumerate(logs)]) + central * (len(logs) - 1)))
+    q = math.exp(central)
+    return newest * q / (1 - q)
+
+
 LUMP_SIDE = 4  # floors on each side of a lump that measure its height
 
 
