@@ -192,7 +192,8 @@ EVAL_PEAKS = WHERE + textwrap.dedent('''
                 del predictions
                 evaluations += 1
         if action is not None and action.needs_checkpoint:
-            result.update(acted=step, explanation=wd.last_action.verdict.explanation)
+            result.update(acted=step, explanation=wd.last_action.verdict.explanation,
+                          suspects=list(wd.last_action.suspects))
     print(json.dumps(result))
 ''')
 
