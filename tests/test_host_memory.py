@@ -146,6 +146,32 @@ def test_the_census_finds_buffers_in_a_dict_the_collector_does_not_track_and_nam
                            "(key 'records' of dict of 1 (local variable 'caches' of test_the_census_finds"), line
 
 
+class DecodedImages:
+    """A dataset that caches each decoded item under its index: `self.cache = {}` of arrays."""
+
+    def __init__(self):
+        self.cache = {}
+
+
+def test_the_census_finds_an_untracked_dict_held_straight_as_an_objects_attribute():
+    """The same cache held as an object's attribute (a Dataset's `self.cache`): in CPython 3.11+ an
+    instance keeps its attributes inline, so the dict is no referent of any list, dict or deque;
+    it was "no growing group" before."""
+    import gc
+
+    import numpy
+
+    images = DecodedImages()
+    baseline = census()
+    for index in range(20):
+        images.cache[index] = numpy.ones(65536, dtype=numpy.float32)  # 256 KiB each
+    gc.collect()
+    assert not gc.is_tracked(images.cache)
+    [line] = explain_leak(baseline)
+    assert line.startswith("+20 Python buffers numpy.float32[65536] in host memory (+5.0 MiB); held by dict of 20 "
+                           "(attribute 'cache' of DecodedImages"), line
+
+
 # -- the sidecar: two series, two judges -----------------------------------------------------
 
 @pytest.fixture
