@@ -508,7 +508,7 @@ class Trainer:
             config = dataclasses.replace(watch, rank=self.replica.rank, forced_actions=watch.forced_actions + forced,
                                          device=watch.device or str(self.device))
             watchdog = Watchdog(config, telemetry=self.telemetry, logs_outcomes=True, agreement=self._agreement)
-            watchdog.ends_at(watch_step(self.config, self.config.steps))
+        watchdog.ends_at(watch_step(self.config, self.config.steps))
         if saved is not None:
             watchdog.load_state_dict(saved)
         self.restarts_at_start = watchdog.state_dict()["restarts_so_far"]
