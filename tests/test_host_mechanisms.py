@@ -168,7 +168,7 @@ EVAL_PEAKS = WHERE + textwrap.dedent('''
 
     MiB = 1 << 20
     bounded = sys.argv[1] == "bounded"
-    budget = psutil.Process().memory_info().rss + 300 * MiB
+    budget = psutil.Process().memory_info().rss + 315 * MiB  # run 7 keeps 280 MiB, run 8 would keep 320
     config = WatchdogConfig(sample_every=2, **WHERE, host_memory_limit_bytes=budget)
     result, evaluations, step, action = {"budget": budget, "evaluations": []}, 0, 0, None
     with Watchdog(config) as wd:
@@ -204,12 +204,15 @@ def test_an_evaluation_that_keeps_more_each_run_is_acted_on_between_runs_before_
     assert "acted" in result, result
     assert result["highest"] < result["budget"], "every evaluation that ran stayed under the budget"
     assert len(result["evaluations"]) >= 4, result
+    # what the run holds is named: counted at the newest run's end (between runs nothing of it is
+    # alive), or live, where the action came inside a run
+    assert "held by list of" in " ".join(result["suspects"]) and "'predictions'" in " ".join(result["suspects"]), result
     if on == "cpu":
         assert "eval runs peak higher each time" in result["explanation"], result
         assert result["acted"] > result["evaluations"][-1], "between runs"
-    # On PJRT CPU the limit rule came first, inside the 7th run (measured: step 733, its peak 35 MiB
-    # under the budget, "rising 7.0 MiB/step to new highs"); on CPU the peaks' projection acted after
-    # that run (step 745). Before the budget either way.
+    # On PJRT CPU the process's memory drifts up beside the runs' peaks: its 7th run peaked 9 MiB
+    # under the budget (measured, three runs: twice the peaks' projection after it, at step 745; once
+    # the limit rule inside it, at step 735). On CPU, 24-27 MiB under it, the projection at 745 each time.
 
 
 @ON

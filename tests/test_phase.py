@@ -10,7 +10,7 @@ import pytest
 
 from watchdog.core.errors import ConfigError
 from watchdog.core.judge import Judge
-from watchdog.core.phase import Phase, parse_label, phase_label
+from watchdog.core.phase import PeakClimb, Phase, parse_label, phase_label
 from watchdog.core.replay import replay
 from watchdog.core.sample import Sample, load_trace, write_trace
 from watchdog.core.verdict import Action, Status
@@ -170,3 +170,20 @@ def test_evaluations_that_peak_alike_or_jump_once_are_left_alone(seed):
     jumped = [Sample(s.step, s.timestamp, s.bytes_used + (40 * MiB if s.phase and s.step > 2000 else 0), None, None,
                      s.phase) for s in climbing_evaluations(0, seed=seed)[0]]  # one run kept 40 MiB more, and the rest
     assert not checkpoints(judged(jumped, limit))
+
+
+def test_a_phase_whose_runs_peak_higher_three_times_running_is_said_to_climb_until_one_peaks_lower():
+    """What asks the watchdog to count what a run holds at its end (`LeakFollower.phase_ended`), a run
+    before a climb is acted on; a run that peaks lower ends the climb."""
+    climbing = Judge(memory_limit_bytes=GiB + 4 * GiB)
+    seen = []
+    for sample in climbing_evaluations(33 * MiB)[0]:
+        climbing.judge(sample)
+        seen.append(climbing.climbing_phases)
+    assert frozenset({"eval"}) in seen and seen[-1] == frozenset({"eval"})
+    climb = PeakClimb()
+    for start, peak in ((0, 10), (100, 20), (200, 30)):
+        climb.add(start, peak)
+    assert climb.climbing
+    climb.add(300, 25)
+    assert not climb.climbing

@@ -98,6 +98,7 @@ class Judge:
         self._episode: PhaseEpisode | None = None  # the bounded phase running now, if any
         self._phase_steps: dict[str, float] = {}  # how long each bounded phase ran last time
         self._climbs: dict[str, PeakClimb] = {}  # each bounded phase's newest runs' peaks
+        self.climbing_phases: frozenset[str] = frozenset()  # bounded phases whose newest runs peak higher each time
         self._next_run: tuple[str, NextRun] | None = None  # a phase whose next run would peak past the line
         self._margin_steps = self.policy.config.checkpoint_margin_steps
         self._line = _NO_LINE  # the limit rule's line: the effective limit less the headroom
@@ -262,6 +263,7 @@ class Judge:
             self._phase_steps[name] = episode.span
             climb = self._climbs.setdefault(name, PeakClimb())
             climb.add(episode.first_step, episode.peak)
+            self.climbing_phases = frozenset(n for n, c in self._climbs.items() if c.climbing)
             following = climb.next_run()
             if following is not None and following.peak >= self._line:
                 self._next_run = (name, following)
@@ -277,7 +279,7 @@ class Judge:
 
     def _forget_peaks(self) -> None:
         """The runs' peaks describe a state that is gone (a rebuild that gave memory back, a new process)."""
-        self._climbs, self._next_run = {}, None
+        self._climbs, self._next_run, self.climbing_phases = {}, None, frozenset()
 
     def _in_phase(self, sample: Sample) -> Verdict:
         """The detector's verdict on the floor (the sample is a transient to it), unless the phase's

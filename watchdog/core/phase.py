@@ -126,6 +126,13 @@ class PeakClimb:
         self._starts = [*self._starts[1 - CLIMB_RUNS:], start]
         self._peaks = [*self._peaks[1 - CLIMB_RUNS:], peak]
 
+    @property
+    def climbing(self) -> bool:
+        """The newest three runs each peaked higher than the one before: worth naming what a run holds
+        at its end, a run before a climb is believed."""
+        peaks = self._peaks[-3:]
+        return len(peaks) == 3 and peaks[0] < peaks[1] < peaks[2]
+
     def next_run(self) -> NextRun | None:
         starts, peaks = self._starts, self._peaks
         if len(peaks) < CLIMB_RUNS:

@@ -46,6 +46,10 @@ class LeakFollower:
         self._baseline = None  # forensics.Census once taken
         self._sites = None  # CreationSites, made with the first baseline (it needs torch)
         self.last: Suspects | None = None  # the newest census's answer
+        # Bounded phases whose runs peak higher each time (the sidecar says which): a census at each
+        # run's end names what the run holds then, for an action taken between runs (`phase_ended`).
+        self.phases_climbing: frozenset[str] = frozenset()
+        self.phase_held: tuple[str, int, list[str]] | None = None  # (phase, step, its census's lines)
 
     # ---- what is due ---------------------------------------------------------------------------
 
@@ -105,10 +109,27 @@ class LeakFollower:
         may run again, on the rebuilt state (`capture`: ask for it now, to start after the
         baseline: a leak that outlives the rebuild is then named with the line that makes it)."""
         self._baseline = None
+        self.phase_held = None
         if self._sites is not None:
             self._sites.reset()
             if capture:
                 self._sites.arm()
+
+    def phase_ended(self, phase: str, step: int) -> None:
+        """A run of `phase` ended: while its runs climb, what it holds now (before the loop lets its
+        outputs go) is counted and kept, since between runs, where an action on the climb comes,
+        nothing of it is alive to name."""
+        if phase in self.phases_climbing:
+            lines = self.name(step)
+            if lines:
+                self.phase_held = (phase, step, lines)
+
+    def held_by_phase(self) -> list[str]:
+        """The newest climbing run's lines, said as such (empty when none was counted)."""
+        if self.phase_held is None:
+            return []
+        phase, step, lines = self.phase_held
+        return [f"held at the end of the {phase} run (step {step:,}): {line}" for line in lines]
 
     def close(self) -> None:
         if self._sites is not None:

@@ -58,7 +58,7 @@ from typing import Any
 from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
-from watchdog.core.phase import phase_label
+from watchdog.core.phase import parse_label, phase_label
 from watchdog.core.restarts import RunState
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
@@ -478,8 +478,23 @@ class Watchdog(ActionPath):
         return action
 
     def _suspects(self, step: int) -> list[str]:
-        """What is leaking, named now: this process's census, and the job's processes that grew."""
-        return (self._follower.name(step) if self._drives_follower else []) + self.processes_grown()
+        """What is leaking, named now: this process's census (where it finds nothing growing, what a
+        climbing phase's newest run held at its end), and the job's processes that grew."""
+        named = []
+        if self._drives_follower:
+            named = self._follower.name(step) or self._follower.held_by_phase()
+        return named + self.processes_grown()
+
+    def _climbing_phases(self) -> frozenset[str]:
+        climbing = frozenset()
+        for station in self._stations():
+            climbing |= station.judge.climbing_phases
+        return climbing
+
+    def _phase_ended(self, label: str) -> None:
+        """A phase scope ended on the training thread: a climbing phase's run is counted now."""
+        if self._drives_follower and self._follower.phases_climbing:
+            self._follower.phase_ended(parse_label(label).name, self._newest_step)
 
     def _stations(self) -> list[Station]:
         host = self._host_watch.station if self._host_watch is not None else None
@@ -544,6 +559,8 @@ class Watchdog(ActionPath):
             telemetry.part(AllocatorFigures).observe(reading.allocator)
         verdict, action = self.station.observe(sample)
         self._act_on(action, verdict, DEVICE)
+        if self._drives_follower:  # an attribute write: the training thread reads it when a phase ends
+            self._follower.phases_climbing = self._climbing_phases()
         if self._host_watch is not None and self._host_watch.due(step):
             self._watch_host_at(step, phase)
         if self._flight is not None:
@@ -626,7 +643,10 @@ class PhaseScope:
 
     def end(self) -> None:
         """Put back the phase this one replaced (for hooks that start and end a phase apart)."""
-        self._watchdog._phase = self._previous
+        watchdog = self._watchdog
+        ended, watchdog._phase = watchdog._phase, self._previous
+        if ended != self._previous:
+            watchdog._phase_ended(ended)
 
 
 def _observe_cuda_ooms(flight: FlightRecorder) -> None:
