@@ -104,6 +104,13 @@ class Agreed:
     ranks: int
     own: bool = True  # the watchdog's own decision (or a drill), not a loop's proposal such as a preemption
 
+    def origin(self, why: str = "") -> str:
+        """Who decided it, for the action block's `decided` row, after `why` (this rank's own reason
+        for its offer, where the agreed action is the one it offered)."""
+        asker = f"rank {self.asked_by}" if self.own else f"rank {self.asked_by}'s loop (not its watchdog)"
+        decided = f"asked by {asker}, agreed by all {self.ranks} ranks"
+        return f"{why}; {decided}" if why else decided
+
 
 class Agreement:
     """One all_gather per offer across every rank of the job, on a gloo group of its own, made by

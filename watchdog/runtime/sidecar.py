@@ -441,10 +441,7 @@ class Watchdog(ActionPath):
         # Another rank's restart counts against the watchdog's budget only when its watchdog asked for
         # it: a preemption of one rank is no restart of the watchdog's on the others.
         verdict, memory, origin, counts = offered[1:] if mine else (self.verdict, DEVICE, "", agreed.own)
-        asker = f"rank {agreed.asked_by}" if agreed.own else f"rank {agreed.asked_by}'s loop (not its watchdog)"
-        decided = f"asked by {asker}, agreed by all {agreed.ranks} ranks"
-        return self._hand_over(step, agreed.action, verdict, memory, f"{origin}; {decided}" if origin else decided,
-                               counts)
+        return self._hand_over(step, agreed.action, verdict, memory, agreed.origin(origin), counts)
 
     def _force(self, step: int) -> None:
         """Forced actions due now join the chores; those of steps this process never ran (it resumed

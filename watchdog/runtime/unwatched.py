@@ -59,9 +59,7 @@ class Unwatched(ActionPath):
             agreed = self._ranks.decide(step, action, own=own)
             if agreed is None:
                 return None
-            mine = agreed.asked_by == self._ranks.rank
-            origin = f"{origin}; " if mine else ""
-            origin += f"asked by rank {agreed.asked_by}, agreed by all {agreed.ranks} ranks"
+            origin = agreed.origin(origin if agreed.asked_by == self._ranks.rank else "")
             action, own = agreed.action, agreed.own
         if action is None:
             return None

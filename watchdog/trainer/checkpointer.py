@@ -125,7 +125,8 @@ class Checkpointer:
         if saved:
             self.saved_at = state.step
         self.check_disk()
-        return self.checkpoints.list()[-1] if saved and self.checkpoints.list() else saved
+        listing = self.checkpoints.list() if saved else []
+        return listing[-1] if listing else saved
 
     def _write(self, state, payload_extra: dict) -> bool:
         saved = True
@@ -151,7 +152,7 @@ class Checkpointer:
 
     def check_disk(self) -> None:
         """Free space against the newest checkpoint's size: exported (rank 0)."""
-        telemetry = getattr(self._watchdog, "telemetry", None)
+        telemetry = self._watchdog.telemetry  # None: an unwatched run told of no exporter
         if self.replica.rank != 0 or telemetry is None:
             return
         space = self.checkpoints.disk_space()
