@@ -67,17 +67,37 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 ONE_BLOCK = ["--depth", "1"]
 
 
-def settled_rss() -> int:
-    """This process's resident memory once garbage is collected and freed pages are handed back:
-    the base of an in-process test's budget, so an earlier test's garbage freed mid-test does not
-    widen the room the test meant to give."""
+def settled_job_memory() -> int:
+    """The job's memory (this process and its children, each page counted once, as the watchdog
+    judges it) once garbage is collected and freed pages are handed back: the base of an in-process
+    test's budget, so an earlier test's garbage freed mid-test does not widen the room the test
+    meant to give."""
     import gc
 
-    from watchdog.runtime.sources import RssSource, release_host_memory
+    from watchdog.runtime.host_memory import job_memory
+    from watchdog.runtime.sources import release_host_memory
 
     gc.collect()
     release_host_memory()
-    return RssSource().read().bytes_used
+    return job_memory()
+
+
+def kernel_count(pid: int | None = None) -> int:
+    """The job's memory as the kernel counts it, read here independently of the watchdog's reader:
+    the process and every descendant psutil finds, each one's `Pss_Anon + Pss_Shmem` from its
+    `smaps_rollup` (every page once; file-backed pages left out)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            text = Path(f"/proc/{process.pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        kib = dict((line.split(":")[0], int(line.split()[1])) for line in text.splitlines()[1:] if line.strip())
+        total += (kib.get("Pss_Anon", 0) + kib.get("Pss_Shmem", 0)) * 1024
+    return total
 
 
 def hbm_watchdog_env(**extra: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ import torch
 
 from watchdog import Action, Watchdog, WatchdogConfig
 from watchdog.runtime.sidecar import HANDED_OVER, REINITIALISED, RESTART_REQUESTED
-from conftest import settled_rss
+from conftest import settled_job_memory
 
 LEAK_BYTES = 4 << 20
 BUDGET = 800 << 20  # 200 steps of leak above the resident memory at the start
@@ -52,7 +52,7 @@ class Job:
 
 
 def config(**overrides) -> WatchdogConfig:
-    limit = settled_rss() + BUDGET
+    limit = settled_job_memory() + BUDGET
     return WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit, **overrides)
 
 

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ThisProcess, settled_rss, tick_per_read_daemon
+from conftest import ThisProcess, kernel_count, settled_job_memory, tick_per_read_daemon
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import ConfigError, InputError
 from watchdog.core.sample import Sample, labelled_trace_path, load_trace, write_trace
@@ -79,7 +79,8 @@ def test_no_memory_cgroup_limit_means_the_process_tree_against_the_machine_and_a
     reading = watched.read()
     assert watched.domain == "machine" and reading.bytes_limit == machine
     assert reading.bytes_used == reading.process_bytes  # this process and its children (none here)
-    assert reading.process_bytes == pytest.approx(psutil.Process().memory_info().rss, abs=16 * MiB)
+    assert reading.process_bytes == pytest.approx(kernel_count(), abs=16 * MiB)  # each page once, no file pages
+    assert reading.process_bytes < psutil.Process().memory_info().rss  # the libraries' pages are not the job's
     assert 0 < reading.available_bytes <= machine
     given = HostMemory(limit_bytes=3 * GiB).read()
     assert (given.domain, given.bytes_limit) == ("budget", 3 * GiB)
@@ -191,7 +192,7 @@ class LeakyLoader:
 
 def test_a_host_leak_beside_a_quiet_device_is_checkpointed_and_restarted_before_the_host_budget(
         tmp_path, flat_device, events):
-    budget = settled_rss() + 320 * MiB
+    budget = settled_job_memory() + 320 * MiB
     trace = tmp_path / "trace.csv"
     config = WatchdogConfig(sample_every=1, source="replay", replay_trace=flat_device, device="cpu",
                             trace_file=trace, host_memory_limit_bytes=budget)
@@ -202,7 +203,7 @@ def test_a_host_leak_beside_a_quiet_device_is_checkpointed_and_restarted_before_
             loader.encoded.append(bytearray(b"\x02") * MiB)
             action = wd.step(step)
             wd.drain()
-            peak = max(peak, psutil.Process().memory_info().rss)
+            peak = max(peak, kernel_count())
             if action is not None and action.needs_checkpoint:
                 break
         host_telemetry = wd.telemetry.host_series
@@ -245,7 +246,7 @@ def test_a_host_watched_every_k_steps_reads_on_its_own_cadence(tmp_path, flat_de
 
 
 def test_where_the_device_is_this_process_there_is_one_series_against_the_tighter_budget(events):
-    host_budget = settled_rss() + 2 * GiB
+    host_budget = settled_job_memory() + 2 * GiB
     for memory_limit, tighter in ((None, host_budget), (host_budget + GiB, host_budget),
                                   (host_budget - GiB, host_budget - GiB)):
         config = WatchdogConfig(sample_every=1, source="rss", device="cpu", memory_limit_bytes=memory_limit,
@@ -254,10 +255,12 @@ def test_where_the_device_is_this_process_there_is_one_series_against_the_tighte
             wd.step(0)
             wd.drain()
         assert wd.telemetry.host_series is None and wd.host_verdict is None
-        assert wd.telemetry.host_reading.bytes_limit == host_budget  # its figures, on the device's telemetry
+        assert wd.telemetry.host_reading.bytes_limit == tighter  # the same reading, on the device's telemetry
         assert wd.telemetry.sample.bytes_limit == tighter and wd.judge.limit_bytes == tighter
     said = events.named("host_memory_is_device_memory")
     assert len(said) == 3 and said[0]["host_limit_bytes"] == host_budget
+    assert said[0]["judged"].startswith("the job's memory") and said[0]["limits"]["budget"] == host_budget
+    assert said[2]["limits"]["budget"] == host_budget - GiB  # the tighter of --memory-limit and the host's budget
 
 
 def test_with_the_host_watch_off_only_the_device_is_read(flat_device, events):
@@ -301,7 +304,7 @@ def test_the_watch_daemon_judges_the_targets_host_memory_beside_its_chips(tmp_pa
     config = WatchConfig(axis=axis, act=False, wait_seconds=1.0, trace_file=tmp_path / "trace.csv")
     stop = threading.Event()
     chips = FlatChipLeakingHost(stop, size, every)
-    budget = settled_rss() + 480 * MiB
+    budget = settled_job_memory() + 480 * MiB
     daemon = TickPerRead(config, ThisProcess(), lambda process: WithHost(chips, process, budget), stop=stop)
     chips.signalled = lambda: bool(events.named("would_signal"))
     assert daemon.run() == 0
@@ -331,7 +334,7 @@ def test_chips_that_cannot_be_read_never_blind_the_daemon_to_the_hosts_memory(tm
     config = WatchConfig(axis=axis, act=False, wait_seconds=1.0, trace_file=tmp_path / "trace.csv")
     stop = threading.Event()
     chips = LostChips(stop, MiB, 1)
-    budget = settled_rss() + 480 * MiB
+    budget = settled_job_memory() + 480 * MiB
     daemon = TickPerRead(config, ThisProcess(), lambda process: WithHost(chips, process, budget), stop=stop)
     chips.signalled = lambda: bool(events.named("would_signal"))
     assert daemon.run() == 0

@@ -16,7 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from watchdog import WatchdogConfig
 from watchdog.integrations.huggingface import EVAL_ACCUMULATION_FINDING, HbmWatchdogCallback
-from conftest import settled_rss
+from conftest import settled_job_memory
 
 # Each test trains a real Trainer for hundreds of steps (tens of seconds on 2 cores): the whole
 # suite's lane, not the fast one.
@@ -63,7 +63,7 @@ def arguments(output_dir, max_steps: int, **extra) -> TrainingArguments:
 
 
 def callback(budget_over_now: int) -> HbmWatchdogCallback:
-    limit = settled_rss() + budget_over_now
+    limit = settled_job_memory() + budget_over_now
     return HbmWatchdogCallback(WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit))
 
 
@@ -103,7 +103,7 @@ def test_exit_code_findings_and_the_run_s_end_belong_to_one_train(tmp_path):
     asks for: a clean second run is exit 0, not the first one's stale 42. And `max_steps` reaches
     the policy as the run's end when nothing evaluates."""
     watch = HbmWatchdogCallback(WatchdogConfig(sample_every=2, source="rss",
-                                               memory_limit_bytes=settled_rss() + (1 << 30),
+                                               memory_limit_bytes=settled_job_memory() + (1 << 30),
                                                forced_actions=((3, "checkpoint_restart"),)))
     first = Trainer(model=tiny_gpt2(), args=arguments(tmp_path, max_steps=20), train_dataset=Tokens(64),
                     callbacks=[watch])
@@ -126,7 +126,7 @@ def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_beside_the_train
 
     def run(forced, max_steps, resume):
         watch = HbmWatchdogCallback(WatchdogConfig(sample_every=2, source="rss",
-                                                   memory_limit_bytes=settled_rss() + (1 << 30), forced_actions=forced))
+                                                   memory_limit_bytes=settled_job_memory() + (1 << 30), forced_actions=forced))
         trainer = Trainer(model=tiny_gpt2(), args=arguments(tmp_path, max_steps=max_steps), train_dataset=Tokens(64),
                           callbacks=[watch])
         trainer.train(resume_from_checkpoint=resume)

@@ -12,7 +12,7 @@ from watchdog import WatchdogConfig
 from watchdog.core.errors import ConfigError
 from watchdog.core.sample import load_trace
 from watchdog.integrations.lightning import HbmWatchdogCallback
-from conftest import settled_rss
+from conftest import settled_job_memory
 
 LEAK_BYTES = 4 << 20
 
@@ -52,7 +52,7 @@ class TunableModule(LeakyModule):
 def fit(tmp_path, leak: bool, max_steps: int, budget_over_now: int, ckpt_path=None, tune: bool = False):
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
-    limit = settled_rss() + budget_over_now
+    limit = settled_job_memory() + budget_over_now
     config = WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit, trace_file=tmp_path / "trace.csv")
     callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -137,7 +137,7 @@ def test_validation_runs_under_the_eval_phase_and_the_counter_keeps_rising_throu
     data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 1)), batch_size=8)
     trace = tmp_path / "trace.csv"
     config = WatchdogConfig(sample_every=1, source="rss", trace_file=trace,
-                            memory_limit_bytes=settled_rss() + (1 << 30))
+                            memory_limit_bytes=settled_job_memory() + (1 << 30))
     callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
     trainer = L.Trainer(max_steps=24, val_check_interval=8, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
@@ -145,7 +145,9 @@ def test_validation_runs_under_the_eval_phase_and_the_counter_keeps_rising_throu
     assert callback.exit_code == 0 and trainer.global_step == 24
     samples = load_trace(trace)
     steps = [s.step for s in samples]
-    assert steps == sorted(set(steps))  # global_step stands still in validation; the watchdog's counter does not
+    assert steps == sorted(steps)  # global_step stands still in validation; the watchdog's counter does not
+    again = [s.phase for a, s in zip(samples, samples[1:]) if a.step == s.step]
+    assert again == ["eval/8"] * len(again) and again, "a step read twice: a validation's end, labelled with it"
     assert {s.phase for s in samples} == {"", "eval/8"}  # as many batches as Lightning planned
     assert callback._phase is None and callback.watchdog._phase == ""  # back to training after each validation
 
@@ -204,7 +206,7 @@ def test_exit_code_and_the_run_s_end_belong_to_one_fit(tmp_path):
     restart a finished job. And `max_steps` reaches the policy as the run's end."""
     torch.manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 1)), batch_size=8)
-    config = WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=settled_rss() + (1 << 30),
+    config = WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=settled_job_memory() + (1 << 30),
                             forced_actions=((3, "checkpoint_restart"),))
     callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
 
@@ -230,7 +232,7 @@ def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_through_lightnin
     budget counts the watchdog's own restarts across processes, not every restart of the job."""
     torch.manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 1)), batch_size=8)
-    limit = settled_rss() + (1 << 30)
+    limit = settled_job_memory() + (1 << 30)
     monkeypatch.setenv("HBMWATCH_RESTART_COUNT", "4")  # what the restart engine says: every restart so far
 
     def fit(forced, max_steps, ckpt_path=None):

@@ -76,11 +76,11 @@ def test_the_own_loop_snippet_runs_as_written_and_carries_out_an_action(tmp_path
     rebuild of its own; the budget is made small enough that the watchdog acts."""
     import torch
 
-    from conftest import settled_rss
+    from conftest import settled_job_memory
 
     monkeypatch.chdir(tmp_path)
     snippet = _python_blocks("### A loop of your own")[0]
-    budget = settled_rss() + (400 << 20)
+    budget = settled_job_memory() + (400 << 20)
     snippet = snippet.replace("memory_limit_bytes=15 << 30", f"memory_limit_bytes={budget}")
     assert f"memory_limit_bytes={budget}" in snippet, "the snippet's budget is where the test expects it"
     kept, saved, rebuilt = [], [], []

@@ -260,8 +260,10 @@ def test_phase_labels_every_sample_and_the_trace_taken_in_it(tmp_path):
         wd.step(10)
         wd.drain()
     phases = [(s.step, s.phase) for s in load_trace(trace)]
+    # each bounded phase's end takes one more reading, labelled with it: its peak since the previous
+    # reading is the phase's last (with either form: leaving the `with`, or the next phase said)
     assert phases == [(0, ""), (1, ""), (2, ""), (3, ""), (4, ""), (5, "eval/3"), (6, "eval/3"), (7, "eval/3"),
-                      (8, ""), (9, "checkpoint"), (10, "train")]
+                      (7, "eval/3"), (8, ""), (9, "checkpoint"), (9, "checkpoint"), (10, "train")]
 
 
 def test_a_phase_is_checked_once_and_then_only_an_attribute_write():

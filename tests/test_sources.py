@@ -51,8 +51,20 @@ def test_rss_peak_is_since_the_last_reading_so_freed_memory_does_not_stay_the_pe
     high = source.read()
     assert high.peak_bytes_used >= high.bytes_used > 200 << 20
     block.close()
+    source.read()  # its interval began at the high: its peak includes it
     after = source.read()
     assert after.peak_bytes_used < high.peak_bytes_used - (128 << 20)
+
+
+def test_rss_peak_sees_a_copy_made_and_freed_between_two_readings():
+    """An evaluation's end-of-pass concatenation: made and freed between two samples, it is where the
+    OOM would come from, and the kernel's high-water mark (reset at each reading) still saw it."""
+    source = RssSource()
+    before = source.read()
+    resident_block(256 << 20).close()  # made, touched and freed in between
+    after = source.read()
+    assert after.bytes_used < before.bytes_used + (64 << 20)
+    assert after.peak_bytes_used >= before.bytes_used + (200 << 20)
 
 
 def test_replay_source_serves_the_trace_in_order_then_holds_the_last(tmp_path):

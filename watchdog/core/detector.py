@@ -333,6 +333,7 @@ class LeakDetector:
                 self._b_min = used
             elif used > self._b_max:
                 self._b_max = used
+            self._raise_high_water(sample.peak_bytes_used)
         else:  # this sample starts a new bucket
             if self._end > -INF:
                 self._close_bucket()
@@ -340,7 +341,13 @@ class LeakDetector:
             self._b_first = self._b_last = step
             self._b_t0 = self._b_t1 = sample.timestamp
             self._b_min = self._b_max = used
-        self._b_high_water = sample.peak_bytes_used
+            self._b_high_water = sample.peak_bytes_used
+
+    def _raise_high_water(self, peak: int | None) -> None:
+        """A sample's peak since the previous reading raises the open bucket's: every one of the
+        bucket's gaps counts, not only its last (a lifetime mark, as old traces carry, only rises)."""
+        if peak is not None and (self._b_high_water is None or peak > self._b_high_water):
+            self._b_high_water = peak
 
     def update_transient(self, sample: Sample) -> Verdict:
         """A sample from a bounded phase (an evaluation): a transient, not a floor reading.
@@ -360,7 +367,7 @@ class LeakDetector:
         if self._seen > self._warmup_samples and self._end > -INF:
             if sample.bytes_used > self._b_max:
                 self._b_max = sample.bytes_used
-            self._b_high_water = sample.peak_bytes_used
+            self._raise_high_water(sample.peak_bytes_used)
         return self.verdict(sample)
 
     @property

@@ -286,7 +286,7 @@ class Judge:
         own growth reaches the limit before the phase ends: then that is the verdict."""
         floor_verdict = self.detector.update_transient(sample)
         episode = self._episode
-        episode.add(sample.step, sample.timestamp, sample.bytes_used)
+        episode.add(sample.step, sample.timestamp, sample.bytes_used, sample.peak_bytes_used)
         limit = self.detector.limit_bytes
         if limit is None:
             return floor_verdict

@@ -174,12 +174,15 @@ class PhaseEpisode:
         self._next_refresh = POINT_SAMPLES * MIN_PHASE_POINTS
         self._trend: Trend | None = None
 
-    def add(self, step: int, timestamp: float, used: int) -> None:
+    def add(self, step: int, timestamp: float, used: int, peak: int | None = None) -> None:
+        """A reading in the phase: `used` now, and `peak` since the previous reading where the source
+        keeps one (what a copy made and freed in between held: an evaluation's end-of-pass concatenation)."""
         if self.n:
             self.last_gap = step - self.last_step
         self.last_step, self.last_time = step, timestamp
-        if used > self.peak:
-            self.peak = used
+        high = used if peak is None or peak < used else peak
+        if high > self.peak:
+            self.peak = high
         if self.n % self._span == 0:  # a new point
             self._xs.append(float(step))
             self._floors.append(float(used))

@@ -40,14 +40,17 @@ class MemoryReading:
 
 @dataclass(frozen=True, slots=True)
 class HostReading:
-    bytes_used: int  # the series judged (runtime/host_memory.py says which)
-    bytes_limit: int  # its budget
-    domain: str  # "budget", "cgroup" or "machine"
-    process_bytes: int  # the process tree's memory: its resident memory plus its children's private memory
+    bytes_used: int  # the series judged: the room left under the tightest limit, down from `bytes_limit`
+    bytes_limit: int | None  # the series' reference: the lowest limit at the start (None: no limit known)
+    domain: str  # the limit that binds now: "budget", "cgroup", "address_space", "data", "machine" (or "none")
+    process_bytes: int  # the job's memory: its processes' anonymous and shared pages, each counted once
     available_bytes: int  # the machine's MemAvailable
     oom_kills: int | None = None  # the cgroup's OOM kills so far, where there is a cgroup
+    peak_bytes_used: int | None = None  # the series' highest point since the previous reading
+    age_seconds: float = 0.0  # how old the newest full count of the job's pages is (0: counted now)
 
     def fields(self) -> dict:
         return {"domain": self.domain, "bytes_used": self.bytes_used, "bytes_limit": self.bytes_limit,
                 "process_bytes": self.process_bytes, "available_bytes": self.available_bytes,
-                "oom_kills": self.oom_kills}
+                "oom_kills": self.oom_kills, "peak_bytes_used": self.peak_bytes_used,
+                "age_seconds": round(self.age_seconds, 3)}

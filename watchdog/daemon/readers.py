@@ -10,7 +10,8 @@ that memory (`pid`), where the source knows it.
 
 Readers here:
 
-- `ProcessTreeReader`: a process and its children, each page counted once (PJRT CPU and CPU jobs).
+- `ProcessTreeReader`: the job's memory, a process and its children, each page counted once (PJRT
+  CPU and CPU jobs), against every limit over it (`watchdog.runtime.host_memory`).
 - `TpuChipsReader`: every TPU chip of this host (`device="tpu:N"`) through libtpu's runtime
   metrics, the same per-chip readings as the in-process `tpu` memory source
   (`watchdog.runtime.sources.TpuRuntimeSource`); the watched process is whom to signal.
@@ -60,46 +61,24 @@ class PartialReading(Exception):
 
 
 class ProcessTreeReader:
-    """The memory of a process and all its descendants (data-loader workers, compile helpers), each
-    page counted once (`ProcessTree`: the process's resident memory plus each descendant's own).
-
-    The limit is the host's budget for the process (`HostMemory`): the tightest memory cgroup
-    limit over it, else the machine's memory, or `host_limit_bytes` when given. The peak follows `RssSource`: the process's own high-water mark (`VmHWM`),
-    when it grew since the previous reading, plus its children's current memory; otherwise the
-    current total, so a restart's freed memory never reads as a standing peak.
-    `psutil.NoSuchProcess` escapes when the process itself is gone; a child that exits mid-read
-    is skipped.
+    """The job's memory: a process and all its descendants (data-loader workers, compile helpers),
+    each page counted once, against every limit over it, with its peak since the previous reading
+    (`HostMemory`, which the in-process host watch and the `rss` source read alike). The limit is
+    the host's budget for the process: `host_limit_bytes` when given, and the kernel's (the
+    tightest memory cgroup limit over it, RLIMIT_AS, RLIMIT_DATA), else the machine's memory.
+    `psutil.NoSuchProcess` escapes when the process itself is gone; a child that exits mid-read is
+    skipped.
     """
 
     source = "rss"
 
     def __init__(self, process: psutil.Process, host_limit_bytes: int | None = None):
         self.process = process
-        self._limit = HostMemory(process.pid, host_limit_bytes).limit_bytes
-        self._tree = ProcessTree(process)
-        self._status_path = f"/proc/{process.pid}/status"
-        self._high_water = self._read_high_water()
+        self.memory = HostMemory(process.pid, host_limit_bytes)
 
     def read(self) -> list[DeviceReading]:
-        own = self.process.memory_info().rss
-        total = self._tree.bytes_used(own)
-        children = total - own
-        high_water = self._read_high_water()
-        grew = high_water is not None and self._high_water is not None and high_water > self._high_water
-        peak = max(total, high_water + children) if grew else total  # type: ignore[operator]
-        self._high_water = high_water
-        return [DeviceReading(PROCESS_DEVICE, total, self._limit, peak, self.process.pid)]
-
-    def _read_high_water(self) -> int | None:
-        """The kernel's peak resident set of the process (Linux; None elsewhere or when unreadable)."""
-        try:
-            with open(self._status_path, "rb") as handle:
-                for line in handle:
-                    if line.startswith(b"VmHWM:"):
-                        return int(line.split()[1]) * 1024  # kB
-        except (OSError, ValueError, IndexError):
-            return None
-        return None
+        host = self.memory.read()
+        return [DeviceReading(PROCESS_DEVICE, host.bytes_used, host.bytes_limit, host.peak_bytes_used, self.process.pid)]
 
 
 class TpuChipsReader:
@@ -196,7 +175,7 @@ class WithHost:
 
     def read(self) -> list[DeviceReading]:
         host = self._memory.read()  # raises NoSuchProcess once the target is gone
-        reading = DeviceReading(HOST_DEVICE, host.bytes_used, host.bytes_limit, None, self.process.pid)
+        reading = DeviceReading(HOST_DEVICE, host.bytes_used, host.bytes_limit, host.peak_bytes_used, self.process.pid)
         try:
             chips = self.inner.read()
         except psutil.NoSuchProcess:

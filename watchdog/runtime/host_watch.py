@@ -23,7 +23,7 @@ import dataclasses
 import time
 
 from watchdog.core.config import WatchdogConfig
-from watchdog.core.judge import Judge
+from watchdog.core.judge import Judge, effective_limit
 from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger
@@ -68,11 +68,14 @@ class HostWatch:
         """Read the host, judge it, record it (None: read only, not judged). Raises what the reading
         raises (the sidecar counts it)."""
         self._next_step = step + self.every
+        if self.station is None:  # one memory: the device's source has just read it
+            reading = self.reading = self.memory.last or self.memory.read()
+            self.telemetry.host_reading = reading
+            return None
         reading = self.reading = self.memory.read()
         self.telemetry.host_reading = reading
-        if self.station is None:
-            return None
-        return self.station.observe(Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, None, phase))
+        return self.station.observe(Sample(step, time.time(), reading.bytes_used, reading.bytes_limit,
+                                           reading.peak_bytes_used, phase))
 
     def reinit_finished(self) -> None:
         """After a reinit in process: measure what it gave back of the host's memory too."""
@@ -90,13 +93,18 @@ class HostWatch:
 
 
 def merge_into_rss(source, config: WatchdogConfig, telemetry: Telemetry) -> HostWatch:
-    """PJRT CPU and CPU: the device's memory is this process's resident memory, the host's. One
-    series, judged against the tighter of `--memory-limit` and the host's budget; said once. The
+    """PJRT CPU and CPU: the device's memory is the job's memory in host RAM, the host's. One series,
+    judged against every limit over it: the tighter of `--memory-limit` and the host's budget, and
+    the kernel's (a cgroup's, RLIMIT_AS, RLIMIT_DATA; the machine's where none is). Said once. The
     host's figures are read on (returned: not judged) onto the device's telemetry."""
-    memory = HostMemory(limit_bytes=config.host_memory_limit_bytes)
-    memory.tree = source.tree  # one tree: its children's pages are read once for both
-    source.host_budget_bytes = memory.limit_bytes
-    log.info("host_memory_is_device_memory", source=source.name, host_domain=memory.domain,
-             host_limit_bytes=memory.limit_bytes, memory_limit_bytes=config.memory_limit_bytes,
-             note="one memory, one series: the device's series is judged against the tighter of the two budgets")
+    budget = effective_limit(config.memory_limit_bytes, config.host_memory_limit_bytes)
+    memory = source.memory = HostMemory(limit_bytes=budget, tree=source.tree)
+    log.info("host_memory_is_device_memory", source=source.name, **_said(memory.describe()),
+             memory_limit_bytes=config.memory_limit_bytes,
+             note="one memory, one series: judged against the tightest of its limits")
     return HostWatch(config, telemetry, judged=False, memory=memory)
+
+
+def _said(described: dict) -> dict:
+    """The start-up line's words for what is judged against what (`HostMemory.describe`)."""
+    return {f"host_{key}" if key in ("domain", "limit_bytes") else key: value for key, value in described.items()}

@@ -83,8 +83,8 @@ from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
-_SAMPLE, _REINIT, _BARRIER, _STOP = "sample", "reinit", "barrier", "stop"
-_SAMPLE_REQUEST = (_SAMPLE, None)  # the step to sample is read from `_requested_step` when handled
+_SAMPLE, _PHASE_END, _REINIT, _BARRIER, _STOP = "sample", "phase_end", "reinit", "barrier", "stop"
+_SAMPLE_REQUEST = (_SAMPLE, None)  # the step and phase to sample are read from `_requested` when handled
 _FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
 __all__ = ["Watchdog", "PhaseScope", "DEVICE", "FORCED", "HANDED_OVER", "REINITIALISED", "RESTART_REQUESTED", "UNSAVED"]
 _NEVER = 1 << 62  # no forced action to come
@@ -117,7 +117,7 @@ class Watchdog(ActionPath):
         self._newest_step = -1
         self._mailbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._post = self._mailbox.put  # bound once: the hot path skips an attribute lookup
-        self._requested_step = 0
+        self._requested = (0, "")  # the newest sampling step, and the phase the loop was in then
         self._sample_posted = False
         self._phase = ""  # the loop's phase label; read by the sidecar with each sample
         self._labels: dict[tuple[str, int | None], str] = {}  # phase labels, validated once each
@@ -312,7 +312,7 @@ class Watchdog(ActionPath):
         if step >= self._forced_at:
             self._force(step)
         if step % self._every == 0:
-            self._requested_step = step
+            self._requested = (step, self._phase)
             if not self._sample_posted:  # one request in flight at most: the sidecar reads the newest step
                 self._sample_posted = True
                 self._post(_SAMPLE_REQUEST)
@@ -343,7 +343,9 @@ class Watchdog(ActionPath):
         if label is None:
             label = self._labels[key] = phase_label(name, steps)
         scope = PhaseScope(self, self._phase)
-        self._phase = label
+        ended, self._phase = self._phase, label
+        if ended != label:  # the plain form's end: `wd.phase("train")` after `wd.phase("eval")`
+            self._phase_ended(ended)
         return scope
 
     def propose(self, action: Action, origin: str) -> None:
@@ -374,12 +376,12 @@ class Watchdog(ActionPath):
         self._post((_REINIT, reading))
 
     def processes_grown(self) -> list[str]:
-        """The job's other processes (DataLoader workers) whose own memory grew by `GROWN_SAID_BYTES`
-        or more since they started, most first, a line each: what the census of this process cannot
+        """The job's other processes (DataLoader workers) whose own memory grew by
+        `host_memory.GROWN_SAID_BYTES` or more since they started, most first, a line each: what the census of this process cannot
         reach, for an action's block."""
         source, host = self._source, self._host_watch
         tree = getattr(source, "tree", None) or (host.memory.tree if host is not None else None)
-        return [descendant.line() for descendant in tree.grown(GROWN_SAID_BYTES)] if tree is not None else []
+        return [descendant.line() for descendant in tree.grown()] if tree is not None else []
 
     def observe_checkpoint(self, seconds: float) -> None:
         """A save the loop made, timed (`hbmwatch_checkpoint_seconds`)."""
@@ -489,9 +491,17 @@ class Watchdog(ActionPath):
         return climbing
 
     def _phase_ended(self, label: str) -> None:
-        """A phase scope ended on the training thread: a climbing phase's run is counted now."""
+        """A bounded phase ended on the training thread (its scope left, or another phase said): one
+        reading now, labelled with the phase that ended, whose peak since the previous reading is the
+        phase's last (an evaluation's end-of-pass copy of its predictions, a save's staging copy);
+        and a climbing phase's run is counted."""
+        phase = parse_label(label)
+        if not phase.bounded:
+            return
+        if self._thread is not None and self._newest_step >= 0:
+            self._post((_PHASE_END, (self._newest_step, label)))
         if self._drives_follower and self._follower.phases_climbing:
-            self._follower.phase_ended(parse_label(label).name, self._newest_step)
+            self._follower.phase_ended(phase.name, self._newest_step)
 
     def _stations(self) -> list[Station]:
         host = self._host_watch.station if self._host_watch is not None else None
@@ -533,7 +543,9 @@ class Watchdog(ActionPath):
                     # now or posted anew: never lost. Reading memory for a step long gone would
                     # mislabel it, so only the newest requested step is sampled.
                     self._sample_posted = False
-                    self._sample_and_evaluate(self._requested_step)
+                    self._sample_and_evaluate(*self._requested)
+                elif kind == _PHASE_END:
+                    self._sample_and_evaluate(*payload, every_memory=True)
                 elif kind == _REINIT:
                     self._after_reinit(payload)
                 elif kind == _BARRIER:
@@ -541,8 +553,9 @@ class Watchdog(ActionPath):
             except Exception as exc:  # noqa: BLE001 - the sidecar must outlive any single failure
                 self._count_error(kind, exc)
 
-    def _sample_and_evaluate(self, step: int) -> None:
-        phase = self._phase  # read before memory: the phase the reading was taken in (or just after)
+    def _sample_and_evaluate(self, step: int, phase: str, every_memory: bool = False) -> None:
+        """One reading of memory at `step`, taken in `phase` (the loop's phase when the step asked for
+        it), judged. `every_memory`: the host's too, whatever its cadence (a phase's end)."""
         try:
             reading = self._source.read()  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - a failing source is counted, never raised
@@ -558,7 +571,7 @@ class Watchdog(ActionPath):
         self._act_on(action, verdict, DEVICE)
         if self._drives_follower:  # an attribute write: the training thread reads it when a phase ends
             self._follower.phases_climbing = self._climbing_phases()
-        if self._host_watch is not None and self._host_watch.due(step):
+        if self._host_watch is not None and (every_memory or self._host_watch.due(step)):
             self._watch_host_at(step, phase)
         if self._flight is not None:
             self._flight.observe(step, verdict, actions={a.value: n for a, n in telemetry.actions_snapshot().items() if n},
@@ -620,8 +633,6 @@ class Watchdog(ActionPath):
         return StallWatch(lambda: self._newest_step, self.telemetry, report_after=self.config.stall_after_seconds,
                           check_every=self.config.stall_check_seconds, exit_after=exit_after, flight=self._flight,
                           rank=rank).start()
-
-GROWN_SAID_BYTES = 16 << 20  # a child process that grew less than this since it started is not named
 
 
 class PhaseScope:

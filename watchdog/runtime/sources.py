@@ -12,8 +12,8 @@ Sources, most precise first:
           statistics of its own, and it needs nothing of torch_xla.
 - `cuda`: the caching allocator's stats, one `memory_stats()` a reading: what it cannot give
           back (tensors and split blocks' remainders), against what it may still reserve.
-- `rss`:  resident set size of this process: PJRT CPU keeps device buffers in host memory.
-          The limit comes from `--memory-limit`.
+- `rss`:  the job's memory in host RAM (this process and its children, each page counted once):
+          PJRT CPU keeps device buffers there. The limit comes from `--memory-limit`.
 - `replay`: serves a recorded trace in order (demos, tests, dashboards without hardware).
 
 `select_source` probes candidates in that order for the device and keeps the first that reads;
@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import resource
 import sys
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 from watchdog.core.errors import InputError
-from watchdog.core.judge import effective_limit
 from watchdog.core.readings import AllocatorMemory, DeviceMemory, MemoryReading
 from watchdog.core.sample import read_trace
 from watchdog.logs import get_logger
@@ -88,17 +86,19 @@ class XlaSource:
         import torch_xla.core.xla_model as xm
 
         self._get_memory_info = xm.get_memory_info
+        self._lifetime_peak = 0
 
     def read(self) -> MemoryReading:
         info = self._get_memory_info(self.device)
         used = _first_int(info, "bytes_used", "kb_total")  # "kb_*" were the keys before 2.5
         if used is None:
             raise SourceUnavailable(f"get_memory_info returned no usage: {sorted(info)}")
-        return MemoryReading(
-            bytes_used=used,
-            bytes_limit=_first_int(info, "bytes_limit"),
-            peak_bytes_used=_first_int(info, "peak_bytes_used"),
-        )
+        lifetime_peak = _first_int(info, "peak_bytes_used")
+        peak = None
+        if lifetime_peak is not None:  # the runtime keeps a lifetime peak: the peak since the previous reading
+            peak = peak_since(self._lifetime_peak, lifetime_peak, used)
+            self._lifetime_peak = lifetime_peak
+        return MemoryReading(bytes_used=used, bytes_limit=_first_int(info, "bytes_limit"), peak_bytes_used=peak)
 
 
 class TpuRuntimeSource:
@@ -225,42 +225,30 @@ def release_host_memory() -> None:
 
 
 class RssSource:
-    """The memory of this process and its children (DataLoader workers), each page counted once
-    (`ProcessTree`: this process's resident memory plus each child's private memory); the only
-    honest number on PJRT CPU and plain CPU. A worker's cache is the job's memory as much as the
-    trainer's own: the kernel kills the job when their sum runs out.
+    """The job's memory on PJRT CPU and plain CPU, where device buffers live in host memory: this
+    process's and its children's (DataLoader workers) anonymous and shared pages, each counted once,
+    with the peak since the previous reading (`host_memory.HostMemory`, which reads the host's series
+    the same way). A worker's cache is the job's memory as much as the trainer's own: the kernel
+    kills the job when their sum runs out.
 
-    The peak is the high-water mark since the previous reading, not the lifetime one: after a
-    reinit frees memory, a lifetime peak would keep the old high and read as an OOM about to happen.
-    The kernel only keeps the lifetime maximum (`ru_maxrss`), so a new high since the last reading
-    shows as that maximum growing; otherwise the peak in between is unknown and the current RSS
-    stands in for it. The children's memory is added to either as it is now.
+    The limit is `--memory-limit`; where the host is watched too, the host's memory is this same
+    memory, and `merge_into_rss` gives it every limit the host has (a budget, a cgroup's, RLIMIT_AS).
     """
 
     name = "rss"
 
     def __init__(self, memory_limit_bytes: int | None = None):
-        import psutil
+        from watchdog.runtime.host_memory import HostMemory
 
-        from watchdog.runtime.host_memory import ProcessTree
+        self.memory = HostMemory(limit_bytes=memory_limit_bytes, kernel_limits=False)
 
-        self._process = psutil.Process(os.getpid())
-        self.tree = ProcessTree(self._process)
-        self.memory_limit_bytes = memory_limit_bytes
-        self.host_budget_bytes: int | None = None  # set where the host is watched: one memory, two budgets
-        self._lifetime_peak = _max_rss_bytes()
+    @property
+    def tree(self):
+        return self.memory.tree
 
     def read(self) -> MemoryReading:
-        rss = self._process.memory_info().rss
-        used = self.tree.bytes_used(rss)
-        lifetime_peak = _max_rss_bytes()
-        peak = peak_since(self._lifetime_peak, lifetime_peak, rss) + used - rss
-        self._lifetime_peak = lifetime_peak
-        return MemoryReading(used, effective_limit(self.memory_limit_bytes, self.host_budget_bytes), peak)
-
-
-def _max_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        host = self.memory.read()
+        return MemoryReading(host.bytes_used, host.bytes_limit, host.peak_bytes_used)
 
 
 class ReplaySource:
