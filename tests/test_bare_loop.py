@@ -139,10 +139,10 @@ def test_a_leak_that_refills_after_every_rebuild_is_acted_on_before_the_budget_i
     """The README's loop (`sample_every=10`, `carry_out(save, rebuild)`) with the leak still in its
     code: it refills after every rebuild, in 20 samples. A fixed cooldown after the first action let
     the second cycle run 250 MiB over the budget for 120 steps; now every cycle gets its action
-    before the budget, and resident memory, read at every step, never reaches it."""
-    from watchdog.runtime.sources import RssSource
+    before the budget, and the job's memory, read at every step, never reaches it."""
+    from watchdog.runtime.host_memory import job_memory
 
-    job, rss = Job(leak=True), RssSource()
+    job = Job(leak=True)
     conf = config()
     conf = WatchdogConfig(sample_every=10, source="rss", memory_limit_bytes=conf.memory_limit_bytes,
                           trace_file=tmp_path / "trace.csv")
@@ -150,7 +150,7 @@ def test_a_leak_that_refills_after_every_rebuild_is_acted_on_before_the_budget_i
     with Watchdog(conf) as wd:
         for step in range(760):
             job.train_step(step)
-            highest = max(highest, rss.read().bytes_used)
+            highest = max(highest, job_memory())
             action = wd.step(step)
             if action is not None:
                 assert wd.carry_out(action, save=lambda: job.save(step), rebuild=job.rebuild)

@@ -24,6 +24,7 @@ PREAMBLE = textwrap.dedent('''
     import json, sys, time
     import psutil, torch
     from watchdog import WatchdogConfig
+    from watchdog.runtime.host_memory import job_memory
 
     MiB = 1 << 20
     out, resume = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None
@@ -33,11 +34,11 @@ PREAMBLE = textwrap.dedent('''
     def configured():
         """Once everything is imported: 75 steps of the leak under the limit, about 37 samples."""
         global limit
-        limit = psutil.Process().memory_info().rss + 300 * MiB
+        limit = job_memory() + 300 * MiB
         return WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit)
 
     def note():
-        highest[0] = max(highest[0], psutil.Process().memory_info().rss)
+        highest[0] = max(highest[0], job_memory())
 ''')
 
 LIGHTNING = PREAMBLE + textwrap.dedent('''

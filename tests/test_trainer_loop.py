@@ -240,8 +240,9 @@ def test_an_evaluation_runs_under_the_eval_phase_keeps_its_outputs_until_it_ends
     steps = [s.step for s in samples]
     # One counter through 12 training steps and three evaluations of 3 batches (after training
     # steps 3, 7 and 11: counts 4-6, 11-13, 18-20). The sidecar reads the newest step it was asked
-    # for, labelled with the phase the loop was in when it asked; each evaluation's end takes one
-    # more reading at its last step, labelled with it (the only step read twice).
+    # for, labelled with an evaluation the loop was in when it asked or is in when it reads (a step
+    # asked just before an evaluation may be read, and labelled, inside it); each evaluation's end
+    # takes one more reading at its last step, labelled with it (the only step read twice).
     assert steps == sorted(steps) and steps[-1] <= 20
     assert [s.phase for a, s in zip(samples, samples[1:]) if a.step == s.step] == ["eval/3"] * 3
     evaluating = {s.step for s in samples if s.phase == "eval/3"}

@@ -22,6 +22,7 @@ from watchdog.core.errors import EXIT_BAD_INPUT
 from watchdog.core.sample import load_trace
 from watchdog.daemon.signalling import group_to_signal, send
 from watchdog.daemon.targets import PatternFinder, PidfileFinder, WatchedProcess
+from watchdog.runtime.host_memory import job_memory
 
 pytestmark = pytest.mark.slow
 
@@ -275,7 +276,7 @@ FAST = ["--interval", "0.02", "--warmup-seconds", "0", "--checkpoint-seconds", "
 
 def test_a_job_that_ignores_sigterm_and_keeps_growing_is_killed_after_the_grace_period():
     target = hog("--mib-per-second", "40", "--ignore-term")
-    limit = psutil.Process(target.pid).memory_info().rss + 700 * MiB
+    limit = job_memory(target.pid) + 700 * MiB
     watch = daemon("--pid", str(target.pid), "--memory-limit", str(limit), "--grace-seconds", "2", *FAST)
     try:
         assert target.wait(120) == -signal.SIGKILL
@@ -294,7 +295,7 @@ def test_a_job_that_ignores_sigterm_and_keeps_growing_is_killed_after_the_grace_
 
 def test_no_act_only_warns_and_the_target_is_left_alone():
     target = hog("--mib-per-second", "40")
-    limit = psutil.Process(target.pid).memory_info().rss + 500 * MiB
+    limit = job_memory(target.pid) + 500 * MiB
     watch = daemon("--pid", str(target.pid), "--memory-limit", str(limit), "--no-act", *FAST)
     try:
         seen = wait_for(lambda: (line := watch.stderr.readline()) and "would_signal" in line and line, 120,

@@ -15,11 +15,11 @@ import os
 import sys
 from pathlib import Path
 
-import psutil
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from watchdog.runtime.host_memory import job_memory
 from watchdog import Watchdog, WatchdogConfig
 from watchdog.logs import configure_logging
 
@@ -64,8 +64,7 @@ def save() -> str:
     return str(checkpoint)
 
 
-process = psutil.Process()
-limit = process.memory_info().rss + BUDGET
+limit = job_memory() + BUDGET
 peak = 0
 config = WatchdogConfig(sample_every=2, memory_limit_bytes=limit, trace_file=args.out / f"trace-{rank}.csv",
                         agreement_timeout_seconds=120)
@@ -79,7 +78,7 @@ with wd:
         optimizer.step()
         if rank == args.leak_rank:
             samples.append(torch.ones(LEAK_BYTES // 4))
-        peak = max(peak, process.memory_info().rss)
+        peak = max(peak, job_memory())
         action = wd.step(step)
         if action is not None:
             note(step=step, action=action.value, origin=wd.last_action.origin)

@@ -17,12 +17,12 @@ from pathlib import Path
 
 os.environ.setdefault("USE_TORCH_XLA", "0")  # the CPU, even where torch_xla is installed
 
-import psutil  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
 
+from watchdog.runtime.host_memory import job_memory
 from watchdog import WatchdogConfig  # noqa: E402
 from watchdog.integrations.huggingface import HbmWatchdogCallback  # noqa: E402
 from watchdog.logs import configure_logging  # noqa: E402
@@ -37,7 +37,6 @@ parser.add_argument("--steps", type=int, default=300)
 args = parser.parse_args()
 configure_logging("json")
 rank, attempt = int(os.environ["RANK"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-process = psutil.Process()
 
 
 class Tokens(Dataset):
@@ -56,7 +55,7 @@ class Peak(TrainerCallback):
         self.value = 0
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.value = max(self.value, process.memory_info().rss)
+        self.value = max(self.value, job_memory())
 
 
 torch.manual_seed(0)
@@ -64,7 +63,7 @@ model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=VO
 kept = []
 if rank == args.leak_rank:
     model.lm_head.register_forward_hook(lambda module, inputs, output: kept.append(output.detach()))
-limit = process.memory_info().rss + BUDGET
+limit = job_memory() + BUDGET
 callback = HbmWatchdogCallback(WatchdogConfig(sample_every=2, memory_limit_bytes=limit, agreement_timeout_seconds=120,
                                               trace_file=args.out / f"trace-{rank}.csv"))
 peak = Peak()

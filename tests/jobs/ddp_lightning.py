@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 import lightning as L
-import psutil
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from watchdog.runtime.host_memory import job_memory
 from watchdog import WatchdogConfig
 from watchdog.integrations.lightning import HbmWatchdogCallback
 from watchdog.logs import configure_logging
@@ -38,7 +38,6 @@ configure_logging("json")
 # process is rank 0 with no rank in its environment). The attempt: torchrun's count, or supervise's.
 rank = int(os.environ.get("LOCAL_RANK", "0"))
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("HBMWATCH_RESTART_COUNT") or "0")
-process = psutil.Process()
 
 
 class Model(L.LightningModule):
@@ -63,12 +62,12 @@ class SampleTable(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_rank == args.leak_rank:
             self.rows.append(torch.ones(LEAK_BYTES // 4))
-        self.peak = max(self.peak, process.memory_info().rss)
+        self.peak = max(self.peak, job_memory())
 
 
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
-limit = process.memory_info().rss + BUDGET
+limit = job_memory() + BUDGET
 config = WatchdogConfig(sample_every=2, memory_limit_bytes=limit, trace_file=args.out / f"trace-{rank}.csv",
                         agreement_timeout_seconds=120)
 callback = HbmWatchdogCallback(config, checkpoint_dir=args.out / "ckpt")

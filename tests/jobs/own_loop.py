@@ -5,7 +5,7 @@ import sys
 import time
 
 from watchdog import Watchdog, WatchdogConfig
-from watchdog.runtime.sources import RssSource
+from watchdog.runtime.host_memory import job_memory
 
 kept = []
 
@@ -18,7 +18,7 @@ def rebuild():
     kept.clear()
 
 
-limit = RssSource().read().bytes_used + (240 << 20)
+limit = job_memory() + (240 << 20)
 with Watchdog(WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=limit, forensics=False)) as wd:
     for step in range(400):
         kept.append(bytearray(b"\x01") * (4 << 20))  # written, so resident

@@ -58,7 +58,7 @@ from typing import Any
 from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
-from watchdog.core.phase import parse_label, phase_label
+from watchdog.core.phase import STEADY_LABELS, parse_label, phase_label
 from watchdog.core.restarts import RunState
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
@@ -543,7 +543,11 @@ class Watchdog(ActionPath):
                     # now or posted anew: never lost. Reading memory for a step long gone would
                     # mislabel it, so only the newest requested step is sampled.
                     self._sample_posted = False
-                    self._sample_and_evaluate(*self._requested)
+                    step, asked_in = self._requested
+                    # A reading belongs to a bounded phase the loop was in when it asked or is in
+                    # now (a step asked just before an evaluation is read inside it): then the
+                    # phase's end reading, posted after, is never followed by its own older reading.
+                    self._sample_and_evaluate(step, asked_in if asked_in not in STEADY_LABELS else self._phase)
                 elif kind == _PHASE_END:
                     self._sample_and_evaluate(*payload, every_memory=True)
                 elif kind == _REINIT:
