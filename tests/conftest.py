@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -12,6 +13,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,6 +83,38 @@ def settled_job_memory() -> int:
     gc.collect()
     release_host_memory()
     return job_memory()
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_bytes: int):
+    """A new memory cgroup limited to `limit_bytes` (cgroup v2, else v1's memory controller); yields
+    the path of its `cgroup.procs`. Skips where this machine lets no one make one."""
+    name = f"hbm-watchdog-test-{uuid.uuid4().hex[:8]}"
+    v2 = Path("/sys/fs/cgroup")
+    candidates = []
+    if "memory" in (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else False:
+        candidates.append((v2 / name, "memory.max"))
+    if (v2 / "memory" / "memory.limit_in_bytes").exists():
+        candidates.append((v2 / "memory" / name, "memory.limit_in_bytes"))
+    reasons = []
+    for path, limit_file in candidates:
+        try:
+            path.mkdir()
+        except OSError as exc:
+            reasons.append(f"{path}: {exc.strerror}")
+            continue
+        try:
+            (path / limit_file).write_text(str(limit_bytes))
+            yield path / "cgroup.procs"
+            return
+        finally:
+            for _ in range(50):  # the killed or exited child may take a moment to leave it
+                try:
+                    path.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+    pytest.skip("no memory cgroup can be made here: " + ("; ".join(reasons) or "no memory controller mounted"))
 
 
 def kernel_count(pid: int | None = None) -> int:

@@ -7,16 +7,13 @@ cgroup whose limit the kernel enforces with its OOM killer: there the device's s
 process's resident memory, one memory, judged against the cgroup's limit.
 """
 
-import contextlib
 import os
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, json_lines, logged
+from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, json_lines, logged, memory_cgroup
 
 from watchdog.core.sample import Sample, labelled_trace_path, load_trace, write_trace
 
@@ -85,38 +82,6 @@ def test_a_clean_run_with_periodic_checkpoints_gets_no_host_action(tmp_path, run
     assert not logged(records, "action_decided") and not logged(records, "leak_detected")
     assert "steps 400/400" in out.stdout
     assert len(load_trace(labelled_trace_path(trace, "host"))) >= 75  # it was watched all along
-
-
-@contextlib.contextmanager
-def memory_cgroup(limit_bytes: int):
-    """A new memory cgroup limited to `limit_bytes` (cgroup v2, else v1's memory controller); yields
-    the path of its `cgroup.procs`. Skips where this machine lets no one make one."""
-    name = f"hbm-watchdog-test-{uuid.uuid4().hex[:8]}"
-    v2 = Path("/sys/fs/cgroup")
-    candidates = []
-    if "memory" in (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else False:
-        candidates.append((v2 / name, "memory.max"))
-    if (v2 / "memory" / "memory.limit_in_bytes").exists():
-        candidates.append((v2 / "memory" / name, "memory.limit_in_bytes"))
-    reasons = []
-    for path, limit_file in candidates:
-        try:
-            path.mkdir()
-        except OSError as exc:
-            reasons.append(f"{path}: {exc.strerror}")
-            continue
-        try:
-            (path / limit_file).write_text(str(limit_bytes))
-            yield path / "cgroup.procs"
-            return
-        finally:
-            for _ in range(50):  # the killed or exited child may take a moment to leave it
-                try:
-                    path.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
-    pytest.skip("no memory cgroup can be made here: " + ("; ".join(reasons) or "no memory controller mounted"))
 
 
 @pytest.mark.slow

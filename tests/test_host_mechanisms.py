@@ -28,13 +28,14 @@ bounded twin, which must get no action.
 """
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import hbm_watchdog_env
+from conftest import hbm_watchdog_env, memory_cgroup
 
 pytestmark = pytest.mark.slow
 
@@ -110,11 +111,11 @@ WORKER_CACHE = WHERE + textwrap.dedent('''
 ''')
 
 
-def run_loop(script: str, tmp_path, *args: str, on: str = "cpu") -> dict:
+def run_loop(script: str, tmp_path, *args: str, on: str = "cpu", preexec_fn=None) -> dict:
     path = tmp_path / "loop.py"
     path.write_text(script)
     completed = subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, capture_output=True, text=True,
-                               timeout=240, env={**hbm_watchdog_env(), "LOOP_DEVICE": on})
+                               timeout=240, env={**hbm_watchdog_env(), "LOOP_DEVICE": on}, preexec_fn=preexec_fn)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
@@ -356,3 +357,188 @@ def test_another_rank_started_by_this_one_is_not_counted_in_its_tree_and_a_worke
         for process in (worker, rank):
             process.kill()
             process.wait()
+
+
+EVAL_CONCAT = WHERE + textwrap.dedent("""
+    import json, sys, time
+    from watchdog import Watchdog, WatchdogConfig
+    from watchdog.runtime.host_memory import job_memory
+
+    MiB = 1 << 20
+    bounded = sys.argv[1] == "bounded"
+    budget = job_memory() + 420 * MiB  # the 5th pass's end would cross it; the floor, not for 1,400 steps
+    config = WatchdogConfig(sample_every=5, **WHERE, host_memory_limit_bytes=budget)
+    result, predictions, step, action = {"budget": budget, "evaluations": []}, [], 0, None
+    with Watchdog(config) as wd:
+        while len(result["evaluations"]) < 9 and action is None:
+            step += 1
+            time.sleep(0.002)
+            action = wd.step(step)
+            if action is None and step % 100 == 0:  # an evaluation, as Hugging Face's Trainer runs one
+                if bounded:
+                    predictions = []  # each pass keeps its own predictions only
+                with wd.phase("eval"):
+                    for batch in range(30):
+                        predictions.append(bytearray(b"p" * MiB))
+                        time.sleep(0.002)
+                        step += 1
+                        action = wd.step(step)
+                        if action is not None:
+                            break
+                    else:  # compute_metrics: every prediction kept, concatenated at the pass's end, scored
+                        everything = b"".join(predictions)
+                        scores = bytearray(everything)
+                        result["highest"] = max(result.get("highest", 0), job_memory())
+                        del everything, scores
+                result["evaluations"].append(step)
+        if action is not None and action.needs_checkpoint:
+            result.update(acted=step, explanation=wd.last_action.verdict.explanation,
+                          suspects=list(wd.last_action.suspects))
+    print(json.dumps(result))
+""")
+
+
+@ON
+def test_an_evaluation_whose_end_of_pass_copy_climbs_is_acted_on_before_the_copy_that_would_cross(tmp_path, on):
+    """Issue 61: every pass adds to the predictions kept, and at its end the metric concatenates all of
+    them, between two readings, then scores the copy. The floor rises 0.3 MiB a step, far from the
+    budget; the pass's end, 90 MiB higher each pass, crosses it at the 5th (on main at 4ee56fa this
+    loop got no action before its 6th ("OOM too far ahead to call")). The
+    phase's end now takes a reading whose peak (the kernel's high-water mark since the previous one)
+    holds the copy: the runs' peaks climb, and the action comes before the pass that would cross."""
+    result = run_loop(EVAL_CONCAT, tmp_path, "leaking", on=on)
+    assert "acted" in result, result
+    assert result["highest"] < result["budget"], "every end-of-pass copy that ran stayed under the budget"
+    assert len(result["evaluations"]) >= 4, result
+
+
+@ON
+def test_an_evaluation_whose_end_of_pass_copy_stays_the_same_is_left_alone(tmp_path, on):
+    result = run_loop(EVAL_CONCAT, tmp_path, "bounded", on=on)
+    assert "acted" not in result and len(result["evaluations"]) == 9, result
+
+
+SAVE_STAGING = HARNESS + textwrap.dedent("""
+    result["saves"], result["peaks"] = 0, []
+    with watched(270) as wd:  # the 10th save peaks 15 MiB under the budget, the 11th would cross it
+        for step in range(1, 801):
+            time.sleep(0.002)
+            if step % 50 == 0:
+                with wd.phase("save"):  # a host copy of the state on its way to disk, let go once written
+                    staged = bytearray((30 if bounded else 30 + 25 * result["saves"]) * MiB)
+                    staged[::4096] = b"s" * len(staged[::4096])  # written, so resident (and no copy made)
+                    result["peaks"].append(job_memory())
+                    result["highest"] = max(result.get("highest", 0), result["peaks"][-1])
+                    del staged
+                result["saves"] += 1
+            if acted(wd, step):
+                break
+    print(json.dumps(result))
+""")
+
+
+@ON
+def test_a_save_whose_staging_copy_climbs_save_after_save_is_acted_on_before_the_save_that_would_cross(tmp_path, on):
+    """A checkpointer whose staging copy grows at every save (orbax#1640: three times an array's size
+    in host RAM) and is let go once written: made and freed between two readings, seen by the save
+    phase's end reading, its climb projected before the next save."""
+    result = run_loop(SAVE_STAGING, tmp_path, "leaking", on=on)
+    assert "acted" in result and result["highest"] < result["budget"], result
+    assert result["saves"] >= 4, result
+
+
+@ON
+def test_saves_whose_staging_copy_stays_the_same_are_left_alone(tmp_path, on):
+    result = run_loop(SAVE_STAGING, tmp_path, "bounded", on=on)
+    assert "acted" not in result and result["saves"] == 16, result
+
+
+CGROUP_BUDGET = WHERE + textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from watchdog import Watchdog, WatchdogConfig
+    from watchdog.runtime.host_memory import job_memory, memory_cgroups
+
+    MiB = 1 << 20
+    bounded = sys.argv[1] == "bounded"
+    group = memory_cgroups()[0]  # the test's own, made for this run: set its limit as a pod's would be
+    usage = int((group.path / "memory.usage_in_bytes").read_text())
+    limit = usage + 260 * MiB
+    (group.path / "memory.limit_in_bytes").write_text(str(limit))
+    budget = job_memory() + 800 * MiB  # the loop's own budget: looser than its pod's limit
+    result, kept = {"budget": budget, "cgroup_limit": limit}, []
+    with Watchdog(WatchdogConfig(sample_every=5, **WHERE, host_memory_limit_bytes=budget)) as wd:
+        for step in range(1, 700):
+            time.sleep(0.002)
+            kept.append(bytearray(b"k" * (2 * MiB)))
+            if bounded and len(kept) > 20:
+                kept.pop(0)
+            result["highest"] = max(result.get("highest", 0), group.working_set())
+            action = wd.step(step)
+            if action is not None and action.needs_checkpoint:
+                result.update(acted=step, domain=wd.last_action.verdict.explanation)
+                break
+    print(json.dumps(result))
+""")
+
+
+def _in_group(procs):
+    return lambda: procs.write_text(str(os.getpid()))
+
+
+@ON
+def test_a_budget_given_inside_a_tighter_memory_cgroup_is_acted_on_before_the_cgroups_limit(tmp_path, on, events):
+    """Issue 61: a budget given by the loop hid its pod's tighter limit, and the kernel killed it at
+    that limit. Both are watched now; the one with less room left acts."""
+    with memory_cgroup(8 << 30) as procs:
+        result = run_loop(CGROUP_BUDGET, tmp_path, "leaking", on=on, preexec_fn=_in_group(procs))
+    assert "acted" in result, result  # alive to say so: the kernel's OOM killer never came
+    assert result["highest"] < result["cgroup_limit"] < result["budget"], result
+
+
+@ON
+def test_a_bounded_loop_inside_a_tighter_memory_cgroup_is_left_alone(tmp_path, on):
+    with memory_cgroup(8 << 30) as procs:
+        result = run_loop(CGROUP_BUDGET, tmp_path, "bounded", on=on, preexec_fn=_in_group(procs))
+    assert "acted" not in result, result
+
+
+ADDRESS_SPACE = WHERE + textwrap.dedent("""
+    import json, resource, sys, time
+    from watchdog import Watchdog, WatchdogConfig
+
+    MiB = 1 << 20
+    bounded = sys.argv[1] == "bounded"
+    size = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:"))
+    limit = size + 700 * MiB  # ulimit -v: the watchdog's own threads take some of it
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+    result, kept = {"limit": limit}, []
+    try:
+        with Watchdog(WatchdogConfig(sample_every=5, **WHERE)) as wd:
+            for step in range(1, 700):
+                time.sleep(0.002)
+                kept.append(bytearray(b"a" * (2 * MiB)))
+                if bounded and len(kept) > 20:
+                    kept.pop(0)
+                action = wd.step(step)
+                if action is not None and action.needs_checkpoint:
+                    result.update(acted=step, explanation=wd.last_action.verdict.explanation)
+                    break
+    except MemoryError:
+        result["memory_error"] = step
+    print(json.dumps(result))
+""")
+
+
+@ON
+def test_a_leak_under_an_address_space_limit_is_acted_on_before_it(tmp_path, on):
+    """Issue 61: under `ulimit -v` a watched script died earlier than an unwatched one (its threads
+    take address space), with no word from the watchdog: RLIMIT_AS was no limit it read."""
+    result = run_loop(ADDRESS_SPACE, tmp_path, "leaking", on=on)
+    assert "acted" in result and "memory_error" not in result, result
+
+
+@ON
+def test_a_bounded_loop_under_an_address_space_limit_is_left_alone(tmp_path, on):
+    result = run_loop(ADDRESS_SPACE, tmp_path, "bounded", on=on)
+    assert "acted" not in result and "memory_error" not in result, result
