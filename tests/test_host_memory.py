@@ -331,7 +331,7 @@ def test_chips_that_cannot_be_read_never_blind_the_daemon_to_the_hosts_memory(tm
     acted on host RAM while the chips were unreadable. The failure is counted and said once; the host
     is judged, and acted on, all the same."""
     axis = TimeAxis(interval_seconds=0.001, checkpoint_seconds=0.05, warmup_seconds=0.0, grace_seconds=0.1)
-    config = WatchConfig(axis=axis, act=False, wait_seconds=1.0, trace_file=tmp_path / "trace.csv")
+    config = WatchConfig(axis=axis, act=False, wait_seconds=10.0, trace_file=tmp_path / "trace.csv")
     stop = threading.Event()
     chips = LostChips(stop, MiB, 1)
     budget = settled_job_memory() + 480 * MiB

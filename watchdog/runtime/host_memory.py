@@ -332,19 +332,21 @@ class Descendant:
 class ProcessTree:
     """The memory of a process and its descendants, each page counted once (the module docstring).
 
-    At every reading the tree's members are looked for again, in time linear in the tree: each
-    member's threads list the children they started (`/proc/PID/task/TID/children`), so a worker
-    started after the watch is in the next reading. Where the kernel has no such list, one pass
-    over /proc per reading finds them. Every member's `/proc/PID/status` is read too (microseconds).
+    The tree's members are found in time linear in the tree: each member's threads list the
+    children they started (`/proc/PID/task/TID/children`), so a worker started after the watch is
+    in the next reading (where the kernel keeps no such lists, one pass over /proc finds them).
+    Each member's `/proc/PID/status` gives its resident anonymous and shared memory (microseconds).
 
     A member's share of its pages comes from the kernel's walk of its page tables (`smaps_rollup`:
-    3.4 ms for a torch_xla process mapping 900 MB here), so all members are counted together, at
-    once when one came or went (a fork moves shares between parent and child) and otherwise no
-    more often than keeps the walks under `FULL_READ_SHARE` of a core. In between, each member's
-    count moves by what its resident anonymous and shared memory moved (new pages a process
-    touches are its own), and the reading says how old the full count is. A child that exits
-    mid-read is skipped; one whose pages cannot be read (another user's) counts its resident
-    anonymous and shared memory."""
+    3.4 ms for a torch_xla process mapping 900 MB here). So the shares are counted in full no more
+    often than keeps the walks under `FULL_READ_SHARE` of a core; a member that comes or goes is
+    counted at once, with the process itself (a fork moves shares between the two). In between,
+    each member's count moves by what its resident anonymous and shared memory moved (the pages a
+    process touches anew are its own). The process's own status is read at every reading; looking
+    for the members and reading theirs is paced the same way by what it costs (a tree of hundreds
+    of processes), and each reading says how old the oldest part of it is (`age_seconds`). A child
+    that exits mid-read is skipped; one whose pages cannot be read (another user's) counts its
+    resident anonymous and shared memory."""
 
     def __init__(self, process: psutil.Process, *, reset_high_water: bool = True):
         """`reset_high_water`: False for a reader beside the watchdog (a test's count), which must not
@@ -353,8 +355,9 @@ class ProcessTree:
         self._lock = threading.Lock()  # the sidecar's readings, and the training thread's after a rebuild
         self._members: dict[int, _Member] = {}
         self._ranks: dict[int, bool] = {}  # each descendant seen: another rank of the job (not counted)?
-        self._counted_at = -math.inf
-        self._count_seconds = 0.0
+        self._statuses: dict[int, _Status] = {}  # the descendants' as of the newest look at the tree
+        self._looked_at = self._counted_at = -math.inf
+        self._look_seconds = self._count_seconds = 0.0
         self._first_reading = True
         self._resets = reset_high_water  # the high-water mark is reset (else: only a new lifetime high is seen)
         self._high_water = 0
@@ -370,20 +373,24 @@ class ProcessTree:
         status = _status(root)
         if status is None:
             raise psutil.NoSuchProcess(root)
-        statuses = {root: status}
-        for pid in self._find():
-            found = _status(pid)
-            if found is not None:
-                statuses[pid] = found
         now = time.monotonic()
-        if statuses.keys() != self._members.keys() or now - self._counted_at >= self._count_seconds / FULL_READ_SHARE:
+        if now - self._looked_at >= self._look_seconds / FULL_READ_SHARE:
+            started = time.perf_counter()
+            self._statuses = {pid: found for pid in self._find() if (found := _status(pid)) is not None}
+            self._looked_at, self._look_seconds = now, time.perf_counter() - started
+        statuses = {root: status, **self._statuses}
+        came_or_went = statuses.keys() ^ self._members.keys()
+        if came_or_went and self._members:
+            self._count(statuses, now, came_or_went | {root})
+        elif came_or_went or now - self._counted_at >= self._count_seconds / FULL_READ_SHARE:
             self._count(statuses, now)
         total = 0
         for pid, member in self._members.items():
             total += max(0, member.share + statuses[pid].resident - member.resident_then)
         self._first_reading = False
         self.descendants = self._descendants(statuses)
-        return TreeReading(total, total + self._excursion(status), now - self._counted_at, status.size, status.data)
+        age = now - min(self._counted_at, self._looked_at if self._statuses else now)
+        return TreeReading(total, total + self._excursion(status), age, status.size, status.data)
 
     def bytes_used(self) -> int:
         return self.read().bytes_used
@@ -397,21 +404,24 @@ class ProcessTree:
         """The descendants whose own memory grew by `at_least` since they started, most first."""
         return sorted((d for d in self.descendants if d.grown_bytes >= at_least), key=lambda d: -d.grown_bytes)
 
-    def _count(self, statuses: dict[int, _Status], now: float) -> None:
-        """Every member's share of its pages, counted now (the page-table walks)."""
+    def _count(self, statuses: dict[int, _Status], now: float, only: set[int] | None = None) -> None:
+        """The members' shares of their pages, counted now (the page-table walks): every member's,
+        or `only` those that came (and the process itself), the rest kept."""
         started = time.perf_counter()
         members = {}
         for pid, status in statuses.items():
-            share = _share(pid)
             known = self._members.get(pid)
             member = members[pid] = known or _Member(pid, status.name, not self._first_reading, 0, 0)
+            if only is not None and known is not None and pid not in only:
+                continue
+            share = _share(pid)
             member.share = status.resident if share is None else share
             member.resident_then = status.resident
             if member.first is None:
                 member.first = member.share
         self._members = members
-        self._counted_at = now
-        self._count_seconds = time.perf_counter() - started
+        if only is None:
+            self._counted_at, self._count_seconds = now, time.perf_counter() - started
 
     def _excursion(self, status: _Status) -> int:
         """How far the process's resident memory rose above now since the previous reading (its

@@ -120,7 +120,7 @@ class Checkpointer:
         path, bytes needed and bytes free; the older checkpoints are intact). Every rank gets the same
         answer. Collective with several ranks: every rank calls it at the same step."""
         span = self._ledger.span("checkpoint_save", state.step) if self._ledger is not None else nullcontext()
-        with span:
+        with span, self._watchdog.phase("save"):  # its end's reading holds the save's peak (its staging copies)
             saved = self._write(state, payload_extra)
         if saved:
             self.saved_at = state.step
