@@ -542,3 +542,42 @@ def test_a_leak_under_an_address_space_limit_is_acted_on_before_it(tmp_path, on)
 def test_a_bounded_loop_under_an_address_space_limit_is_left_alone(tmp_path, on):
     result = run_loop(ADDRESS_SPACE, tmp_path, "bounded", on=on)
     assert "acted" not in result and "memory_error" not in result, result
+
+
+def test_a_child_started_after_the_watch_is_in_the_next_reading_and_its_growth_counted_from_its_start():
+    """Issue 61: the workers of a loop were found only every 10 s (about 240 steps), and then named
+    with their growth counted from when they were found. One already running is said to be so."""
+    import psutil
+
+    from watchdog.runtime.host_memory import ProcessTree
+
+    grow = [sys.executable, "-c", "import sys, time\nkept = bytearray(48 << 20)\nkept[::4096] = b'k' * len(kept[::4096])\n"
+            "print('ready', flush=True)\ntime.sleep(30)"]
+    early = subprocess.Popen(grow, stdout=subprocess.PIPE, text=True)
+    try:
+        early.stdout.readline()
+        tree = ProcessTree(psutil.Process(), reset_high_water=False)
+        before = tree.read().bytes_used
+        late = subprocess.Popen(grow, stdout=subprocess.PIPE, text=True)
+        try:
+            late.stdout.readline()
+            after = tree.read()
+            assert after.bytes_used > before + (40 << 20), "counted at the very next reading"
+            named = {d.pid: d for d in tree.descendants}
+            assert named[late.pid].since_start and not named[early.pid].since_start
+            assert "since the watch began" in named[early.pid].line()
+        finally:
+            late.kill()
+            late.wait()
+    finally:
+        early.kill()
+        early.wait()
+
+
+def test_the_tree_cost_bench_prints_its_table():
+    out = subprocess.run([sys.executable, "-m", "watchdog.bench.tree_cost", "--descendants", "1,2", "--json"],
+                         capture_output=True, text=True, timeout=120, env=hbm_watchdog_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout)
+    assert [row["descendants"] for row in rows] == [1, 2]
+    assert all(row["count_ms"] > row["status_ms"] > 0 for row in rows)
