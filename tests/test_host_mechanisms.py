@@ -181,25 +181,37 @@ EVAL_PEAKS = WHERE + textwrap.dedent('''
 
     MiB = 1 << 20
     bounded = sys.argv[1] == "bounded"
+    plain = sys.argv[2:] == ["plain"]  # the README's plain form: wd.phase("eval") ... wd.phase("train")
     budget = job_memory() + 315 * MiB  # run 7 keeps 280 MiB, run 8 would keep 320
     config = WatchdogConfig(sample_every=2, **WHERE, host_memory_limit_bytes=budget)
     result, evaluations, step, action = {"budget": budget, "evaluations": []}, 0, 0, None
+
+    def evaluate(predictions):
+        """40 batches, their predictions kept to the evaluation's end."""
+        global step, action
+        for batch in range(40):
+            size = 4 if bounded else evaluations + 1  # MiB a batch; bounded: the same every time
+            predictions.append(bytearray(b"x" * (size * MiB)))
+            time.sleep(0.002)
+            step += 1
+            action = wd.step(step)
+            if action is not None:
+                break  # the evaluation stops where the action comes, as the callbacks' do
+
     with Watchdog(config) as wd:
         while evaluations < 12 and action is None:
             step += 1
             time.sleep(0.002)
             action = wd.step(step)
-            if action is None and step % 100 == 0:  # an evaluation of 40 batches, its predictions kept to its end
+            if action is None and step % 100 == 0:
                 predictions = []
-                with wd.phase("eval", steps=40):
-                    for batch in range(40):
-                        size = 4 if bounded else evaluations + 1  # MiB a batch; bounded: the same every time
-                        predictions.append(bytearray(b"x" * (size * MiB)))
-                        time.sleep(0.002)
-                        step += 1
-                        action = wd.step(step)
-                        if action is not None:
-                            break  # the evaluation stops where the action comes, as the callbacks' do
+                if plain:
+                    wd.phase("eval", steps=40)
+                    evaluate(predictions)
+                    wd.phase("train")
+                else:
+                    with wd.phase("eval", steps=40):
+                        evaluate(predictions)
                 result["evaluations"].append(step)
                 result["highest"] = max(result.get("highest", 0), job_memory())
                 del predictions
@@ -212,8 +224,12 @@ EVAL_PEAKS = WHERE + textwrap.dedent('''
 
 
 @ON
-def test_an_evaluation_that_keeps_more_each_run_is_acted_on_between_runs_before_the_one_that_would_cross(tmp_path, on):
-    result = run_loop(EVAL_PEAKS, tmp_path, "leaking", on=on)
+@pytest.mark.parametrize("form", ["with", "plain"])
+def test_an_evaluation_that_keeps_more_each_run_is_acted_on_between_runs_before_the_one_that_would_cross(
+        tmp_path, on, form):
+    """Both forms of a phase are one mechanism (issue 64: the plain form never counted a run's end,
+    and its action named nothing where the `with` form named 'predictions')."""
+    result = run_loop(EVAL_PEAKS, tmp_path, "leaking", form, on=on)
     assert "acted" in result, result
     assert result["highest"] < result["budget"], "every evaluation that ran stayed under the budget"
     assert len(result["evaluations"]) >= 4, result
