@@ -273,7 +273,7 @@ def refilling_leak(judge, *, every, samples_to_fill, steps=6_000, sawtooth=0.0, 
     for step in range(steps):
         if step == rebuild_at:  # between steps, before this one
             kept, rebuild_at = 0.0, None
-            judge.reinit_finished(base + sawtooth * rng.random())
+            judge.reinit_finished(base + sawtooth * rng.random(), took_steps=step - acted[-1])
         kept += rate
         used = base + kept + sawtooth * rng.random()
         highest = max(highest, base + kept + sawtooth)  # the step's own peak, sampled or not

@@ -244,10 +244,11 @@ def test_an_evaluation_runs_under_the_eval_phase_keeps_its_outputs_until_it_ends
     # asked just before an evaluation may be read, and labelled, inside it); each evaluation's end
     # takes one more reading at its last step, labelled with it (the only step read twice).
     assert steps == sorted(steps) and steps[-1] <= 20
-    assert [s.phase for a, s in zip(samples, samples[1:]) if a.step == s.step] == ["eval/3"] * 3
+    again = [s.phase for a, s in zip(samples, samples[1:]) if a.step == s.step]
+    assert again.count("eval/3") == 3 and set(again) <= {"eval/3", "save"}  # the last step's save: a phase too
     evaluating = {s.step for s in samples if s.phase == "eval/3"}
     assert evaluating and evaluating <= {3, 4, 5, 6, 10, 11, 12, 13, 17, 18, 19, 20}
-    assert {s.phase for s in samples} == {"", "eval/3"}
+    assert {s.phase for s in samples} == {"", "eval/3", "save"}
 
 
 def test_a_census_that_raises_is_logged_and_the_action_still_saves_and_reinits(tmp_path, monkeypatch):

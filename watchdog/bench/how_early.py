@@ -51,7 +51,7 @@ def run(sample_every: int, samples_to_fill: int, *, cycles: int = 3, sawtooth: f
     while len(warnings) < cycles and step < 100 * fill_steps:
         if step == rebuild_at:
             kept, born, rebuild_at = 0.0, step, None
-            judge.reinit_finished(BASE + sawtooth * rng.random())
+            judge.reinit_finished(BASE + sawtooth * rng.random(), took_steps=HANDOVER_STEPS)
         kept += rate
         highest = max(highest, BASE + kept + sawtooth)
         if step % sample_every == 0 and rebuild_at is None:

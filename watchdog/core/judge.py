@@ -38,8 +38,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from watchdog.core.cycles import Cycle, Lesson
 from watchdog.core.detector import DetectorConfig, LeakDetector
-from watchdog.core.pace import Pace
+from watchdog.core.pace import HANDOVER_STEPS, Pace
 from watchdog.core.phase import CLIMB_RUNS, NextRun, PeakClimb, PhaseEpisode, PhaseForecast, parse_label
 from watchdog.core.policy import ActionPolicy, PolicyConfig
 from watchdog.core.sample import Sample
@@ -103,6 +104,13 @@ class Judge:
         self._margin_steps = self.policy.config.checkpoint_margin_steps
         self._line = _NO_LINE  # the limit rule's line: the effective limit less the headroom
         self._pace = Pace()  # the newest readings: the limit rule's reach before any trend
+        self._cycle: Cycle | None = None  # where this cycle started: the first reading of a fresh state
+        self._taught = 0.0  # the leak's rate as the newest action's cycle measured it (bytes per step)
+        self._lesson: Lesson | None = None  # that rate, carried into the cycle after a rebuild (core/cycles.py)
+        self._gap = 0.0  # steps between the newest two readings
+        self._took_steps: float | None = None  # steps the newest reinit took from its decision to the rebuilt state
+        self._level_at_action: float | None = None  # the floor (or, in warm-up, the reading) the newest action came at
+        self._before_rebuild: float | None = None  # a reading when the newest reinit was handed over
         self._set_limit(effective_limit(None, memory_limit_bytes))
 
     def agree_with_ranks(self) -> None:
@@ -149,11 +157,11 @@ class Judge:
             self._set_limit(effective_limit(sample.bytes_limit, self.memory_limit_bytes))
         if sample.phase != self._label or sample.step < self._previous_step:
             self._transition(sample)
-        self._previous_step = sample.step
+        self._begin(sample)
         self._unjudged = None
         fresh = self._pace.add(sample.step, sample.timestamp, sample.bytes_used)
         verdict = self._route(sample)  # the detector, or the watch on a bounded phase
-        if self._within_reach(sample.bytes_used, fresh):
+        if self._within_reach(sample.step, sample.bytes_used, fresh):
             return self._at_limit(sample, verdict)
         if self._next_run is not None and self._episode is None:
             verdict = _climb_verdict(sample, verdict, *self._next_run, self.detector.limit_bytes)
@@ -171,13 +179,14 @@ class Judge:
         """
         step = sample.step
         if (sample.bytes_limit != self._device_limit or sample.phase != self._label or step < self._previous_step
-                or self._episode is not None or self._next_run is not None):
-            return self.judge(sample)  # a limit, a phase or a process changed: the whole way
-        self._previous_step = step
+                or self._episode is not None or self._next_run is not None or self._cycle is None
+                or self._lesson is not None):
+            return self.judge(sample)  # a limit, a phase, a process or a cycle changed: the whole way
+        self._gap, self._previous_step = step - self._previous_step, step
         fresh = self._pace.add(step, sample.timestamp, sample.bytes_used)
         detector = self.detector
         detector.absorb(sample)
-        at_limit = self._within_reach(sample.bytes_used, fresh)
+        at_limit = self._within_reach(step, sample.bytes_used, fresh)
         if detector.status is not _OOM_PROJECTED and not at_limit:
             self._unjudged = sample
             self._observe(step)
@@ -189,13 +198,36 @@ class Judge:
         self._latest = verdict
         return verdict, self._act(verdict)
 
-    def _within_reach(self, used: float, fresh: bool) -> bool:
+    def _begin(self, sample: Sample) -> None:
+        """The reading's place in its cycle: the first of a fresh state starts one; steps between readings."""
+        step = sample.step
+        self._gap = step - self._previous_step if self._previous_step > -math.inf else 0.0
+        self._previous_step = step
+        if self._cycle is None:
+            self._cycle = Cycle(step, float(sample.bytes_used))
+
+    def _within_reach(self, step: float, used: float, fresh: bool) -> bool:
         """The limit rule's test: at the line, within the checkpoint margin of it at the alarm's rate,
-        or close enough that the next sample could be past it at the newest readings' pace (asked
-        only when `fresh`: the pace's window is full and holds a new high)."""
+        within a checkpoint margin, a gap and a hand-over of it at the rate the cycle before measured
+        (`core/cycles.py`), or close enough that the next sample could be past it at the newest
+        readings' pace (asked only when `fresh`: the pace's window is full and holds a new high)."""
         line = self._line
-        return used + self.detector.rising_bytes_per_step * self._margin_steps >= line or (
-            fresh and self._pace.reaches(line, self._phase_left()))
+        if used + self.detector.rising_bytes_per_step * self._margin_steps >= line:
+            return True
+        lesson = self._lesson
+        if lesson is not None:
+            if not lesson.borne_out(step, used):
+                self._lesson = None  # this cycle does not rise as the one before did: no such leak now
+            elif lesson.reaches(used, line, self._lesson_reach()):
+                return True
+        return fresh and self._pace.reaches(line, self._phase_left())
+
+    def _lesson_reach(self) -> float:
+        """Steps the lesson looks ahead: what the newest reinit took from its decision to the rebuilt
+        state (else a checkpoint's margin), a gap between readings (two where ranks agree), and the
+        hand-over once more for what that measure did not see."""
+        took = self._took_steps if self._took_steps is not None else self._margin_steps
+        return took + (1 + self._pace.agreement_gaps) * self._gap + HANDOVER_STEPS
 
     def _phase_left(self) -> float:
         """Steps until the bounded phase running now ends, where known (its growth stops there)."""
@@ -207,8 +239,18 @@ class Judge:
     def _act(self, verdict: Verdict) -> Action:
         action = self._decide(verdict)
         if action is not _NO_ACTION and action.needs_checkpoint:
-            self._floor_at_action = verdict.floor_bytes
+            self._acted_at(verdict, verdict.floor_bytes)
         return action
+
+    def _acted_at(self, verdict: Verdict, level: float | None) -> None:
+        """A checkpoint action ends this cycle: its floor, and the rate it measured (the detector's,
+        else the cycle's rise from its first reading), for the next cycle."""
+        self._floor_at_action, self._level_at_action = verdict.floor_bytes, level
+        cycle = self._cycle
+        rate = verdict.slope_bytes_per_step
+        if rate <= 0 and cycle is not None and level is not None:
+            rate = cycle.rate(verdict.step, level)
+        self._taught = max(rate, 0.0)
 
     def _set_limit(self, limit: int | None) -> None:
         """The effective limit changed: the detector projects against it, the limit rule acts at it."""
@@ -218,11 +260,12 @@ class Judge:
     def _at_limit(self, sample: Sample, verdict: Verdict) -> tuple[Verdict, Action]:
         """The limit rule acts: memory at the line, within the checkpoint margin of it, or within reach
         of it at the newest readings' pace."""
+        lesson = self._lesson
         verdict = _limit_verdict(sample, verdict, self._line, self.detector.rising_bytes_per_step,
-                                 self._margin_steps, self._pace)
+                                 self._margin_steps, self._pace, lesson, self._lesson_reach())
         action = self.policy.limit_reached(verdict)
         if action.needs_checkpoint:
-            self._floor_at_action = verdict.floor_bytes
+            self._acted_at(verdict, verdict.floor_bytes if verdict.floor_bytes is not None else sample.bytes_used)
         elif self.policy.carrying_out is not None:  # said as it is: nothing was done about this reading yet
             verdict = verdict._replace(explanation=f"{verdict.explanation}; the action asked at step "
                                                    f"{self.policy.carrying_out:,} is not carried out yet")
@@ -246,6 +289,7 @@ class Judge:
         the restart count carries over, as it does through the supervisor."""
         self._use_policy(self._fresh_policy())
         self._floor_at_action = None
+        self._cycle, self._previous_step = None, -math.inf  # the new process's first reading starts a cycle
         self._label, self._episode, self._phase_steps = "", None, {}
         self._pace.clear()
         self._forget_peaks()
@@ -297,25 +341,47 @@ class Judge:
             return floor_verdict
         return _phase_verdict(sample, episode, forecast, floor_verdict, limit)
 
-    def reinit_finished(self, bytes_after: float) -> Recovery | None:
-        """Told after a checkpoint-and-reinit, with one reading taken between steps.
+    def rebuild_starts(self, bytes_before: float) -> None:
+        """Told when a checkpoint-and-reinit is handed to the loop, with one reading taken between steps
+        after the allocator handed freed pages back (`release_host_memory`): what the rebuild is then
+        measured against, like with like. A rebuild credited with what the allocator gave back read
+        "recovered 217 MiB" while a global list still held every leaked tensor."""
+        self._before_rebuild = float(bytes_before)
+
+    def reinit_finished(self, bytes_after: float, took_steps: float | None = None) -> Recovery | None:
+        """Told after a checkpoint-and-reinit, with one reading taken between steps (freed pages handed
+        back first, as before it), and how many steps the action took from its decision to the rebuilt
+        state (`took_steps`: hand-over, save, rebuild), which the next cycle's lesson looks ahead by.
 
         If memory came back down, the old trend described the old process state: the detector
-        starts a new baseline. If not, the leak lives outside what a reinit rebuilds; its history
-        is kept, so the policy's escalation to a restart comes quickly. None when no floor was
-        known yet to compare against.
+        starts a new baseline, and the next cycle knows the rate this one measured. If not, the leak
+        lives outside what a reinit rebuilds; its history is kept, so the policy's escalation to a
+        restart comes quickly. "Before" is the reading `rebuild_starts` was told, else the floor the
+        action was taken at, else the level it was taken at (an action in the detector's warm-up).
+        None when nothing was known to compare against.
         """
-        verdict = self.latest
-        if verdict is None or verdict.floor_bytes is None:
+        before, self._before_rebuild = self._before_rebuild, None
+        if before is None:
+            verdict = self.latest
+            before = verdict.floor_bytes if verdict is not None and verdict.floor_bytes is not None \
+                else self._level_at_action
+        if before is None:
             return None
-        before = verdict.floor_bytes
+        if took_steps is not None and took_steps >= 0:
+            self._took_steps = float(took_steps)
         recovered = self.policy.reinit_finished(before, bytes_after)
         self._pace.clear()  # the readings before the rebuild describe the state it dropped
         if recovered:
             self.detector.reset()
             self.policy.rearm()
             self._forget_peaks()
+            self._new_cycle()
         return Recovery(before, float(bytes_after), recovered)
+
+    def _new_cycle(self) -> None:
+        """A fresh state: the next reading starts a cycle, which knows the rate the one before measured."""
+        self._cycle = None
+        self._lesson = Lesson(self._taught, self._previous_step) if self._taught > 0 else None
 
     def restarted(self) -> None:
         """Told that the process being judged was replaced by a new one (restarted after an action,
@@ -341,6 +407,7 @@ class Judge:
         self.detector.reset()
         self._pace.clear()
         self._forget_peaks()
+        self._new_cycle()
         self._use_policy(self._fresh_policy())
 
     def restart_settled(self, bytes_after: float) -> Recovery | None:
@@ -355,14 +422,16 @@ class Judge:
 
 
 def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float, margin_steps: int,
-                   pace: Pace) -> Verdict:
+                   pace: Pace, lesson: Lesson | None = None, lesson_reach: float = 0.0) -> Verdict:
     """OOM_PROJECTED: the limit rule's verdict on `sample`, from the detector's (or the phase's) `verdict`.
 
     The OOM is due now when the reading is at the line, else in the steps the rise takes to reach
     it: the alarm's pessimistic rate within the checkpoint margin, or the newest readings' pace
     within its reach (`Pace.reach`: two sample gaps and the action's hand-over). What the detector measured (floor, slopes, the leak report) is kept, and the
     rate seen stands in for a slope it has not measured yet: the rule needs no trend, but says what
-    there is of one. It says what was seen, never what was done: the policy decides that.
+    there is of one. After a rebuild, the rate the cycle before measured (`lesson`) reaches as far as
+    a checkpoint's margin, a gap and a hand-over (`lesson_reach`). It says what was seen, never what
+    was done: the policy decides that.
     """
     used = sample.bytes_used
     limit = verdict.limit_bytes
@@ -376,7 +445,8 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
         verdict = verdict._replace(slope_bytes_per_step=seen, slope_high_bytes_per_step=max(
             seen, verdict.slope_high_bytes_per_step), slope_bytes_per_second=per_second)
     rate = ""
-    if used >= line or (rising <= 0 and paced <= 0):  # at the line (near 2**63 a float sum may reach it first)
+    taught = lesson is not None and lesson.reaches(used, line, lesson_reach)
+    if used >= line or (rising <= 0 and paced <= 0 and not taught):  # at the line (near 2**63 a float sum may reach it first)
         steps = 0.0
         headroom = "" if line == limit else f" less its headroom ({format_bytes(line)})"
         if slope > 0:
@@ -388,6 +458,15 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
         explanation = (f"memory {format_bytes(used)} within the {margin_steps:,}-step checkpoint margin of the "
                        f"{format_limit(limit)} limit: {format_bytes(line - used)} left, rising up to "
                        f"{format_bytes(rising)}/step")
+    elif taught and not (paced > 0 and pace.reaches(line)):
+        steps = (line - used) / lesson.rate
+        explanation = (f"memory {format_bytes(used)}, {format_bytes(line - used)} under the {format_limit(limit)} limit: "
+                       f"at the {format_bytes(lesson.rate)}/step the leak rose in the cycle before (to step "
+                       f"{lesson.from_step:,}), {steps:,.0f} steps of room, within a checkpoint's margin, a gap "
+                       f"between readings and the hand-over ({lesson_reach:,.0f} steps)")
+        if slope <= 0:  # the rate it acts on is the one it says
+            slope = lesson.rate
+            verdict = verdict._replace(slope_bytes_per_step=slope, slope_high_bytes_per_step=slope)
     else:
         steps = (line - used) / paced if paced > 0 else 0.0
         explanation = (f"memory {format_bytes(used)}, rising {format_bytes(paced)}/step to new highs over the "

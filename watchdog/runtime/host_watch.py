@@ -77,15 +77,11 @@ class HostWatch:
         return self.station.observe(Sample(step, time.time(), reading.bytes_used, reading.bytes_limit,
                                            reading.peak_bytes_used, phase))
 
-    def reinit_finished(self) -> None:
-        """After a reinit in process: measure what it gave back of the host's memory too."""
-        if self.station is None:
-            return
-        try:
-            bytes_now = float(self.memory.read().bytes_used)
-        except Exception:  # noqa: BLE001 - the device's path already counts a failing read
-            return
-        self.station.reinit_finished(bytes_now)
+    def reinit_finished(self, reading: HostReading | None, took_steps: int | None = None) -> None:
+        """After a reinit in process: what it gave back of the host's memory too (`reading`, taken
+        between steps after freed pages were handed back)."""
+        if self.station is not None and reading is not None:
+            self.station.reinit_finished(float(reading.bytes_used), took_steps)
 
     def close(self) -> None:
         if self.station is not None:

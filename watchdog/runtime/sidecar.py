@@ -59,6 +59,7 @@ from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import STEADY_LABELS, parse_label, phase_label
+from watchdog.core.readings import HostReading
 from watchdog.core.restarts import RunState
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
@@ -83,7 +84,7 @@ from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
-_SAMPLE, _PHASE_END, _REINIT, _BARRIER, _STOP = "sample", "phase_end", "reinit", "barrier", "stop"
+_SAMPLE, _PHASE_END, _REBUILD, _REINIT, _BARRIER, _STOP = "sample", "phase_end", "rebuild", "reinit", "barrier", "stop"
 _SAMPLE_REQUEST = (_SAMPLE, None)  # the step and phase to sample are read from `_requested` when handled
 _FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
 __all__ = ["Watchdog", "PhaseScope", "DEVICE", "FORCED", "HANDED_OVER", "REINITIALISED", "RESTART_REQUESTED", "UNSAVED"]
@@ -364,16 +365,29 @@ class Watchdog(ActionPath):
         """After checkpoint-and-reinit: one reading now (between steps, so no activations are live)
         tells the policy whether the rebuild brought memory back down or the leak survived it."""
         self.last_recovery = None
-        release_host_memory()  # so a resident-memory reading sees what the rebuild freed
         if self._drives_follower:  # the old state is gone: a new baseline, a new capture
             self._follower.rebuilt(capture=bool(self.telemetry.actions_total))
             self._chores.append(_FOLLOW)
+        decided = self._handed.last
+        took = None
+        if decided is not None and decided.verdict is not None:
+            took = max(0, self._newest_step - decided.verdict.step)  # decided -> handed over -> saved -> rebuilt
+        self._post((_REINIT, (self._read_between_steps("reinit_read"), took)))
+
+    def _read_between_steps(self, kind: str) -> tuple[MemoryReading | None, HostReading | None]:
+        """One reading of each memory between steps, on the training thread, freed heap pages handed
+        back first (glibc's `malloc_trim`): before a rebuild and after it alike, so what a rebuild is
+        credited with is what it freed, never what the allocator gave back."""
+        release_host_memory()
+        device = host = None
         try:
-            reading = self._source.read() if self._source is not None else None
+            device = self._source.read() if self._source is not None else None
+            watch = self._host_watch
+            if watch is not None and watch.station is not None:
+                host = watch.memory.read()
         except Exception as exc:  # noqa: BLE001 - never raise into training
-            self._count_error("reinit_read", exc)
-            reading = None
-        self._post((_REINIT, reading))
+            self._count_error(kind, exc)
+        return device, host
 
     def processes_grown(self) -> list[str]:
         """The job's other processes (DataLoader workers) whose own memory grew by
@@ -472,6 +486,8 @@ class Watchdog(ActionPath):
     def _hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "",
                    counts: bool = True) -> Action:
         super()._hand_over(step, action, verdict, memory, origin, counts)
+        if action is Action.CHECKPOINT_REINIT:  # what the rebuild will be measured against
+            self._post((_REBUILD, self._read_between_steps("rebuild_read")))
         if not self._handed.logs_outcomes:  # its block is logged at the next step, if the loop says nothing
             self._chores.append(_FOLLOW)
         return action
@@ -550,8 +566,10 @@ class Watchdog(ActionPath):
                     self._sample_and_evaluate(step, asked_in if asked_in not in STEADY_LABELS else self._phase)
                 elif kind == _PHASE_END:
                     self._sample_and_evaluate(*payload, every_memory=True)
+                elif kind == _REBUILD:
+                    self._before_rebuild(*payload)
                 elif kind == _REINIT:
-                    self._after_reinit(payload)
+                    self._after_reinit(*payload)
                 elif kind == _BARRIER:
                     payload.set()
             except Exception as exc:  # noqa: BLE001 - the sidecar must outlive any single failure
@@ -616,12 +634,19 @@ class Watchdog(ActionPath):
         if action.needs_checkpoint and all(chore is _FOLLOW for chore in tuple(self._chores)):  # one waits at most
             self._chores.append((action, verdict, memory, "", True))
 
-    def _after_reinit(self, reading: MemoryReading | None) -> None:
+    def _before_rebuild(self, device: MemoryReading | None, host: HostReading | None) -> None:
+        if device is not None:
+            self.station.judge.rebuild_starts(device.bytes_used)
+        if host is not None:
+            self._host_watch.station.judge.rebuild_starts(host.bytes_used)  # type: ignore[union-attr]
+
+    def _after_reinit(self, readings: tuple, took: int | None) -> None:
+        device, host = readings
         if self._host_watch is not None:
-            self._host_watch.reinit_finished()
-        if reading is None:
+            self._host_watch.reinit_finished(host, took)
+        if device is None:
             return
-        self.last_recovery = self.station.reinit_finished(float(reading.bytes_used))
+        self.last_recovery = self.station.reinit_finished(float(device.bytes_used), took)
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         self.telemetry.sample_errors_total += 1
