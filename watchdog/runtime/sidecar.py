@@ -73,8 +73,8 @@ from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
-from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
-                                      select_source)
+from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, fresh_reading,
+                                      release_host_memory, select_source)
 from watchdog.runtime.stall import StallWatch
 from watchdog.station.blocks import ActionOutcome
 from watchdog.station.station import Station
@@ -367,7 +367,7 @@ class Watchdog(ActionPath):
             self._follower.rebuilt(capture=bool(self.telemetry.actions_total))
             self._chores.append(_FOLLOW)
         try:
-            reading = self._source.read() if self._source is not None else None
+            reading = fresh_reading(self._source) if self._source is not None else None
         except Exception as exc:  # noqa: BLE001 - never raise into training
             self._count_error("reinit_read", exc)
             reading = None
