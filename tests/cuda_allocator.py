@@ -234,6 +234,11 @@ class Case:
         model = 2 * 4 * (2048 * 2048 * 4 + 2048 * 4)  # the wide model's parameters and momentum, as recorded
         self.loop = Loop(self.allocator, width, layers, batch, besides=stats["allocated_bytes.all.current"] - model)
         self.name = name
+        self.time = 0.0  # the case's clock, in seconds: `run_watched` moves it a step at a time
+
+    def clock(self) -> float:
+        """The case's time, for the source's `clock`: the H100's step time a step."""
+        return self.time
 
     def step(self, step: int, probe=None, rng: random.Random | None = None) -> None:
         name, a, loop = self.name, self.allocator, self.loop
@@ -274,22 +279,24 @@ def run_watched(case: Case, source, steps: int, *, sample_every: int = 5, seed: 
 
     rng = random.Random(seed)
     station = station or Station(Judge(), Telemetry(device="cuda:0"))
-    result = {"actions": [], "oom_step": None, "restart": False, "samples": [], "leak_steps": []}
+    result = {"actions": [], "oom_step": None, "restart": False, "samples": [], "leak_steps": [], "history": []}
     requested, decided = None, None
 
     def probe() -> None:
         nonlocal decided
         reading = source.read()
-        sample = Sample(requested, 1.7e9 + requested * H100_STEP_SECONDS, reading.bytes_used, reading.bytes_limit,
+        sample = Sample(requested, 1.7e9 + case.time, reading.bytes_used, reading.bytes_limit,
                         reading.peak_bytes_used)
         verdict, action = station.observe(sample)
-        result["samples"].append((requested, reading.bytes_used, reading.allocator is not None))
+        result["history"].append(sample)
+        result["samples"].append((requested, reading.bytes_used, reading.allocator is not None, verdict.status))
         if verdict.leak_detected:
             result["leak_steps"].append(requested)
         if action.needs_checkpoint and decided is None:
             decided = action
 
     for step in range(steps):
+        case.time = step * H100_STEP_SECONDS
         try:
             case.step(step, probe if requested is not None else None, rng)
         except OutOfMemory:

@@ -206,10 +206,12 @@ def state(allocated: float, reserved: float, peak: float | None = None, split: f
 
 
 def cuda_source(allocator: Allocator, **plan):
+    """The cuda source, its readings a millisecond apart (a fast step at sample_every=1)."""
     from watchdog.runtime.breakdown_plan import BreakdownPlan
     from watchdog.runtime.sources import CudaSource
 
-    return CudaSource("cuda:0", cuda=allocator, plan=BreakdownPlan(**plan))
+    ticks = iter(range(10**9))
+    return CudaSource("cuda:0", cuda=allocator, plan=BreakdownPlan(**plan), clock=lambda: next(ticks) / 1000)
 
 
 def test_a_steady_allocator_is_read_on_the_device_every_sample_and_broken_down_every_tenth():

@@ -31,6 +31,7 @@ import os
 import resource
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
@@ -197,7 +198,8 @@ class CudaSource:
 
     name = "cuda"
 
-    def __init__(self, device: str, cuda: object | None = None, plan: BreakdownPlan | None = None):
+    def __init__(self, device: str, cuda: object | None = None, plan: BreakdownPlan | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         if cuda is None:
             import torch
 
@@ -212,7 +214,8 @@ class CudaSource:
         # current device a bare "cuda" means.
         self._index = int(self.device.split(":", 1)[1]) if ":" in self.device else int(cuda.current_device())
         self.plan = plan if plan is not None else BreakdownPlan()
-        self._series = self._reserved = 0  # as the newest breakdown read them
+        self._clock = clock
+        self._reserved = 0  # as the newest breakdown read it
         self._cap: int | None = None  # the allocator's share of the device, where it is given one
         self._lifetime_peak = _stat(cuda.memory_stats_as_nested_dict(self._index), "allocated_bytes", "peak")
         self._lock = threading.Lock()  # the sidecar's reading and the training thread's after a rebuild
@@ -220,10 +223,9 @@ class CudaSource:
     def read(self) -> MemoryReading:
         with self._lock:
             free, total = self._cuda.mem_get_info(self._index)
-            if self.plan.due(total - free, self._limit(free)):
+            if self.plan.due(total - free, self._limit(free), self._clock()):
                 return self._breakdown()
-            self.plan.carried()
-            return MemoryReading(self._series, self._limit(free))
+            return MemoryReading(self.plan.carried(), self._limit(free))
 
     def read_fresh(self) -> MemoryReading:
         """A breakdown now, whatever the plan, and the plan started over: what a rebuild is measured by."""
@@ -242,8 +244,8 @@ class CudaSource:
         self._cap = int(fraction(self._index) * int(total)) if fraction is not None else None
         used = allocated + split
         peak = peak_since(self._lifetime_peak, lifetime_peak, used)
-        self._lifetime_peak, self._series, self._reserved = lifetime_peak, used, reserved
-        self.plan.read(used, reserved, int(total) - int(free))
+        self._lifetime_peak, self._reserved = lifetime_peak, reserved
+        self.plan.read(used, reserved, int(total) - int(free), self._clock())
         return MemoryReading(used, self._limit(free), peak, allocator=AllocatorMemory(allocated, split, reserved))
 
     def _limit(self, free: int) -> int:
