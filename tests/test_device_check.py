@@ -74,6 +74,33 @@ def test_the_cost_cells_are_abba_pairs_with_a_mean_and_its_95_percent_interval(c
     assert cell["off_ms"] == pytest.approx(13 * statistics.fmean(drift), rel=0.01)
 
 
+def test_the_cost_case_measures_every_cell_in_abba_blocks(check, monkeypatch):
+    """The cost case's own path, on this CPU with the rss source (a GPU's step and its source cannot
+    be had here): every cell measured, its pairs off and on, the samples the on blocks took."""
+
+    class NoGuard:  # torch.cuda.set_sync_debug_mode needs CUDA
+        loop_syncs, mode = None, "none"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(check, "SyncGuard", NoGuard)
+    monkeypatch.setattr(check, "COST_STEP_MS", (3, 6))
+    monkeypatch.setattr(check, "COST_PAIRS", 2)
+    monkeypatch.setattr(check, "COST_BLOCK_SECONDS", 0.06)
+    result = check.cost_case(seconds=30, device="cpu", width=64)
+    cells = result["cells"]
+    assert [(c["target_ms"], c["sample_every"]) for c in cells] == [(3, 1), (6, 1), (3, 10), (6, 10)]
+    assert all(c["pairs"] == 2 and c["low"] <= c["mean"] <= c["high"] and c["off_ms"] > 0 for c in cells)
+    assert all(c["samples"] >= 1 and c["sample_errors"] == 0 for c in cells)
+    assert cells[0]["samples"] > cells[2]["samples"], "sample_every=1 samples more than sample_every=10"
+    assert cells[1]["repeats"] >= cells[0]["repeats"], "a longer step: more of the loop's steps in it"
+    assert result["goal_met"] == (cells[0]["mean"] <= check.COST_GOAL) and result["step_call_ns"] > 0
+
+
 def test_the_readme_says_what_ran_and_has_a_line_a_case_with_its_figures(check):
     results = {"device": {"name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "cuda": "13.0", "budget_bytes": 8 * GiB,
                           "driver": "580.159.04", "commit": "abc123", "python": "3.12.3"},

@@ -86,6 +86,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", default=",".join(CASES), help="the cases to run, comma-separated (default: all)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # a child: one case
     parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=CASE_SECONDS, help=argparse.SUPPRESS)  # a child's time
     args = parser.parse_args(argv)
     if not (args.budget_gib > 0 and math.isfinite(args.budget_gib)):
         parser.error("--budget-gib must be positive")
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exit_.code or 0)
     budget = int(args.budget_gib * GiB)
     if args.case:
-        return child(args.case, Path(args.work), budget)
+        return child(args.case, Path(args.work), budget, args.seconds)
     import torch
 
     if not torch.cuda.is_available():
@@ -180,7 +181,7 @@ def run_child(case: str, work: Path, budget: int, seconds: float) -> dict:
     folder = work / case
     folder.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--case", case, "--work", str(folder),
-               "--budget-gib", str(budget / GiB)]
+               "--budget-gib", str(budget / GiB), "--seconds", f"{seconds:.1f}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     with open(folder / "stdout.log", "w") as stdout, open(folder / "stderr.log", "w") as stderr:
@@ -463,7 +464,7 @@ def cell_figures(schedule: list[str], seconds: list[float]) -> dict:
 
 # ---- the children: one case each ----------------------------------------------------------------------
 
-def child(case: str, work: Path, budget: int) -> int:
+def child(case: str, work: Path, budget: int, seconds: float) -> int:
     import torch
 
     from watchdog.logs import configure_logging
@@ -474,30 +475,31 @@ def child(case: str, work: Path, budget: int) -> int:
              "clean": lambda: clean_case(work), "fragmentation": lambda: fragmentation_case(work, watched=True),
              "fragmentation-unwatched": lambda: fragmentation_case(work, watched=False),
              "cache": lambda: cache_case(work), "postmortem": lambda: postmortem_case(work, budget),
-             "reads": lambda: reads_case(), "cost": lambda: cost_case()}
+             "reads": lambda: reads_case(), "cost": lambda: cost_case(seconds)}
     result = cases[case]()
     (work / "result.json").write_text(json.dumps(result, default=str))
     return 0
 
 
 class Loop:
-    """A small model trained in a plain CUDA loop: no `.item()`, nothing that waits on the GPU."""
+    """A small model trained in a plain CUDA loop: no `.item()`, nothing that waits on the GPU.
+    (`device`: "cpu" where the tests here run the cost case's arithmetic without a GPU.)"""
 
-    def __init__(self, width: int, layers: int = 4, batch: int = 256):
+    def __init__(self, width: int, layers: int = 4, batch: int = 256, device: str = "cuda"):
         import torch
 
         torch.manual_seed(0)
-        self.torch, self.batch, self.width = torch, batch, width
+        self.torch, self.batch, self.width, self.device = torch, batch, width, device
         blocks = []
         for _ in range(layers):
             blocks += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-        self.model = torch.nn.Sequential(*blocks).cuda()
+        self.model = torch.nn.Sequential(*blocks).to(device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
         self.kept: list = []  # what a leak keeps
 
     def step(self, keep_grad: bool = False) -> None:
         torch = self.torch
-        x = torch.randn(self.batch, self.width, device="cuda")
+        x = torch.randn(self.batch, self.width, device=self.device)
         loss = torch.nn.functional.mse_loss(self.model(x), x)
         loss.backward()
         if keep_grad:
@@ -839,19 +841,22 @@ def reads_case() -> dict:
     for call in calls.values():  # warm: lazy initialisation out of the figures
         call()
     figures = {name: timed_calls(call, 2000) for name, call in calls.items()}
-    for plan, name in ((BreakdownPlan(every=1), "source_read_breakdown"), (BreakdownPlan(every=10**9), "source_read_carried")):
+    for plan, name in ((BreakdownPlan(every=1), "source_read_breakdown"),
+                       (BreakdownPlan(every=10**9, seconds=math.inf), "source_read_carried")):
         source = CudaSource("cuda:0", plan=plan)
         source.read()
         figures[name] = timed_calls(source.read, 2000)
     return {"calls": figures, "nvml_error": nvml_error, "passed": True}
 
 
-def cost_case() -> dict:
+def cost_case(seconds: float = COST_SECONDS, device: str = "cuda:0", width: int = WIDE) -> dict:
     """The step time with the watchdog off and on, per cell (sample_every x step length), in ABBA
-    blocks of about `COST_BLOCK_SECONDS`. A step is the wide loop's step repeated to the length
+    blocks of about `COST_BLOCK_SECONDS` (less when the case has less than `COST_SECONDS`: all of it
+    fits in `seconds`, 20 of them for the start and the calibration). A step is the wide loop's step repeated to the length
     asked: host-bound (the host dispatches, the GPU keeps up, nothing waits on the GPU), so every
     microsecond the sidecar holds the GIL is one the training thread may wait for: the case that
-    costs most. Off: the watchdog is running but `step()` is not called, so its sidecar sleeps."""
+    costs most. Off: the watchdog is running but `step()` is not called, so its sidecar sleeps.
+    (`device` "cpu", a narrower `width`: the tests here, with the rss source, and no GPU.)"""
     import itertools
 
     import torch
@@ -859,19 +864,23 @@ def cost_case() -> dict:
     from watchdog import Watchdog, WatchdogConfig
     from watchdog.runtime.allocator_figures import AllocatorFigures
 
-    loop, guard = Loop(WIDE), SyncGuard()
+    on_gpu = device.startswith("cuda")
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    loop, guard = Loop(width, device="cuda" if on_gpu else "cpu"), SyncGuard()
     for _ in range(20):  # warm-up: kernels chosen, the allocator's cache filled
         loop.step()
-    torch.cuda.synchronize()
+    sync()
     started = time.perf_counter()
     for _ in range(40):
         loop.step()
-    torch.cuda.synchronize()
+    sync()
     base = (time.perf_counter() - started) / 40  # one loop step, host-bound
+    blocks = len(COST_SAMPLE_EVERY) * len(COST_STEP_MS) * 2 * COST_PAIRS
+    block_seconds = min(COST_BLOCK_SECONDS, max(0.2, (seconds - 20) / blocks))
     cells, call_ns = [], []
 
     def block(wd, steps: int, repeats: int, counter) -> float:
-        torch.cuda.synchronize()
+        sync()
         began = time.perf_counter()
         with guard:
             for _ in range(steps):
@@ -881,17 +890,17 @@ def cost_case() -> dict:
                     before = time.perf_counter_ns()
                     wd.step(next(counter))
                     call_ns.append(time.perf_counter_ns() - before)
-        torch.cuda.synchronize()
+        sync()
         return (time.perf_counter() - began) / steps
 
     for sample_every in COST_SAMPLE_EVERY:
-        config = WatchdogConfig(sample_every=sample_every, source="cuda", device="cuda:0", host_memory=False,
-                                forensics=False)
+        config = WatchdogConfig(sample_every=sample_every, source="cuda" if on_gpu else "rss", device=device,
+                                host_memory=False, forensics=False)
         with Watchdog(config) as wd:
             counter, figures = itertools.count(), wd.telemetry.part(AllocatorFigures)
             for target_ms in COST_STEP_MS:
                 repeats = max(1, round(target_ms / 1000 / base))
-                steps = max(5, round(COST_BLOCK_SECONDS / (repeats * base)))
+                steps = max(3, round(block_seconds / (repeats * base)))
                 schedule, seconds = abba(COST_PAIRS), []
                 samples, breakdowns = wd.telemetry.samples_total, figures.breakdowns
                 for kind in schedule:
@@ -903,7 +912,8 @@ def cost_case() -> dict:
                               "breakdowns": figures.breakdowns - breakdowns,
                               "sample_errors": wd.telemetry.sample_errors_total})
     goal = next(c for c in cells if c["target_ms"] == COST_STEP_MS[0] and c["sample_every"] == 1)
-    return {"cells": cells, "loop_step_ms": round(1000 * base, 3), "step_call_ns": int(statistics.median(call_ns)),
+    return {"cells": cells, "loop_step_ms": round(1000 * base, 3), "block_seconds": round(block_seconds, 3),
+            "step_call_ns": int(statistics.median(call_ns)),
             "sync_mode": guard.mode, "loop_syncs": guard.loop_syncs, "goal_met": goal["mean"] <= COST_GOAL,
             "passed": goal["mean"] <= COST_GOAL and not any(c["sample_errors"] for c in cells)}
 
