@@ -217,11 +217,11 @@ def model_recordings() -> dict:
 
 
 def recordings() -> list:
-    """Every recording there is: the model's, and the GPU's once a device run has written readings.json."""
+    """Every recording there is: the model's, and each device run's readings.json under tests/data/cuda/."""
     found = [pytest.param(case, id=f"model-{name}") for name, case in model_recordings().items()]
-    if (RECORDED / "readings.json").exists():
-        gpu = recorded("readings.json")
-        found += [pytest.param(case, id=f"{gpu['name']}-{name}") for name, case in gpu["cases"].items()]
+    for path in sorted(RECORDED.glob("**/readings.json")):  # a device run's, in a folder of its own
+        gpu = json.loads(path.read_text())
+        found += [pytest.param(case, id=f"{path.parent.name}-{name}") for name, case in gpu["cases"].items()]
     return found
 
 

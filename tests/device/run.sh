@@ -12,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-}" in
   wheels)
-    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+    exclude="$(git rev-parse --git-path info/exclude)"  # a worktree's .git is a file
+    grep -qx '/.whl/' "$exclude" 2>/dev/null || echo /.whl/ >> "$exclude"
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux2014_x86_64 -d .whl structlog==26.1.0 apscheduler==3.11.3 tzlocal==5.4.5
     ls .whl ;;
