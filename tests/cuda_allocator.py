@@ -314,3 +314,54 @@ def run_watched(case: Case, source, steps: int, *, sample_every: int = 5, seed: 
         if step % sample_every == 0:
             requested = step
     return result
+
+
+# ---- what the breakdown plan gives up: a slow leak inside the cache -----------------------------------
+
+class SlowLeak(Case):
+    """The clean case's loop keeping `size` bytes more every step: a leak slow beside the step's
+    activations (70 MiB), that the allocator serves from its cache as long as it can."""
+
+    def __init__(self, recorded: dict, size: int):
+        super().__init__("clean", recorded)
+        self.size, self.kept = size, []
+
+    def step(self, step: int, probe=None, rng: random.Random | None = None) -> None:
+        super().step(step, probe, rng)
+        self.kept.append(self.allocator.malloc(self.size))
+
+
+def slow_leak_table(recorded: dict, seeds: int = 8) -> list[tuple]:
+    """(leak bytes a step, sample_every, median step of the leak report with a breakdown every
+    sample, the same with the source's plan), over `seeds` runs each: docs/gpus.md's figures."""
+    import statistics
+
+    from watchdog.runtime.breakdown_plan import BreakdownPlan
+    from watchdog.runtime.sources import CudaSource
+
+    rows = []
+    for size, steps in ((1 * MiB + 4 * KiB, 2000), (256 * KiB, 3000)):
+        for sample_every in (1, 2, 5, 10):
+            medians = []
+            for plan in (lambda: BreakdownPlan(every=1), BreakdownPlan):
+                reported = []
+                for seed in range(seeds):
+                    case = SlowLeak(recorded, size)
+                    source = CudaSource("cuda:0", cuda=case.allocator, plan=plan(), clock=case.clock)
+                    run = run_watched(case, source, steps, sample_every=sample_every, seed=seed)
+                    reported.append(run["leak_steps"][0] if run["leak_steps"] else steps)
+                medians.append(statistics.median(reported))
+            rows.append((size, sample_every, *medians))
+    return rows
+
+
+if __name__ == "__main__":  # python tests/cuda_allocator.py: the slow leak's table, from the H100's first reading
+    import json
+    import logging
+    from pathlib import Path
+
+    logging.disable(logging.CRITICAL)
+    first = json.loads((Path(__file__).parent / "data" / "cuda" / "memory_stats.json").read_text())[0]
+    print("leak a step | sample every (5 ms steps) | leak reported at (median step): every sample a breakdown | the plan")
+    for size, sample_every, full, planned in slow_leak_table(first):
+        print(f"{size // KiB} KiB | {sample_every} | {full:g} | {planned:g}")
