@@ -310,9 +310,8 @@ def write_fixtures(work: Path, fixtures: Path, results: dict) -> list[str]:
         if path.exists():
             readings[case] = json.loads(path.read_text())
     if readings:
-        write("readings.json", json.dumps({"version": 1, **{k: device.get(k) for k in ("name", "torch", "cuda", "driver",
-                                                                                       "commit", "budget_bytes")},
-                                           "cases": readings}))
+        provenance = {k: device.get(k) for k in ("name", "torch", "cuda", "driver", "commit", "budget_bytes")}
+        write("readings.json", json.dumps({"version": 1, **provenance, "cases": readings}))
     messages = {case: results.get(case, {}).get("oom_text") for case in
                 ("leak-unwatched", "fragmentation-unwatched", "postmortem")}
     write("oom_messages.json", json.dumps({"torch": device["torch"], **messages}, indent=1))
@@ -367,7 +366,8 @@ def render(results: dict) -> str:
                 f"{leak.get('action_step')} (memory {gib(leak.get('used_at_action'))} of "
                 f"{gib(leak.get('limit_at_action'))}), OOM raised: {leak.get('oom_step') is not None}; unwatched, "
                 f"OutOfMemoryError at step {bare.get('oom_step')}; suspects: {leak.get('suspects')}; "
-                f"breakdowns {leak.get('breakdowns')} of {leak.get('samples')} samples; sync errors: {leak.get('sync_error')}")
+                f"breakdowns {leak.get('breakdowns')} of {leak.get('samples')} samples; "
+                f"sync errors: {leak.get('sync_error')}")
     row("leak-unwatched", f"OutOfMemoryError at step {bare.get('oom_step')}, message parsed: {bare.get('parsed')}")
     clean = results.get("clean", {})
     row("clean", f"{clean.get('steps')} steps, actions {clean.get('actions')}, leak reported {clean.get('leak')}, "
@@ -588,7 +588,8 @@ class RecordingSource:
         """The records, each sample's with the step and time the watchdog gave it (its history holds
         the samples in the order they were read)."""
         samples = [r for r in self.records if r["kind"] == "sample"]
-        if len(samples) == len(history) and all(r["read"]["bytes_used"] == h.bytes_used for r, h in zip(samples, history)):
+        if len(samples) == len(history) and all(r["read"]["bytes_used"] == h.bytes_used
+                                                for r, h in zip(samples, history)):
             for record, sample in zip(samples, history):
                 record["step"], record["t"] = sample.step, sample.timestamp
         return self.records
@@ -852,10 +853,10 @@ def reads_case() -> dict:
 def cost_case(seconds: float = COST_SECONDS, device: str = "cuda:0", width: int = WIDE) -> dict:
     """The step time with the watchdog off and on, per cell (sample_every x step length), in ABBA
     blocks of about `COST_BLOCK_SECONDS` (less when the case has less than `COST_SECONDS`: all of it
-    fits in `seconds`, 20 of them for the start and the calibration). A step is the wide loop's step repeated to the length
-    asked: host-bound (the host dispatches, the GPU keeps up, nothing waits on the GPU), so every
-    microsecond the sidecar holds the GIL is one the training thread may wait for: the case that
-    costs most. Off: the watchdog is running but `step()` is not called, so its sidecar sleeps.
+    fits in `seconds`, 20 of them for the start and the calibration). A step is the wide loop's step
+    repeated to the length asked: host-bound (the host dispatches, the GPU keeps up, nothing waits
+    on the GPU), so every microsecond the sidecar holds the GIL is one the training thread may wait
+    for: the case that costs most. Off: the watchdog is running but `step()` is not called, so its sidecar sleeps.
     (`device` "cpu", a narrower `width`: the tests here, with the rss source, and no GPU.)"""
     import itertools
 

@@ -172,8 +172,9 @@ class CudaSource:
     failed cudaMalloc the allocator frees them and retries, so they never cause an OOM, and a
     cache that grows must not read as a leak. Fragmentation shows as that series rising while the
     tensors' own bytes do not. Only the breakdown tells these apart; a reading between breakdowns
-    carries the newest breakdown's series (and no allocator figures, no peak), while the device's
-    free bytes, read every time, would have shown any segment reserved or handed back since.
+    carries the floor the breakdowns saw (`BreakdownPlan.carried`: no allocator figures, no peak),
+    while the device's free bytes, read every time, would have shown any segment reserved or handed
+    back since.
 
     The limit is what this process's allocator may reserve: what it holds plus what the device
     has free (other processes' memory and this one's outside PyTorch, a CUDA context, cuBLAS's
@@ -239,7 +240,8 @@ class CudaSource:
         split = _stat(stats, "inactive_split_bytes", "current")
         reserved = _stat(stats, "reserved_bytes", "current")
         lifetime_peak = _stat(stats, "allocated_bytes", "peak") or allocated
-        free, total = self._cuda.mem_get_info(self._index)  # after the figures: a segment reserved in between lowers the limit, never raises it
+        # After the figures: a segment reserved in between lowers the limit, never raises it.
+        free, total = self._cuda.mem_get_info(self._index)
         fraction = getattr(self._cuda, "get_per_process_memory_fraction", None)  # torch 2.7 on
         self._cap = int(fraction(self._index) * int(total)) if fraction is not None else None
         used = allocated + split
