@@ -40,7 +40,9 @@ much), never past the newest breakdown's. Not the newest breakdown's series: the
 random moment of a step, so a breakdown is the floor plus some of the step's activations, and ten
 readings carrying one taken at the step's peak would raise the detector's floors (its buckets keep
 their lowest reading) where nothing grew. The limit is read fresh (the device's free bytes). A
-reading that carries the series says so: `MemoryReading.allocator` is None, and it has no peak.
+reading that carries the series says so: `MemoryReading.allocator` is None; its peak is the series
+it carries (the peak in between is unknown: as where the allocator's lifetime peak did not rise,
+the current value stands in).
 
 What it costs the judgement, on the device check's cases replayed on a model of the allocator
 (tests/test_cuda_fixtures.py): nothing (the same verdict and action at every sample). A slow leak

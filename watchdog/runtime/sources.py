@@ -172,7 +172,8 @@ class CudaSource:
     failed cudaMalloc the allocator frees them and retries, so they never cause an OOM, and a
     cache that grows must not read as a leak. Fragmentation shows as that series rising while the
     tensors' own bytes do not. Only the breakdown tells these apart; a reading between breakdowns
-    carries the floor the breakdowns saw (`BreakdownPlan.carried`: no allocator figures, no peak),
+    carries the floor the breakdowns saw (`BreakdownPlan.carried`: no allocator figures; the series
+    stands in for the peak),
     while the device's free bytes, read every time, would have shown any segment reserved or handed
     back since.
 
@@ -226,7 +227,8 @@ class CudaSource:
             free, total = self._cuda.mem_get_info(self._index)
             if self.plan.due(total - free, self._limit(free), self._clock()):
                 return self._breakdown()
-            return MemoryReading(self.plan.carried(), self._limit(free))
+            carried = self.plan.carried()
+            return MemoryReading(carried, self._limit(free), carried)
 
     def read_fresh(self) -> MemoryReading:
         """A breakdown now, whatever the plan, and the plan started over: what a rebuild is measured by."""
