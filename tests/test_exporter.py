@@ -174,6 +174,7 @@ def test_every_design_metric_is_served_in_base_units_from_the_cache(served):
     assert value(samples, "hbmwatch_allocator_allocated_bytes") == 700 * MiB
     assert value(samples, "hbmwatch_allocator_split_bytes") == 100 * MiB
     assert value(samples, "hbmwatch_allocator_reserved_bytes") == 950 * MiB
+    assert value(samples, "hbmwatch_allocator_breakdowns_total") == 1
     assert value(samples, "hbmwatch_elapsed_seconds_total") == 95.0
     assert value(samples, "hbmwatch_goodput_seconds_total") == 75.0
     assert value(samples, "hbmwatch_badput_seconds_total", cause="startup") == 15.0
@@ -258,7 +259,7 @@ def test_a_cuda_sources_allocator_figures_are_served_beside_its_series(served):
 
     from watchdog.runtime.sources import CudaSource
 
-    source = CudaSource("cuda:0", cuda=Allocator([state(4, 6, split=0.5)] * 3))
+    source = CudaSource("cuda:0", cuda=Allocator(state(4, 6, split=0.5)))
     with Watchdog(WatchdogConfig(sample_every=1, device="cuda:0", host_memory=False, forensics=False),
                   source=source) as wd:
         server = served(wd.telemetry)
@@ -269,6 +270,7 @@ def test_a_cuda_sources_allocator_figures_are_served_beside_its_series(served):
     assert value(samples, "hbmwatch_allocator_allocated_bytes", device="cuda:0") == 4 * GiB
     assert value(samples, "hbmwatch_allocator_split_bytes", device="cuda:0") == 0.5 * GiB
     assert value(samples, "hbmwatch_allocator_reserved_bytes", device="cuda:0") == 6 * GiB
+    assert value(samples, "hbmwatch_allocator_breakdowns_total", device="cuda:0") == 1, "its first sample's"
 
 
 @pytest.mark.slow

@@ -176,34 +176,40 @@ def test_a_tpu_device_never_imports_torch_xla_and_says_why_each_source_was_passe
 
 
 # ---- the CUDA source -------------------------------------------------------------------------------
-# No GPU here: the allocator's numbers below are made up (the H100 device check of issue 41 is to
-# record real ones); what runs for real is the CUDA-less path.
+# No GPU here: the allocator's numbers below are made up (the H100's real ones are replayed in
+# tests/test_cuda_fixtures.py); what runs for real is the CUDA-less path.
 
-GiB = 1 << 30
+GiB, MiB = 1 << 30, 1 << 20
 
 
 class Allocator:
-    """The torch.cuda calls CudaSource makes, over a scripted series of allocator states."""
+    """torch.cuda as the cuda source calls it, over the allocator state a test sets (`now`): the
+    device's free bytes follow what the allocator reserved, as the driver's do."""
 
-    def __init__(self, states: list[dict], free: int = 10 * GiB, total: int = 80 * GiB, fraction: float = 1.0):
-        self.states, self.free, self.total, self.fraction = states, free, total, fraction
-        self.stats_calls = 0
+    def __init__(self, now: dict, total: int = 80 * GiB, other: int = 2 * GiB, fraction: float = 1.0):
+        self.now, self.total, self.other, self.fraction = now, total, other, fraction
+        self.breakdowns = self.device_reads = 0
 
     def is_initialized(self) -> bool:
         return True
 
-    def memory_stats(self, device) -> dict:
-        state = self.states[min(self.stats_calls, len(self.states) - 1)]
-        self.stats_calls += 1
-        return {"allocated_bytes.all.current": state["allocated"], "allocated_bytes.all.peak": state["peak"],
-                "reserved_bytes.all.current": state["reserved"],
-                "inactive_split_bytes.all.current": state.get("split", 0), "num_alloc_retries": 0}
+    def memory_stats_as_nested_dict(self, index: int) -> dict:
+        assert isinstance(index, int), "the source passes an index: no name is parsed on each call"
+        self.breakdowns += 1
+        now = self.now
+        return {"allocated_bytes": {"all": {"current": now["allocated"], "peak": now["peak"]}},
+                "reserved_bytes": {"all": {"current": now["reserved"]}},
+                "inactive_split_bytes": {"all": {"current": now["split"]}}, "num_alloc_retries": 0}
 
-    def mem_get_info(self, device) -> tuple[int, int]:
-        return self.free, self.total
+    def mem_get_info(self, index: int) -> tuple[int, int]:
+        self.device_reads += 1
+        return self.total - self.other - self.now["reserved"], self.total
 
-    def get_per_process_memory_fraction(self, device) -> float:
+    def get_per_process_memory_fraction(self, index: int) -> float:
         return self.fraction
+
+    def reset_peak_memory_stats(self, index=None) -> None:
+        raise AssertionError("the allocator's peak is every reader's: the source never resets it")
 
 
 def state(allocated: float, reserved: float, peak: float | None = None, split: float = 0) -> dict:
@@ -211,45 +217,120 @@ def state(allocated: float, reserved: float, peak: float | None = None, split: f
             "peak": int((peak if peak is not None else allocated) * GiB), "split": int(split * GiB)}
 
 
-def test_the_cuda_source_reads_the_allocator_once_per_sample():
+def cuda_source(allocator: Allocator, **plan):
+    """The cuda source, its readings a millisecond apart (a fast step at sample_every=1)."""
+    from watchdog.runtime.breakdown_plan import BreakdownPlan
     from watchdog.runtime.sources import CudaSource
 
-    allocator = Allocator([state(1, 2)] * 5)
-    source = CudaSource("cuda:0", cuda=allocator)
-    before = allocator.stats_calls
+    ticks = iter(range(10**9))
+    return CudaSource("cuda:0", cuda=allocator, plan=BreakdownPlan(**plan), clock=lambda: next(ticks) / 1000)
+
+
+def test_a_steady_allocator_is_read_on_the_device_every_sample_and_broken_down_every_tenth():
+    allocator = Allocator(state(1, 2))
+    source = cuda_source(allocator)
+    readings = [source.read() for _ in range(30)]
+    assert allocator.device_reads >= 30 and allocator.breakdowns == 1 + 3, "at construction, then 1 in 10"
+    assert {r.bytes_used for r in readings} == {1 * GiB} and {r.bytes_limit for r in readings} == {78 * GiB}
+    assert [r.allocator is not None for r in readings[:11]] == [True] + [False] * 9 + [True], \
+        "a reading that carries the series says so: no allocator figures"
+    assert [r.peak_bytes_used for r in readings[:2]] == [1 * GiB] * 2, "the series stands in for an unknown peak"
+
+
+def test_a_growing_cache_is_read_at_once_and_is_not_a_leak():
+    """The cache grows: the device's free bytes fall, so the breakdown is read; the series stays."""
+    allocator = Allocator(state(4, 4))
+    source = cuda_source(allocator)
+    source.read()
+    for reserved in (6, 9, 12):
+        allocator.now = state(4, reserved)
+        before = allocator.breakdowns
+        reading = source.read()
+        assert allocator.breakdowns == before + 1 and reading.bytes_used == 4 * GiB
+        assert reading.allocator == AllocatorMemory(4 * GiB, 0, reserved * GiB)
+
+
+def test_fragmentation_is_counted_and_each_figure_served():
+    allocator = Allocator(state(4, 6))
+    source = cuda_source(allocator)
+    source.read()
+    allocator.now = state(4, 7, split=0.5)
+    assert source.read().bytes_used == int(4.5 * GiB)
+    allocator.now = state(4, 8, split=1.5)
+    assert source.read().allocator == AllocatorMemory(4 * GiB, int(1.5 * GiB), 8 * GiB)
+
+
+def test_tensors_growing_inside_the_cache_are_read_within_every_readings_then_at_each_while_they_climb():
+    """The device cannot see tensors fill the cache; the breakdown every `every`-th reading does, and
+    from then on every reading is a breakdown until the series stops making new highs."""
+    allocator = Allocator(state(1, 6))
+    source = cuda_source(allocator, every=4)
+    source.read()
+    used = []
+    for n in range(1, 13):
+        allocator.now = state(1 + 0.25 * n, 6)
+        used.append(source.read().bytes_used / GiB)
+    assert used[:3] == [1, 1, 1], "carried: the device reading did not move"
+    assert used[3:] == [1 + 0.25 * n for n in range(4, 13)], "read at the fourth, then every reading of the climb"
     for _ in range(4):
         source.read()
-    assert allocator.stats_calls - before == 4
+    assert allocator.breakdowns == 1 + 1 + 9 + 4, "the climb stopped: four more breakdowns found no new high"
+    for _ in range(3):
+        source.read()
+    assert allocator.breakdowns == 15, "then readings carry the series again"
 
 
-def test_a_growing_cache_is_not_a_leak_and_fragmentation_is_counted():
-    from watchdog.runtime.sources import CudaSource
-
-    cache = CudaSource("cuda:0", cuda=Allocator([state(4, 4), state(4, 6), state(4, 9), state(4, 12)]))
-    assert {cache.read().bytes_used for _ in range(3)} == {4 * GiB}, "reserved but free blocks are given back"
-    fragments = CudaSource("cuda:0", cuda=Allocator([state(4, 6), state(4, 6, split=0.5), state(4, 6, split=1.5)]))
-    assert [fragments.read().bytes_used for _ in range(2)] == [int(4.5 * GiB), int(5.5 * GiB)]
-    assert fragments.read().allocator == AllocatorMemory(4 * GiB, int(1.5 * GiB), 6 * GiB), "each figure, served"
+def test_near_the_limit_every_reading_is_a_breakdown():
+    allocator = Allocator(state(5, 7.5), total=10 * GiB, other=1 * GiB)  # reserved 7.5 of a 9 GiB limit: 83%
+    source = cuda_source(allocator)
+    for _ in range(5):
+        source.read()
+    assert allocator.breakdowns == 1 + 1
+    allocator.now = state(5, 8.2)  # 91%
+    for _ in range(5):
+        source.read()
+    assert allocator.breakdowns == 2 + 5
 
 
 def test_the_cuda_limit_is_what_the_allocator_may_still_reserve_capped_by_its_fraction():
-    from watchdog.runtime.sources import CudaSource
-
-    shared = CudaSource("cuda:0", cuda=Allocator([state(20, 30)] * 3, free=6 * GiB))
+    shared = cuda_source(Allocator(state(20, 30), other=44 * GiB))  # the device has 6 GiB free
     assert shared.read().bytes_limit == 36 * GiB, "other processes' memory is already taken from the free"
-    capped = CudaSource("cuda:0", cuda=Allocator([state(20, 30)] * 3, free=40 * GiB, total=80 * GiB, fraction=0.4))
-    assert capped.read().bytes_limit == 32 * GiB
+    capped = cuda_source(Allocator(state(20, 30), other=10 * GiB, fraction=0.4))
+    assert {capped.read().bytes_limit for _ in range(3)} == {32 * GiB}, "carried readings keep the cap"
 
 
-def test_the_cuda_peak_is_since_the_previous_reading_so_a_reinit_does_not_keep_the_old_high():
-    from watchdog.runtime.sources import CudaSource
+def test_the_cuda_peak_is_since_the_previous_breakdown_and_the_users_peak_is_never_reset():
+    allocator = Allocator(state(10, 12))
+    source = cuda_source(allocator)
+    source.read()
+    allocator.now = state(12, 14, peak=15)
+    assert source.read().peak_bytes_used == 15 * GiB, "a new high since the last breakdown"
+    assert source.read().peak_bytes_used == 12 * GiB, "none since: the current series stands in"
+    for _ in range(9):  # the climb is over: ten breakdowns in a row found no new high
+        source.read()
+    allocator.now = state(2, 14, peak=15)  # a rebuild freed tensors into the cache: the device sees nothing
+    assert source.read().bytes_used == 12 * GiB, "carried"
+    after_rebuild = source.read_fresh()
+    assert (after_rebuild.bytes_used, after_rebuild.peak_bytes_used) == (2 * GiB, 2 * GiB), \
+        "the old lifetime high is not this state's peak"
+    allocator.now = state(3, 14, peak=15)
+    assert {source.read().peak_bytes_used for _ in range(10)} == {2 * GiB, 3 * GiB}, \
+        "carried (the floor seen), then read: never the old 15 GiB"
+    assert allocator.now["peak"] == 15 * GiB, "torch.cuda.max_memory_allocated() still says 15 GiB"
 
-    source = CudaSource("cuda:0", cuda=Allocator([state(10, 12), state(12, 14, peak=15), state(2, 14, peak=15),
-                                                  state(3, 14, peak=15)]))
-    assert source.read().peak_bytes_used == 15 * GiB, "a new high since the last reading"
-    after_reinit = source.read()
-    assert (after_reinit.bytes_used, after_reinit.peak_bytes_used) == (2 * GiB, 2 * GiB)
-    assert source.read().peak_bytes_used == 3 * GiB
+
+def test_a_rebuild_is_measured_by_a_fresh_reading_of_any_source(tmp_path):
+    from watchdog.runtime.sources import fresh_reading
+
+    allocator = Allocator(state(8, 9))
+    source = cuda_source(allocator)
+    source.read()
+    allocator.now = state(1, 9)
+    assert fresh_reading(source).bytes_used == 1 * GiB
+    trace = tmp_path / "t.csv"
+    write_trace(trace, [Sample(0, 1.0, 5, 10), Sample(1, 2.0, 6, 10)])
+    replay = ReplaySource(trace)
+    assert [fresh_reading(replay).bytes_used, fresh_reading(replay).bytes_used] == [5, 6], "read() for the rest"
 
 
 def test_without_cuda_the_cuda_source_is_unavailable_and_creates_no_context():
@@ -263,4 +344,4 @@ def test_without_cuda_the_cuda_source_is_unavailable_and_creates_no_context():
             return False
 
     with pytest.raises(SourceUnavailable, match="has not used CUDA yet"):
-        CudaSource("cuda:0", cuda=Unused([state(0, 0)]))
+        CudaSource("cuda:0", cuda=Unused(state(0, 0)))

@@ -74,8 +74,8 @@ from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
-from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, release_host_memory,
-                                      select_source)
+from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, fresh_reading,
+                                      release_host_memory, select_source)
 from watchdog.runtime.stall import StallWatch
 from watchdog.station.blocks import ActionOutcome
 from watchdog.station.station import Station
@@ -381,7 +381,7 @@ class Watchdog(ActionPath):
         release_host_memory()
         device = host = None
         try:
-            device = self._source.read() if self._source is not None else None
+            device = fresh_reading(self._source) if self._source is not None else None
             watch = self._host_watch
             if watch is not None and watch.station is not None:
                 host = watch.memory.read()

@@ -10,15 +10,18 @@ Sources, most precise first:
           happens there first); every chip is kept in the reading for the exporter. It is the
           only reading on TorchTPU (`torch.device("tpu")`, torch-tpu), which has no memory
           statistics of its own, and it needs nothing of torch_xla.
-- `cuda`: the caching allocator's stats, one `memory_stats()` a reading: what it cannot give
-          back (tensors and split blocks' remainders), against what it may still reserve.
+- `cuda`: the caching allocator: what it cannot give back (tensors and split blocks' remainders),
+          against what it may still reserve; the device's free bytes every reading, the allocator's
+          breakdown when it is needed (runtime/breakdown_plan.py).
 - `rss`:  the job's memory in host RAM (this process and its children, each page counted once):
           PJRT CPU keeps device buffers there. The limit comes from `--memory-limit`.
 - `replay`: serves a recorded trace in order (demos, tests, dashboards without hardware).
 
 `select_source` probes candidates in that order for the device and keeps the first that reads;
-the choice is logged and exported (`hbmwatch_build_info{source}`). Every source is called from
-the sidecar thread only, never from the training step.
+the choice is logged and exported (`hbmwatch_build_info{source}`). A source is read on the
+sidecar thread every sample, and on the training thread twice: its first reading, when it is
+chosen (`Watchdog.start()`), and after a rebuild (`Watchdog.reinit_finished`, `fresh_reading`),
+between steps; never inside a step.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 from watchdog.core.errors import InputError
 from watchdog.core.readings import AllocatorMemory, DeviceMemory, MemoryReading
 from watchdog.core.sample import read_trace
+from watchdog.runtime.breakdown_plan import BreakdownPlan
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
@@ -156,26 +162,46 @@ class TpuRuntimeSource:
 
 
 class CudaSource:
-    """PyTorch's CUDA caching allocator, from one `memory_stats()` per reading (host-side counters:
-    no device sync, no new CUDA context).
+    """PyTorch's CUDA caching allocator: the device's free bytes on every reading, the allocator's
+    breakdown when it is needed (`BreakdownPlan`, runtime/breakdown_plan.py, says when and why).
+    Host-side figures only: no device sync, no new CUDA context.
 
     The series is what the allocator could not hand back if it had to: the bytes live tensors hold
     plus the free remainders of blocks split for them (`inactive_split_bytes`), which stay
     reserved while any part of their block is in use. Whole cached blocks are left out: on a
     failed cudaMalloc the allocator frees them and retries, so they never cause an OOM, and a
     cache that grows must not read as a leak. Fragmentation shows as that series rising while the
-    tensors' own bytes do not.
+    tensors' own bytes do not. Only the breakdown tells these apart; a reading between breakdowns
+    carries the floor the breakdowns saw (`BreakdownPlan.carried`: no allocator figures; the series
+    stands in for the peak),
+    while the device's free bytes, read every time, would have shown any segment reserved or handed
+    back since.
 
     The limit is what this process's allocator may reserve: what it holds plus what the device
     has free (other processes' memory and this one's outside PyTorch, a CUDA context, cuBLAS's
     workspaces, NCCL's buffers, are already taken), capped by `set_per_process_memory_fraction`.
-    The peak is the peak since the previous reading, as `RssSource`'s: the allocator keeps only a
-    lifetime peak, which after a reinit would keep the old high and read as an OOM about to happen.
+
+    The peak is the peak since the previous breakdown, as `RssSource`'s: the allocator keeps only a
+    lifetime peak (`allocated_bytes.all.peak`, what `torch.cuda.max_memory_allocated()` returns),
+    which after a reinit would keep the old high and read as an OOM about to happen. It can only be
+    reset for every reader of the process (`reset_peak_memory_stats` resets every peak statistic,
+    the user's own with it), so it is never reset: the source keeps its own running figure, the
+    lifetime peak as last read, and a new high shows as that peak growing. A peak that needed memory
+    from the device between breakdowns moved the device reading, so the next reading is a breakdown
+    and reads it.
+
+    Threads and the GIL. Every sample's reading runs on the sidecar thread: `mem_get_info` holds the
+    GIL only to enter and leave PyTorch's binding (it releases it around the driver's
+    `cudaMemGetInfo`); a breakdown, `memory_stats_as_nested_dict`, holds it the whole call (PyTorch
+    builds the figures as Python dicts; the allocator's own lock is held only to copy its counters).
+    The training thread reads twice: the first reading when the source is chosen (`start()`), and a
+    breakdown after a rebuild (`Watchdog.reinit_finished`, through `fresh_reading`), between steps.
     """
 
     name = "cuda"
 
-    def __init__(self, device: str, cuda: object | None = None):
+    def __init__(self, device: str, cuda: object | None = None, plan: BreakdownPlan | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         if cuda is None:
             import torch
 
@@ -186,26 +212,63 @@ class CudaSource:
             raise SourceUnavailable("this process has not used CUDA yet")
         self._cuda = cuda
         self.device = device if device.startswith("cuda") else "cuda"
-        self._lifetime_peak = int(cuda.memory_stats(self.device).get("allocated_bytes.all.peak", 0))
+        # An index, not a name: the calls parse no string. Taken here, on the training thread, whose
+        # current device a bare "cuda" means.
+        self._index = int(self.device.split(":", 1)[1]) if ":" in self.device else int(cuda.current_device())
+        self.plan = plan if plan is not None else BreakdownPlan()
+        self._clock = clock
+        self._reserved = 0  # as the newest breakdown read it
+        self._cap: int | None = None  # the allocator's share of the device, where it is given one
+        self._lifetime_peak = _stat(cuda.memory_stats_as_nested_dict(self._index), "allocated_bytes", "peak")
+        self._lock = threading.Lock()  # the sidecar's reading and the training thread's after a rebuild
 
     def read(self) -> MemoryReading:
-        stats = self._cuda.memory_stats(self.device)
-        allocated = int(stats.get("allocated_bytes.all.current", 0))
-        split = int(stats.get("inactive_split_bytes.all.current", 0))
-        reserved = int(stats.get("reserved_bytes.all.current", 0))
-        lifetime_peak = int(stats.get("allocated_bytes.all.peak", allocated))
+        with self._lock:
+            free, total = self._cuda.mem_get_info(self._index)
+            if self.plan.due(total - free, self._limit(free), self._clock()):
+                return self._breakdown()
+            carried = self.plan.carried()
+            return MemoryReading(carried, self._limit(free), carried)
+
+    def read_fresh(self) -> MemoryReading:
+        """A breakdown now, whatever the plan, and the plan started over: what a rebuild is measured by."""
+        with self._lock:
+            self.plan.restart()
+            return self._breakdown()
+
+    def _breakdown(self) -> MemoryReading:
+        stats = self._cuda.memory_stats_as_nested_dict(self._index)
+        allocated = _stat(stats, "allocated_bytes", "current")
+        split = _stat(stats, "inactive_split_bytes", "current")
+        reserved = _stat(stats, "reserved_bytes", "current")
+        lifetime_peak = _stat(stats, "allocated_bytes", "peak") or allocated
+        # After the figures: a segment reserved in between lowers the limit, never raises it.
+        free, total = self._cuda.mem_get_info(self._index)
+        fraction = getattr(self._cuda, "get_per_process_memory_fraction", None)  # torch 2.7 on
+        self._cap = int(fraction(self._index) * int(total)) if fraction is not None else None
         used = allocated + split
         peak = peak_since(self._lifetime_peak, lifetime_peak, used)
-        self._lifetime_peak = lifetime_peak
-        return MemoryReading(used, self._limit(reserved), peak, allocator=AllocatorMemory(allocated, split, reserved))
+        self._lifetime_peak, self._reserved = lifetime_peak, reserved
+        self.plan.read(used, reserved, int(total) - int(free), self._clock())
+        return MemoryReading(used, self._limit(free), peak, allocator=AllocatorMemory(allocated, split, reserved))
 
-    def _limit(self, reserved: int) -> int:
-        free, total = self._cuda.mem_get_info(self.device)
-        limit = int(free) + reserved
-        fraction = getattr(self._cuda, "get_per_process_memory_fraction", None)  # torch 2.7 on
-        if fraction is not None:
-            limit = min(limit, int(fraction(self.device) * int(total)))
-        return limit
+    def _limit(self, free: int) -> int:
+        limit = int(free) + self._reserved
+        return limit if self._cap is None else min(limit, self._cap)
+
+
+def _stat(stats: dict, name: str, field: str) -> int:
+    """One figure of the allocator's nested statistics, over all its pools (0 where the allocator
+    keeps none: cudaMallocAsync reports several as zero)."""
+    return int(stats.get(name, {}).get("all", {}).get(field, 0))
+
+
+def fresh_reading(source: MemorySource) -> MemoryReading:
+    """A reading that carries nothing from an earlier one: what a rebuild is measured by
+    (`Watchdog.reinit_finished`). A source that carries figures between readings (`cuda`) reads
+    them all now; every other source's readings are always fresh."""
+    read_fresh = getattr(source, "read_fresh", None)
+    return read_fresh() if read_fresh is not None else source.read()
 
 
 def peak_since(previous_lifetime_peak: int, lifetime_peak: int, current: int) -> int:
