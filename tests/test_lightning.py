@@ -246,9 +246,9 @@ def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_through_lightnin
 
     first = fit(((3, "checkpoint_restart"),), 20)
     assert first.exit_code == 42
-    assert first.watchdog.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": 3}
+    assert first.watchdog.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": 3, "cycles": []}
     second = fit((), 10, ckpt_path=first.resume_path())  # a new process: a new callback
-    assert second.watchdog.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": 3}
+    assert second.watchdog.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": 3, "cycles": []}
     assert second.watchdog.judge.restarts_so_far == 5
 
 

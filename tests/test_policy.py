@@ -146,12 +146,14 @@ def test_reinit_that_freed_the_growth_keeps_reinit():
     assert policy.decide(verdict(2, projected_oom_steps=10.0)) is Action.CHECKPOINT_REINIT
 
 
-def test_restart_budget_counts_earlier_restarts_and_falls_back_to_reinit():
+def test_restart_budget_counts_earlier_restarts_and_past_it_a_restart_is_still_asked_for():
+    """Past the budget a reinit could not help (a restart was wanted): the restart is asked for, and
+    the hand-over stops the job instead (exit 45, tests/test_cycles.py)."""
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, cooldown_steps=0, prefer_restart=True, max_restarts=2),
                           restarts_so_far=1)
     assert policy.decide(verdict(1, projected_oom_steps=10.0)) is Action.CHECKPOINT_RESTART
-    assert policy.decide(verdict(2, projected_oom_steps=10.0)) is Action.CHECKPOINT_REINIT  # budget spent: still save
-    assert policy.restarts_so_far == 2
+    assert policy.decide(verdict(2, projected_oom_steps=10.0)) is Action.CHECKPOINT_RESTART
+    assert policy.restarts_so_far == 2  # the budget's count stops at the budget
 
 
 def test_healthy_and_suspect_verdicts_never_act():
@@ -179,16 +181,17 @@ def test_a_reinit_that_gave_nothing_back_is_followed_by_a_restart_without_waitin
     assert policy.decide(verdict(1_005, projected_oom_steps=25.0, window=500.0)) is Action.CHECKPOINT_RESTART
 
 
-def test_with_the_restart_budget_spent_a_reinit_that_gave_nothing_back_keeps_the_cooldown():
-    """Seen in `bench --endurance`: three preemptions had spent the budget, and a reinit that freed too
-    little was followed by another every sample (15 steps apart), five in a row."""
+def test_with_the_restart_budget_spent_a_reinit_that_gave_nothing_back_is_never_followed_by_another():
+    """Seen in `bench --endurance`: with the budget spent, a reinit that freed too little was followed
+    by another every sample (15 steps apart), five in a row; then a cooldown held the next one back.
+    Another reinit could not help: a restart is asked for at once, which the hand-over turns into a
+    stop past the budget (exit 45)."""
     policy = ActionPolicy(PolicyConfig(confirm_verdicts=1, checkpoint_margin_steps=10, cooldown_steps=150,
                                        max_restarts=3), restarts_so_far=3)
     watched(policy, 1_000)
     assert policy.decide(verdict(1_000, projected_oom_steps=30.0, window=500.0)) is Action.CHECKPOINT_REINIT
     assert not policy.reinit_finished(floor_before_bytes=2e9, floor_after_bytes=2e9)
-    assert policy.decide(verdict(1_015, projected_oom_steps=25.0, window=500.0)) is Action.NONE
-    assert policy.decide(verdict(1_150, projected_oom_steps=25.0, window=500.0)) is Action.CHECKPOINT_REINIT
+    assert policy.decide(verdict(1_015, projected_oom_steps=25.0, window=500.0)) is Action.CHECKPOINT_RESTART
 
 
 def test_a_reinit_that_leaves_more_behind_than_the_previous_one_escalates_to_a_restart():
@@ -267,5 +270,5 @@ def test_the_limit_rule_acts_at_once_then_keeps_the_cooldown_and_the_restart_bud
     at_limit = [verdict(step, projected_oom_steps=0.0, window=0.0) for step in range(250)]
     actions = [policy.limit_reached(v) for v in at_limit]
     acted = {step: action for step, action in enumerate(actions) if action is not Action.NONE}
-    assert acted == {0: Action.CHECKPOINT_RESTART, 100: Action.CHECKPOINT_REINIT, 200: Action.CHECKPOINT_REINIT}
-    assert policy.restarts_so_far == 1
+    assert acted == {0: Action.CHECKPOINT_RESTART, 100: Action.CHECKPOINT_RESTART, 200: Action.CHECKPOINT_RESTART}
+    assert policy.restarts_so_far == 1  # past the budget, each is handed over as a stop (exit 45)

@@ -357,11 +357,11 @@ def test_the_watchdogs_restarts_in_a_row_span_processes_through_its_state_dict()
         return wd
 
     first = watchdog({"restarts_so_far": 5}, 10)
-    assert first.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": None}, \
+    assert first.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": None, "cycles": []}, \
         "a host that never kept the watchdog's own: every restart counts"
     assert [first.step(s) for s in range(12)].count(Action.CHECKPOINT_RESTART) == 1
     saved = first.state_dict()
-    assert saved == {"restarts_so_far": 6, "watchdog_restarts": 6, "watchdog_restart_step": 10}
+    assert saved == {"restarts_so_far": 6, "watchdog_restarts": 6, "watchdog_restart_step": 10, "cycles": []}
 
     second = watchdog(saved, 50)
     assert second.judge.restarts_so_far == 6, "the budget starts where the last process left it"
@@ -372,13 +372,13 @@ def test_the_watchdogs_restarts_in_a_row_span_processes_through_its_state_dict()
     third = watchdog(second.state_dict(), 400)
     for s in range(51, 401):
         third.step(s)
-    assert third.state_dict() == {"restarts_so_far": 8, "watchdog_restarts": 1, "watchdog_restart_step": 400}, \
+    assert third.state_dict() == {"restarts_so_far": 8, "watchdog_restarts": 1, "watchdog_restart_step": 400, "cycles": []}, \
         "350 steps of progress"
 
     fourth = watchdog(third.state_dict())
     fourth.propose(Action.CHECKPOINT_RESTART, "stop signal")
     assert fourth.step(401) is Action.CHECKPOINT_RESTART
     assert fourth.state_dict() == {**third.state_dict(), "restarts_so_far": 9}, \
-        "a preemption is a restart of the job, not the watchdog's"
+        "a preemption is a restart of the job, not the watchdog's; drills and proposals end no leak's cycle"
     with pytest.raises(ConfigError, match="watchdog_restarts"):
         fourth.load_state_dict({"watchdog_restarts": "7"})

@@ -32,4 +32,4 @@ def test_drills_and_proposals_take_the_action_path_and_count_as_the_watchdogs_wo
         (4, REINITIALISED, None), (7, "exit 42: restart requested", EXIT_RESTART_REQUESTED),
         (8, "exit 42: restart requested", EXIT_RESTART_REQUESTED)]
     # the drill's restart stands for the watchdog's; the stop signal's is the job's only
-    assert stand_in.state_dict() == {"restarts_so_far": 2, "watchdog_restarts": 1, "watchdog_restart_step": 7}
+    assert stand_in.state_dict() == {"restarts_so_far": 2, "watchdog_restarts": 1, "watchdog_restart_step": 7, "cycles": []}

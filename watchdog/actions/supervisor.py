@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable, Sequence
 
 from watchdog.actions.job_group import Guard, end_group, signal_group, start_guard
-from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
+from watchdog.core.errors import EXIT_FUTILE, EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.logs import get_logger
 from watchdog.core.restarts import RESTART_COUNT_ENV
 
@@ -74,7 +74,7 @@ class ChildOutcome:
 @dataclass(frozen=True, slots=True)
 class Decision:
     restart: bool
-    reason: str  # finished | restart_requested | peer_lost | restart_unsaved | out_of_memory | killed_by_signal | failed | budget_exhausted | stopped
+    reason: str  # finished | futile | restart_requested | peer_lost | restart_unsaved | out_of_memory | killed_by_signal | failed | budget_exhausted | stopped
     exit_status: int | None = None  # what the supervisor exits with, when not restarting
 
 
@@ -85,6 +85,8 @@ def decide(outcome: ChildOutcome, restarts_so_far: int, max_restarts: int, stopp
         return Decision(False, "stopped", exit_status_of(code))
     if code == 0:
         return Decision(False, "finished", 0)
+    if code == EXIT_FUTILE:  # saved, but restarting will not save this job: the leak must be fixed
+        return Decision(False, "futile", EXIT_FUTILE)
     if code == EXIT_RESTART_REQUESTED:
         reason = "restart_requested"
     elif code == EXIT_PEER_LOST:  # another rank died or stalled during an agreement: the job starts again

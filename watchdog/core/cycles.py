@@ -15,8 +15,11 @@ this rate beside the detector's). The lesson holds while the readings bear it ou
 memory rose less than a quarter of what the rate predicts, over a dozen readings, has no such leak
 any more (it was fixed, or the rebuild freed its cause), and the lesson is dropped.
 
-Each cycle's length is kept (`CycleLengths`): when each is shorter than the one before, or too
-short for a save and a resume to pay off, restarting will not save the job (`futile`).
+Cycles that shrink say the same thing twice over. Within a process, each rebuild leaving more behind
+(the judge's reinits: `shrinking`), a restart is due, since a new process frees what a rebuild leaves.
+Across processes (`RunState.cycles`: what each restart bought, the first cycle of each process), each
+of three clearly shorter than the one before says that restarting will not save the job, and so does a
+cycle no longer than its action took to carry out (the leak refills before its save is done): `futile`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import NamedTuple
 BORNE_OUT = 0.25  # a cycle's rise must reach this share of what the lesson predicts ...
 READINGS_TO_DOUBT = 12  # ... once it has had this many readings, or the lesson is dropped
 SHRINKING_CYCLES = 3  # this many cycles in a row, each shorter than the one before: restarting is in vain
+SHRINKS = 0.85  # ... each at most this share of the one before (a steady leak's cycles differ by a few steps)
 
 
 class Lesson:
@@ -65,14 +69,20 @@ class Cycle(NamedTuple):
         return max(0.0, (floor - self.start_bytes) / (step - self.start_step)) if step > self.start_step else 0.0
 
 
-def futile(lengths: list[int], cost_steps: float) -> str | None:
-    """Why restarting will not save the job, from its cycles' lengths in steps (oldest first), or
-    None: the newest `SHRINKING_CYCLES` each shorter than the one before, or the newest shorter than
-    `cost_steps` (what a save and a resume cost)."""
+def shrinking(lengths: list[float]) -> bool:
+    """The newest `SHRINKING_CYCLES` lengths each at most `SHRINKS` of the one before."""
     newest = lengths[-SHRINKING_CYCLES:]
-    said = ", ".join(f"{n:,}" for n in newest)
-    if len(newest) == SHRINKING_CYCLES and all(b < a for a, b in zip(newest, newest[1:])):
-        return f"each cycle shorter than the one before ({said} steps)"
-    if lengths and lengths[-1] <= cost_steps:
-        return f"a cycle of {lengths[-1]:,} steps, no longer than a save and a resume ({cost_steps:,.0f} steps)"
+    return len(newest) == SHRINKING_CYCLES and all(b <= SHRINKS * a for a, b in zip(newest, newest[1:]))
+
+
+def futile(restarts: list[int], cycle: float | None = None, took_steps: float | None = None) -> str | None:
+    """Why restarting will not save the job, or None: what each restart bought (`restarts`: each
+    process's first cycle, in steps, oldest first) shrinking, or this cycle (`cycle` steps) no longer
+    than the action before it took from its decision to the rebuilt state (`took_steps`)."""
+    if shrinking(restarts):
+        said = ", ".join(f"{n:,}" for n in restarts[-SHRINKING_CYCLES:])
+        return f"each restart bought fewer steps than the one before ({said})"
+    if cycle is not None and took_steps is not None and cycle <= took_steps:
+        return (f"the leak refilled in {cycle:,.0f} steps, no more than the action before took to carry out "
+                f"({took_steps:,.0f} steps)")
     return None

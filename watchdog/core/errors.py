@@ -11,6 +11,7 @@ EXIT_BAD_INPUT = 2
 EXIT_RESTART_REQUESTED = 42  # checkpoint saved, restart me (the XPK/JobSet convention)
 EXIT_PEER_LOST = 43  # another rank died or stalled during an agreement: nothing saved here, restart the job
 EXIT_UNSAVED = 44  # a restart is needed but the disk refused its checkpoint: restart from the newest one there is
+EXIT_FUTILE = 45  # checkpoint saved, but restarting will not save this job (core/cycles.py): do not restart, fix the leak
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): checkpoint saved, stopped (the shell's 128 + 2)
 
 

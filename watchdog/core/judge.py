@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from watchdog.core.cycles import Cycle, Lesson
+from watchdog.core.cycles import Cycle, Lesson, shrinking
 from watchdog.core.detector import DetectorConfig, LeakDetector
 from watchdog.core.pace import HANDOVER_STEPS, Pace
 from watchdog.core.phase import CLIMB_RUNS, NextRun, PeakClimb, PhaseEpisode, PhaseForecast, parse_label
@@ -106,6 +106,7 @@ class Judge:
         self._pace = Pace()  # the newest readings: the limit rule's reach before any trend
         self._cycle: Cycle | None = None  # where this cycle started: the first reading of a fresh state
         self._taught = 0.0  # the leak's rate as the newest action's cycle measured it (bytes per step)
+        self._cycles: list[float] = []  # this process's cycles' lengths, in steps, to their actions
         self._lesson: Lesson | None = None  # that rate, carried into the cycle after a rebuild (core/cycles.py)
         self._gap = 0.0  # steps between the newest two readings
         self._took_steps: float | None = None  # steps the newest reinit took from its decision to the rebuilt state
@@ -251,6 +252,8 @@ class Judge:
         if rate <= 0 and cycle is not None and level is not None:
             rate = cycle.rate(verdict.step, level)
         self._taught = max(rate, 0.0)
+        if cycle is not None:
+            self._cycles = [*self._cycles[-3:], verdict.step - cycle.start_step]
 
     def _set_limit(self, limit: int | None) -> None:
         """The effective limit changed: the detector projects against it, the limit rule acts at it."""
@@ -370,6 +373,8 @@ class Judge:
         if took_steps is not None and took_steps >= 0:
             self._took_steps = float(took_steps)
         recovered = self.policy.reinit_finished(before, bytes_after)
+        if recovered and shrinking(self._cycles):  # each rebuild leaves more behind: a new process frees it
+            self.policy.escalate()
         self._pace.clear()  # the readings before the rebuild describe the state it dropped
         if recovered:
             self.detector.reset()

@@ -12,10 +12,9 @@ The ladder, one verdict at a time:
     the run finishes first
 - confirmed, OOM within the action horizon -> CHECKPOINT_REINIT (save, rebuild in process)
     ... or CHECKPOINT_RESTART (save, exit 42) when `prefer_restart` is set, or when the last
-    reinit did not bring the floor back down (`reinit_finished`), while the restart budget
-    (`max_restarts`, counting `restarts_so_far` from earlier processes) lasts; once it is spent
-    the policy still asks for CHECKPOINT_REINIT, because a saved checkpoint is worth having even
-    when the rebuild cannot stop the leak.
+    reinit did not bring the floor back down (`reinit_finished`); once the restart budget
+    (`max_restarts`, counting `restarts_so_far` from earlier processes) is spent, the restart is
+    handed over as a stop (`ActionPath._futile`: save, exit 45): another reinit could not help.
 - after a checkpoint action, nothing more until its effect is measured (`reinit_finished`: the
   loop rebuilt, and one reading says what came back; a restart replaces the policy with the
   process). From then on the policy watches as it did before the first action: a projected OOM
@@ -23,11 +22,9 @@ The ladder, one verdict at a time:
   an action left the job unprotected: on an H100 the leak refilled after the reinit and reached a
   real OOM at step 797, four steps before a 500-step cooldown ended. `cooldown_steps` is only
   the bound for an action whose effect is never measured (a loop that takes the action and does
-  not say it rebuilt, a replayed trace): then the policy acts again once it has passed. One
-  exception keeps it: a reinit that gave nothing back with the restart budget spent, since the
-  next action could only be another such reinit (one per sample, never a storm). While the
-  restart budget lasts, that reinit's restart comes at the next confirmed verdict inside the
-  horizon.
+  not say it rebuilt, a replayed trace): then the policy acts again once it has passed. A reinit
+  that gave nothing back is followed by a restart at the next confirmed verdict inside the
+  horizon, or at the limit; past the restart budget, by a stop (exit 45), never another reinit.
 - the restart budget counts the restarts the watchdog asked for (`WatchdogConfig.watchdog_restarts`,
   kept in the host's checkpoints through `Watchdog.state_dict()`), not the job's preemptions or
   crash restarts, and a restart `restart_window_steps` or more after the previous one starts the
@@ -222,9 +219,10 @@ class ActionPolicy:
         self._previous_step = step
 
     def _checkpoint_action(self) -> Action:
-        wants_restart = self.config.prefer_restart or self._escalate
-        if wants_restart and self.restarts_so_far < self.config.max_restarts:
-            self.restarts_so_far += 1
+        """A restart where one is wanted, the budget's count kept; past the budget as well: another
+        reinit could not help, and the hand-over stops the job instead (`ActionPath._futile`, exit 45)."""
+        if self.config.prefer_restart or self._escalate:
+            self.restarts_so_far = min(self.restarts_so_far + 1, max(self.restarts_so_far, self.config.max_restarts))
             return Action.CHECKPOINT_RESTART
         return Action.CHECKPOINT_REINIT
 
@@ -254,15 +252,17 @@ class ActionPolicy:
         ratchet = previous is not None and recovered > 0 and \
             floor_after_bytes - previous >= self.config.min_recovery * recovered
         self._escalate = recovered <= 0 or recovered < needed or ratchet
-        if not self._escalate or self.restarts_so_far < self.config.max_restarts:
-            # The effect is measured: watch as before the first action. A reinit that worked leaves
-            # a leak still in the code to grow back into the next OOM, and one that did not leaves
-            # it growing into this one: either is acted on as soon as it is seen again.
-            # With the restart budget spent after a reinit that gave nothing back, the next action
-            # could only be another such reinit: the cooldown holds (one reinit per sample was what
-            # lifting it gave, 15 steps apart).
-            self._watch_again()
+        # The effect is measured: watch as before the first action. A reinit that worked leaves a leak
+        # still in the code to grow back into the next OOM, and one that did not leaves it growing into
+        # this one: either is acted on as soon as it is seen again, by a restart where it did not work
+        # (past the restart budget, a stop: ActionPath._futile), never by another reinit that cannot help.
+        self._watch_again()
         return not self._escalate
+
+    def escalate(self) -> None:
+        """The next checkpoint action is a restart: the reinits' cycles shrink (`Judge`), each leaving
+        more behind, which a new process frees."""
+        self._escalate = True
 
     def _watch_again(self) -> None:
         """An action's effect is measured: nothing holds the next one back."""

@@ -41,14 +41,19 @@ class RunState:
     counts; a preemption is not the watchdog's to spend), and where the run ends. Pure: no I/O past
     the environment's count."""
 
-    __slots__ = ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step", "last_step")
-    KEPT = ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step")  # what a checkpoint keeps
+    __slots__ = ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step", "last_step", "cycles", "cycle_from",
+                 "took_steps")
+    KEPT = ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step")  # what a checkpoint keeps, with `cycles`
+    CYCLES_KEPT = 8  # the newest cycles' lengths a checkpoint keeps
 
     def __init__(self, restarts: int = 0):
         self.restarts_so_far = restarts
         self.last_step: int | None = None  # where the run ends, where the host knows it (each process does)
         self.watchdog_restarts: int | None = None  # None: not known (every restart then counts)
         self.watchdog_restart_step: int | None = None
+        self.cycles: list[int] = []  # what each restart bought: each process's first cycle, in steps (core/cycles.py)
+        self.cycle_from: int | None = None  # where this cycle began: a rebuild's step, or this process's first
+        self.took_steps: int | None = None  # what this process's newest reinit took, decided to rebuilt
 
     @classmethod
     def from_environment(cls, environ) -> "RunState":
@@ -69,9 +74,19 @@ class RunState:
             self.watchdog_restarts = self.restarts_so_far
         self.restarts_so_far += 1
 
+    def cycle_ended(self, step: int) -> int | None:
+        """A leak's cycle ended with a checkpoint action at `step`: its length, from where it began
+        (`cycle_from`: the previous action's step, or this process's first reading). A process's first
+        cycle is what a restart bought: kept in `cycles`, across processes."""
+        length = step - self.cycle_from if self.cycle_from is not None and step >= self.cycle_from else None
+        if length is not None and self.took_steps is None:  # no rebuild yet in this process: its first cycle
+            self.cycles = [*self.cycles[1 - self.CYCLES_KEPT:], length]
+        self.cycle_from = step  # the next cycle begins with its rebuild (a new process: at its first reading)
+        return length
+
     def state_dict(self) -> dict:
         return {"restarts_so_far": self.restarts_so_far, "watchdog_restarts": self.budget_spent,
-                "watchdog_restart_step": self.watchdog_restart_step}
+                "watchdog_restart_step": self.watchdog_restart_step, "cycles": list(self.cycles)}
 
     def load_state_dict(self, state: object) -> None:
         """Take back a `state_dict()` (older checkpoints hold only some of its keys). The job's count
@@ -79,10 +94,14 @@ class RunState:
         if not isinstance(state, dict):
             raise ConfigError("state", f"expected the dict state_dict() returns, got {type(state).__name__}")
         checked = {name: _count(name, state.get(name)) for name in self.KEPT}
+        cycles = state.get("cycles")
+        if cycles is not None and (not isinstance(cycles, list) or len(cycles) > self.CYCLES_KEPT):
+            raise ConfigError("cycles", f"must be a list of at most {self.CYCLES_KEPT} step counts, got {cycles!r:.60}")
         if checked["restarts_so_far"] is not None:
             self.restarts_so_far = max(self.restarts_so_far, checked["restarts_so_far"])
         self.watchdog_restarts = checked["watchdog_restarts"]
         self.watchdog_restart_step = checked["watchdog_restart_step"]
+        self.cycles = [_count("cycles", length) for length in cycles or ()]
 
 
 def _count(name: str, value: object) -> int | None:

@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Callable
 
-from watchdog.core.errors import EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
+from watchdog.core.errors import EXIT_FUTILE, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.restarts import RunState
 from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger, log_event
@@ -27,6 +27,7 @@ log = get_logger(__name__)
 DEVICE = "device"  # which memory asked for an action: the device's, or the host's
 HANDED_OVER = "handed to the training loop"  # the outcome of an action whose loop never said what it did
 REINITIALISED, RESTART_REQUESTED = "reinitialised in process", "exit 42: restart requested"
+STOPPED = "exit 45: restarting will not save this job, stopped"
 UNSAVED = "the checkpoint failed: exit 44 to restart from the newest one"
 FORCED = "forced (a drill)"
 
@@ -124,6 +125,9 @@ class ActionPath:
                 return False
             self.observe_checkpoint(time.perf_counter() - started)
             checkpoint = None if saved is None or saved is True else str(saved)
+        if self.last_action is not None and self.last_action.futile:  # a restart, or a rebuild, would be in vain
+            self.log_outcome(STOPPED, checkpoint=checkpoint, exit_code=EXIT_FUTILE)
+            return False
         if action is Action.CHECKPOINT_REINIT and rebuild is not None:
             rebuild()
             self.reinit_finished()
@@ -161,12 +165,21 @@ class ActionPath:
         handed = self._handed
         if handed.unlogged is not None:  # an earlier one whose outcome its loop never said
             self.log_outcome(HANDED_OVER)
+        futile = None
+        if action.needs_checkpoint and counts and origin != FORCED:  # the end of one of the leak's cycles
+            futile = self._futile(action, self._run_state.cycle_ended(step))
         if action is Action.CHECKPOINT_RESTART:
             self._run_state.restart_handed_over(step, self.restart_window_steps, counts)
         suspects = self._suspects(step) if action.needs_checkpoint else []
         handed.last = handed.unlogged = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
-                                                      origin=origin)
+                                                      origin=origin, futile=futile)
         return action
+
+    def _futile(self, action: Action, cycle: int | None) -> str | None:
+        """Why restarting will not save this job, as of this action (which ends one of its cycles),
+        or None. Decided on what every rank shares (the cycles' steps, the restart budget), so every
+        rank stops alike."""
+        return None
 
     def _suspects(self, step: int) -> list[str]:
         return []

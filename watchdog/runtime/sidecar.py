@@ -56,6 +56,7 @@ from collections import deque
 from typing import Any
 
 from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
+from watchdog.core.cycles import futile
 from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import STEADY_LABELS, parse_label, phase_label
@@ -371,7 +372,7 @@ class Watchdog(ActionPath):
         decided = self._handed.last
         took = None
         if decided is not None and decided.verdict is not None:
-            took = max(0, self._newest_step - decided.verdict.step)  # decided -> handed over -> saved -> rebuilt
+            took = self._run_state.took_steps = max(0, self._newest_step - decided.verdict.step)  # decided -> rebuilt
         self._post((_REINIT, (self._read_between_steps("reinit_read"), took)))
 
     def _read_between_steps(self, kind: str) -> tuple[MemoryReading | None, HostReading | None]:
@@ -492,6 +493,17 @@ class Watchdog(ActionPath):
             self._chores.append(_FOLLOW)
         return action
 
+    def _futile(self, action: Action, cycle: int | None) -> str | None:
+        """Restarting will not save this job: a restart past the watchdog's restart budget (a rebuild
+        did not free the leak, or the host's memory wants a new process, and restarts in a row are
+        spent), or cycles that shrink, or one no longer than the reinit before it took (`core/cycles.py`).
+        Decided on what every rank shares: the cycles' steps, the restarts."""
+        policy, run = self.config.policy, self._run_state
+        if action is Action.CHECKPOINT_RESTART and run.budget_spent >= policy.max_restarts:
+            return (f"its {policy.max_restarts} restarts in a row are spent and it needs another "
+                    f"(cycles of {', '.join(f'{n:,}' for n in run.cycles) or 'unknown'} steps)")
+        return futile(run.cycles, cycle, run.took_steps)
+
     def _suspects(self, step: int) -> list[str]:
         """What is leaking, named now: this process's census (where it finds nothing growing, what a
         climbing phase's newest run held at its end), and the job's processes that grew."""
@@ -585,6 +597,8 @@ class Watchdog(ActionPath):
             return
         sample = Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used, phase)
         self.history.append(sample)
+        if self._run_state.cycle_from is None:  # this process's first reading begins its first cycle
+            self._run_state.cycle_from = step
         telemetry = self.telemetry
         telemetry.chips = reading.devices
         if reading.allocator is not None:

@@ -60,7 +60,8 @@ class ActionOutcome:
     memory_after_bytes: float | None = None
     memory: str = "device"  # which memory asked for it: "device", or "host" (the host's RAM)
     origin: str = ""  # who decided it, when not this rank's watchdog alone: "forced (a drill)", "asked by rank 0, ..."
-    exit_code: int | None = None  # the status the process ends with for it (42, 44); None: training went on
+    exit_code: int | None = None  # the status the process ends with for it (42, 44, 45); None: training went on
+    futile: str | None = None  # why restarting will not save this job, where it will not (then: exit 45)
 
     def block(self) -> str:
         rows = []
@@ -73,6 +74,8 @@ class ActionOutcome:
             rows.append(("leaking" if index == 0 else "", suspect))
         if self.origin:
             rows.append(("decided", self.origin))
+        if self.futile:
+            rows.append(("in vain", f"restarting will not save this job: {self.futile}"))
         done = [self.outcome or self.action.value]
         if self.checkpoint:
             done.insert(0, f"checkpoint {self.checkpoint}")
@@ -90,6 +93,7 @@ class ActionOutcome:
         verdict = self.verdict
         return {"step": self.step, "action": self.action.value, "memory": self.memory, "suspects": self.suspects,
                 "checkpoint": self.checkpoint, "outcome": self.outcome, "origin": self.origin, "exit_code": self.exit_code,
+                "futile": self.futile,
                 "recovered_bytes": self.recovered_bytes,
                 "slope_bytes_per_step": verdict.slope_bytes_per_step if verdict else None,
                 "projected_oom_step": verdict.projected_oom_step if verdict else None}
