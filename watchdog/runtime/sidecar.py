@@ -433,7 +433,8 @@ class Watchdog(ActionPath):
         offered, held = handed.offered, handed.held
         if agreed is not None and held is not None and held[4] and severity(held[0]) <= severity(agreed.action):
             held = None  # the watchdog's own, decided on the state the agreed action now replaces
-        ranks.post(step, held[0] if held is not None else None, own=held[4] if held is not None else True)
+        ranks.post(step, held[0] if held is not None else None, own=held[4] if held is not None else True,
+                   every=self._every)
         handed.offered, handed.held = held, None
         if agreed is None:
             return None
