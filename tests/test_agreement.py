@@ -631,3 +631,44 @@ def test_a_rank_that_forms_the_agreement_alone_is_told_within_the_timeout(tmp_pa
     assert outcome.get("lost") == EXIT_PEER_LOST and outcome["seconds"] < 15, outcome
     said = [line for line in (tmp_path / "rank0.log").read_text().splitlines() if line.startswith("agreement_unformed")]
     assert len(said) == 1 and "every rank must, at the same point" in said[0], said
+
+
+def _rank_1_is_stopped(rank, port, out_dir):
+    """Rank 1 is SIGSTOPped at step 12; rank 0 goes on to wait for its offer in the agreement, and its
+    stall watch (4 s) ends it long before the agreement's timeout (30 s)."""
+    import signal
+
+    _join(rank, port)
+    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", stall_after_seconds=1,
+                            stall_check_seconds=0.2, agreement_timeout_seconds=30, stall_exit_after_seconds=4,
+                            trace_file=f"{out_dir}/rank{rank}.csv", **QUIET)
+    with Watchdog(config) as wd:
+        for step in range(40):
+            if rank == 1 and step == 12:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            wd.step(step)
+            time.sleep(0.01)
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_rank_waiting_for_a_stopped_rank_says_so_and_names_it(tmp_path):
+    """Issue 64: rank 1 SIGSTOPped, stall_exit_after_seconds (4) below agreement_timeout_seconds (30):
+    rank 0's post-mortem said "rank 0 stalled in rank.py:20", its own step() line, though it waited
+    in the agreement for rank 1. Its record now says what it waited for, and whom."""
+    from watchdog.core.postmortem import diagnose
+    from watchdog.runtime import flight_record
+
+    context = mp.start_processes(_rank_1_is_stopped, args=(free_port(), str(tmp_path)), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + 60
+    while context.processes[0].is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in context.processes:
+        process.kill()  # rank 1 is stopped: only SIGKILL ends it
+    assert context.processes[0].exitcode == EXIT_PEER_LOST, context.processes[0].exitcode
+    record = flight_record.read(tmp_path / f"rank0.csv{flight_record.SUFFIX}")
+    assert record["stall"]["waiting"] == {"step": 15, "ranks": [1]}, record["stall"]
+    post = diagnose([], record=record)
+    assert "rank 0 was not stalled itself: it waited in the watchdog's agreement for rank 1" in post.explanation
+    assert "test_agreement.py" in post.explanation, post.explanation

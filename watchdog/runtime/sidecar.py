@@ -620,7 +620,7 @@ class Watchdog(ActionPath):
         rank = self._ranks.rank if self._ranks is not None else self.config.rank
         return StallWatch(lambda: self._newest_step, self.telemetry, report_after=self.config.stall_after_seconds,
                           check_every=self.config.stall_check_seconds, exit_after=exit_after, flight=self._flight,
-                          rank=rank).start()
+                          rank=rank, waiting=self._ranks.waiting_for if self._ranks is not None else None).start()
 
 GROWN_SAID_BYTES = 16 << 20  # a child process that grew less than this since it started is not named
 
