@@ -158,11 +158,14 @@ _HOST = {"domain": _TEXT, "bytes_used": _SIZE, "bytes_limit": _SIZE, "process_by
          "verdict": _VERDICT}
 _PROGRAM_SITE = {"op_name": _TEXT, "shape": _TEXT, "innermost": _TEXT, "user": _TEXT, "bytes": _SIZE}
 _DEVICE_OOM = {"device": _TEXT, "requested_bytes": _SIZE, "limit_bytes": _SIZE, "free_bytes": _SIZE, "step": _STEP}
+_THREAD_ID = re.compile(r"0x[0-9a-f]{1,16}")
 _THREAD = {"name": _TEXT, "training": (_flag, "true or false"), "frames": (_list_of(_text), "a list of strings")}
 _STALL = {"step": _STEP, "seconds": _SIGNED, "rank": _STEP, "where": _TEXT, "user": _TEXT,
           "collective": (_flag, "true or false"), "threads": [_THREAD],
           "waiting": {"step": _STEP, "ranks": (_list_of(_step), "a list of ranks")},
-          "armed": (_flag, "true or false"), "exit_code": _STEP, "training_thread": _TEXT, "stacks": _TEXT}
+          "armed": (_flag, "true or false"), "exit_code": _STEP, "stacks": _TEXT,
+          "training_thread": (lambda v: isinstance(v, str) and _THREAD_ID.fullmatch(v) is not None,
+                              "a thread id written 0x and hex digits")}
 RECORD_FIELDS: dict[str, Any] = {
     "ended": _TEXT, "trace_file": _TEXT, "last_step": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
     "suspects_step": _STEP, "compilations": _STEP, "creation_sites": (_flag, "true or false"),

@@ -270,6 +270,9 @@ class PidfileFinder:
         except InputError as exc:
             self._why = f"{self.path}: not a PID to watch ({exc})"  # maybe being written: asked again
             return None
+        if pid == os.getpid():  # as --pid refuses it: the daemon would judge, and signal, itself
+            self._why = f"{self.path} names PID {pid}, the daemon itself: not a process it can watch"
+            return None
         try:
             process = psutil.Process(pid)
             started = process.create_time()
