@@ -458,3 +458,33 @@ def test_a_loop_stuck_holding_the_gil_is_ended_from_c_with_exit_43_and_named_aft
     found = json.loads(row.stdout)
     assert found["diagnosis"] == "stalled" and "held the GIL" in found["explanation"], found
     assert "rank.py:5 in _tokenize" in found["explanation"], found["explanation"]
+
+
+LEAVES_WITH_43_IN_ORDER = (
+    "import os, sys\n"
+    "from pathlib import Path\n"
+    "from watchdog import Watchdog, WatchdogConfig\n"
+    "wd = Watchdog(WatchdogConfig(sample_every=1, source='rss', memory_limit_bytes=1 << 40, host_memory=False,\n"
+    "                             forensics=False, stall_exit_after_seconds=60,\n"
+    "                             trace_file=Path(os.environ['TRACE']))).start()\n"
+    "for step in range(5):\n"
+    "    wd.step(step)\n"
+    "wd.drain()\n"
+    "sys.exit(43)  # as PeerLost does when nothing catches it: never stopped, but leaving in order\n")
+
+
+@pytest.mark.slow
+def test_an_exit_43_in_order_takes_the_armed_record_back_so_it_is_never_read_as_a_stall_in_c(tmp_path):
+    """An armed record beside exit 43 is read as the deadline in C; a process leaving with 43 in order
+    (PeerLost's SystemExit, never caught, its watchdog never stopped) runs its atexit handlers, which
+    take the armed record back: its post-mortem names no stall."""
+    from conftest import python
+    from watchdog.core.postmortem import diagnose
+    from watchdog.runtime import flight_record
+
+    env = hbm_watchdog_env(TRACE=str(tmp_path / "trace.csv"))
+    out = python(["-c", LEAVES_WITH_43_IN_ORDER], timeout=120, env=env)
+    assert out.returncode == 43, out.stderr[-2000:]
+    record = flight_record.read(tmp_path / f"trace.csv{flight_record.SUFFIX}")
+    assert record["stall"] is None and record["ended"] is None, record
+    assert diagnose([], record=record, exit_description="exit 43").diagnosis != "stalled"

@@ -224,12 +224,14 @@ class FlightRecorder:
     def stall_armed(self, record: dict | None) -> None:
         """The stall watch's deadline in C (`runtime/hard_exit.py`), which writes nothing of ours when
         it ends the process: said before, written at once (`stall` with `armed`), or taken back (None)
-        when the watch stops, written with the next state (a stall the watch recorded itself stays)."""
+        when the watch stops or the process leaves in order, written at once too (a stall the watch
+        recorded itself stays). So an armed record beside an exit 43 is the exit from C."""
         if record is not None:
             self._state["stall"] = record
             self._write(time.monotonic())
         elif (self._state.get("stall") or {}).get("armed"):
             self._state["stall"] = None
+            self._write(time.monotonic())
 
     def stalled(self, record: dict) -> None:
         """The loop stopped stepping and the process is about to exit 43 (`runtime/stall.py`): where

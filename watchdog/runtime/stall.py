@@ -29,6 +29,7 @@ itself: its record says so (`waiting`: the step and the ranks that have not made
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -143,6 +144,7 @@ class StallWatch:
             self._scheduler = None
         hard, self._hard = self._hard, None
         if hard is not None:
+            atexit.unregister(self.stop)
             hard.release()
             if self._flight is not None:
                 self._flight.stall_armed(None)
@@ -156,6 +158,9 @@ class StallWatch:
             return
         bound = self.exit_after + self._hard_grace
         self._hard.arm(bound)
+        # A process leaving in order (sys.exit, PeerLost's SystemExit(43)) runs its atexit handlers and
+        # takes the armed record back: only the exit from C, which runs none, leaves it with status 43.
+        atexit.register(self.stop)
         armed = {"armed": True, "rank": self._rank, "step": max(self._seen_step, 0), "seconds": round(bound, 1),
                  "exit_code": self._hard.exit_code, "training_thread": f"0x{self._training_thread:x}",
                  "stacks": "stderr"}
