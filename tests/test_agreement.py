@@ -418,18 +418,18 @@ def _out_of_step_in_a_ddp_loop(rank, port, out_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["off_by_one", "skipped", "extra"])
+@pytest.mark.parametrize("case", ["off_by_one", "skipped"])
 def test_counters_that_disagree_at_any_offset_are_named_on_every_rank_within_seconds(tmp_path, case):
-    """Issue 50: an off-by-one, a skipped sampling call or an extra call on one rank left that rank
-    in the agreement's all_gather while the other waited in DDP's all_reduce, for the whole 600 s
-    timeout, then "lost peer". Now every rank logs `ranks_out_of_step` as soon as the offers meet,
-    a rank raises `RanksOutOfStep` at its next `step()`, and the job ends within seconds."""
+    """Issue 50: an off-by-one or a skipped sampling call on one rank left that rank in the
+    agreement's all_gather while the other waited in DDP's all_reduce, for the whole 600 s timeout,
+    then "lost peer". Now every rank logs `ranks_out_of_step` as soon as the offers meet, a rank
+    raises `RanksOutOfStep` at its next `step()`, and the job ends within seconds. (An extra call
+    that keeps the step numbers alike is told only by the count of collectives, on NCCL: below.)"""
     (tmp_path / "case").write_text(case)
     ranks_ending(_out_of_step_in_a_ddp_loop, tmp_path, bound=90)
     outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert not any(o.get("finished") for o in outcomes), outcomes
-    named = {"off_by_one": "different steps (from 0 to 5)", "skipped": "different steps (from 10 to 15)",
-             "extra": "rank 1 had issued 1 fewer on the default group than rank 0"}[case]
+    named = {"off_by_one": "different steps (from 0 to 5)", "skipped": "different steps (from 10 to 15)"}[case]
     assert any(named in o.get("raised", "") for o in outcomes), outcomes
     for rank, outcome in enumerate(outcomes):
         assert outcome["seconds"] < 20, outcome  # not the agreement's 60 s timeout here, nor 600 by default
@@ -466,3 +466,209 @@ def test_a_group_that_cannot_form_ends_the_process_within_its_bound_with_one_lin
         assert len(said) == 1 and "could not form the watchdog's agreement group" in said[0], said
     assert not (tmp_path / "rank1.json").exists(), "rank 1 never came back from making the group: ended from outside"
     assert json.loads((tmp_path / "rank0.json").read_text())["seconds"] < 30
+
+
+@pytest.mark.slow
+def test_an_extra_call_with_the_same_numbers_is_not_judged_by_a_count_that_moves_with_point_to_point(tmp_path):
+    """Issue 64: the count of collectives told an extra `step()` call on one rank (step numbers
+    alike) from ranks in step, but gloo's count moves with every send and receive too, so one send
+    read as ranks out of step. On gloo the check is off, and said when the agreement is joined
+    (`collectives_counted=False`): such an extra call goes unnamed there (docs/many-ranks.md)."""
+    (tmp_path / "case").write_text("extra")
+    ranks_ending(_out_of_step_in_a_ddp_loop, tmp_path, bound=90)
+    outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(o.get("finished") for o in outcomes), outcomes
+    for rank in (0, 1):
+        [joined] = [line for line in (tmp_path / f"rank{rank}.log").read_text().splitlines()
+                    if line.startswith("agreement_joined")]
+        assert "collectives_counted" in joined and "False" in joined, joined
+
+
+def _a_send_among_ranks_in_step(rank, port, out_dir):
+    """Three ranks in step, an all_reduce per step on the default group; at step 12 rank 0 sends one
+    tensor to rank 1 on the default group (a pipeline's stages do so every step)."""
+    import torch
+    import torch.distributed as dist
+
+    _join(rank, port, ranks=3)
+    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", agreement_timeout_seconds=60,
+                            stall_exit_after_seconds=60, **QUIET)
+    outcome = {}
+    try:
+        with Watchdog(config) as wd:
+            for step in range(40):
+                dist.all_reduce(torch.ones(4))
+                if step == 12 and rank == 0:
+                    dist.send(torch.ones(4), 1)
+                elif step == 12 and rank == 1:
+                    dist.recv(torch.ones(4), 0)
+                wd.step(step)
+            outcome["finished"] = step
+    except RanksOutOfStep as exc:
+        outcome["raised"] = str(exc)
+    _write(out_dir, rank, outcome)
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_point_to_point_send_is_never_read_as_ranks_out_of_step(tmp_path):
+    """Issue 64: 3 ranks in step, rank 0 sends once to rank 1 at step 12: the count of collectives
+    read it as "rank 2 had issued 1 fewer" and every rank stopped at about step 22."""
+    ranks = spawn(_a_send_among_ranks_in_step, tmp_path, ranks=3)
+    assert ranks == [{"finished": 39}] * 3, ranks
+
+
+def _counts_after_point_to_point(rank, port, out_dir):
+    import torch
+    import torch.distributed as dist
+
+    from watchdog.runtime.agreement import collective_counter
+
+    _join(rank, port)
+    read, counted = collective_counter()
+    before = read()
+    if rank == 0:
+        dist.send(torch.ones(2), 1)
+    else:
+        dist.recv(torch.ones(2), 0)
+    _write(out_dir, rank, {"counted": counted, "moved": read() != before})
+    dist.barrier()
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_count_of_collectives_is_read_only_where_point_to_point_leaves_it_alone(tmp_path):
+    """The class: whatever backend runs here, the count the agreement reads (if it reads one) does not
+    move with a send or a receive."""
+    for rank in spawn(_counts_after_point_to_point, tmp_path):
+        assert not (rank["counted"] and rank["moved"]), rank
+
+
+def _sample_every_differs(rank, port, out_dir):
+    _log_to(f"{out_dir}/rank{rank}.log")
+    _join(rank, port)
+    config = WatchdogConfig(sample_every=5 if rank == 0 else 10, device="cpu", source="rss",
+                            agreement_timeout_seconds=60, stall_exit_after_seconds=60, **QUIET)
+    outcome = {}
+    try:
+        with Watchdog(config) as wd:
+            for step in range(40):
+                wd.step(step)
+            outcome["finished"] = True
+    except RanksOutOfStep as exc:
+        outcome["raised"] = str(exc)
+    _write(out_dir, rank, outcome)
+    time.sleep(1)
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_sampling_period_that_differs_between_ranks_is_named_as_such(tmp_path):
+    """Issue 64: sample_every 5 on rank 0 and 10 on rank 1, the same step numbers, was reported as
+    ranks calling step() "at different steps". The setting that differs is named, on every rank."""
+    from watchdog.runtime.agreement import SHARED_SETTINGS
+
+    assert SHARED_SETTINGS == ("sample_every",)
+    ranks_ending(_sample_every_differs, tmp_path, bound=90)
+    outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for outcome in outcomes:
+        assert "sample_every is 5 on rank 0 and 10 on rank 1" in outcome.get("raised", ""), outcome
+        assert "different steps" not in outcome["raised"]
+
+
+def _started_and_stopped_many_times(rank, port, out_dir):
+    """A watchdog per fit, as the Lightning and Hugging Face callbacks make: 40 on each of 2 ranks."""
+    _join(rank, port)
+    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", agreement_timeout_seconds=60, **QUIET)
+    fds = []
+    for _ in range(40):
+        with Watchdog(config) as wd:
+            for step in range(11):
+                wd.step(step)
+        fds.append(len(os.listdir("/proc/self/fd")))
+    _write(out_dir, rank, {"fds": fds})
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_watchdog_started_and_stopped_forty_times_leaves_no_descriptors_behind(tmp_path):
+    """Issue 64: 40 watchdogs started and stopped on 2 ranks grew open descriptors from 26 to 221: the
+    agreement's gloo group was never destroyed. Closing the agreement destroys it."""
+    for rank in spawn(_started_and_stopped_many_times, tmp_path, timeout=240):
+        fds = rank["fds"]
+        assert fds[-1] - fds[4] <= 4, fds
+
+
+def _watched_on_rank_0_only(rank, port, out_dir):
+    """The watchdog on rank 0 only; then both ranks make the job's own group, as a job does."""
+    import torch.distributed as dist
+
+    _log_to(f"{out_dir}/rank{rank}.log")
+    _join(rank, port)
+    started = time.monotonic()
+    outcome = {}
+    if rank == 0:
+        try:
+            Watchdog(WatchdogConfig(device="cpu", source="rss", agreement_timeout_seconds=5, **QUIET)).start()
+            outcome["started"] = True
+        except PeerLost as exc:
+            outcome["lost"] = exc.code
+    outcome["seconds"] = time.monotonic() - started
+    _write(out_dir, rank, outcome)
+    if rank == 1:
+        dist.new_group(backend="gloo", timeout=__import__("datetime").timedelta(seconds=60))
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_rank_that_forms_the_agreement_alone_is_told_within_the_timeout(tmp_path):
+    """Issue 64: with the watchdog on rank 0 only, its group formed with rank 1's next `new_group`,
+    the job's own, and both ranks hung past 30 s with nothing said. Rank 0 now waits for every rank
+    to say it forms the agreement, and is told within its 5 s: `agreement_unformed`, exit 43; its
+    `new_group` was never made, so the job's own groups pair as the job made them."""
+    ranks_ending(_watched_on_rank_0_only, tmp_path, bound=60)
+    outcome = json.loads((tmp_path / "rank0.json").read_text())
+    assert outcome.get("lost") == EXIT_PEER_LOST and outcome["seconds"] < 15, outcome
+    said = [line for line in (tmp_path / "rank0.log").read_text().splitlines() if line.startswith("agreement_unformed")]
+    assert len(said) == 1 and "every rank must, at the same point" in said[0], said
+
+
+def _rank_1_is_stopped(rank, port, out_dir):
+    """Rank 1 is SIGSTOPped at step 12; rank 0 goes on to wait for its offer in the agreement, and its
+    stall watch (4 s) ends it long before the agreement's timeout (30 s)."""
+    import signal
+
+    _join(rank, port)
+    config = WatchdogConfig(sample_every=5, device="cpu", source="rss", stall_after_seconds=1,
+                            stall_check_seconds=0.2, agreement_timeout_seconds=30, stall_exit_after_seconds=4,
+                            trace_file=f"{out_dir}/rank{rank}.csv", **QUIET)
+    with Watchdog(config) as wd:
+        for step in range(40):
+            if rank == 1 and step == 12:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            wd.step(step)
+            time.sleep(0.01)
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_rank_waiting_for_a_stopped_rank_says_so_and_names_it(tmp_path):
+    """Issue 64: rank 1 SIGSTOPped, stall_exit_after_seconds (4) below agreement_timeout_seconds (30):
+    rank 0's post-mortem said "rank 0 stalled in rank.py:20", its own step() line, though it waited
+    in the agreement for rank 1. Its record now says what it waited for, and whom."""
+    from watchdog.core.postmortem import diagnose
+    from watchdog.runtime import flight_record
+
+    context = mp.start_processes(_rank_1_is_stopped, args=(free_port(), str(tmp_path)), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + 60
+    while context.processes[0].is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in context.processes:
+        process.kill()  # rank 1 is stopped: only SIGKILL ends it
+    assert context.processes[0].exitcode == EXIT_PEER_LOST, context.processes[0].exitcode
+    record = flight_record.read(tmp_path / f"rank0.csv{flight_record.SUFFIX}")
+    assert record["stall"]["waiting"] == {"step": 15, "ranks": [1]}, record["stall"]
+    post = diagnose([], record=record)
+    assert "rank 0 was not stalled itself: it waited in the watchdog's agreement for rank 1" in post.explanation
+    assert "test_agreement.py" in post.explanation, post.explanation

@@ -208,3 +208,101 @@ def test_a_framework_that_saves_by_itself_names_the_checkpoint_without_a_save(ev
     [block] = events.named("action_outcome")
     assert block["checkpoint"] == "out/checkpoint-2" and block["exit_code"] == 42
     assert wd.checkpoint_figures.saves == 0
+
+
+class _Refuses:
+    """A value whose truth cannot be read (as a NumPy array of several elements)."""
+
+    def __bool__(self):
+        raise ValueError("the truth value of an array with more than one element is ambiguous")
+
+
+class _PathThatRaises:
+    def __fspath__(self):
+        raise OSError("no path")
+
+
+def test_every_kind_of_value_a_save_returns_is_judged_as_the_docs_say(tmp_path, events):
+    """Issue 64: a save() returning numpy's False_ was taken for a checkpoint named 'False' (exit 42,
+    "restart requested") where 44 was due. Every kind of value is read by `save_result`: a path is a
+    checkpoint there; None and true truth values a checkpoint with no path; anything false (numpy's
+    False_ included) no checkpoint, exit 44; anything else by its truth, said, and never its text
+    taken for a path."""
+    import numpy as np
+
+    from watchdog.core.errors import EXIT_RESTART_REQUESTED, EXIT_UNSAVED
+    from watchdog.runtime.action_path import save_result
+
+    cases = [  # (what save() returns, whether it saved, the checkpoint named, whether it is said to be unclear)
+        (tmp_path / "ckpt-3.pt", True, str(tmp_path / "ckpt-3.pt"), False), ("ckpt-3.pt", True, "ckpt-3.pt", False),
+        (None, True, None, False), (True, True, None, False), (np.True_, True, None, False),
+        (False, False, None, False), (np.False_, False, None, False), ("", False, None, False),
+        (0, False, None, True), ([], False, None, True), (np.int64(0), False, None, True),
+        (7, True, None, True), ({"step": 3}, True, None, True), (object(), True, None, True),
+        (_Refuses(), False, None, True), (np.array([True, False]), False, None, True),
+        (_PathThatRaises(), False, None, False),
+    ]
+    for returned, landed, checkpoint, unclear in cases:
+        said = len(events.named("save_result_unclear"))
+        assert save_result(returned) == (landed, checkpoint), returned
+        assert len(events.named("save_result_unclear")) - said == unclear, returned
+    for returned, landed, checkpoint, _ in cases:  # and through carry_out, each its own action
+        wd = Watchdog(WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40, host_memory=False,
+                                     forensics=False, forced_actions=((1, Action.CHECKPOINT_RESTART),)))
+        with wd:
+            wd.step(0)
+            assert not wd.carry_out(wd.step(1), save=lambda: returned)
+        expected = EXIT_RESTART_REQUESTED if landed else EXIT_UNSAVED
+        assert (wd.last_action.exit_code, wd.last_action.checkpoint) == (expected, checkpoint), returned
+
+
+class _HostileDict(dict):
+    def get(self, *args):
+        raise KeyError("get")
+
+    def __getitem__(self, key):
+        raise KeyError(key)
+
+    def keys(self):
+        raise RuntimeError("keys")
+
+    def __iter__(self):
+        raise RuntimeError("iter")
+
+
+class _HostileKey:
+    """A key that collides with every name the state keeps, and whose comparison raises."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __eq__(self, other):
+        raise TypeError("no comparing")
+
+
+class _HostileValue(int):
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+def test_a_saved_state_never_stops_training_whatever_it_does_when_read(events):
+    """Issue 64: `Watchdog.saved_state` with a dict subclass whose `.get` raises let the KeyError out,
+    though a bad saved state never stops training. Whatever the object does when read, it is logged
+    (`watchdog_state_unread`) and left out; a good one comes back as a plain dict of what it keeps."""
+    assert Watchdog.saved_state(_HostileDict(watchdog_restarts=1), "checkpoint") == {"watchdog_restarts": 1}, \
+        "read as the dict it is, never through the subclass's own get"
+    hostile = [_HostileDict(watchdog_restarts=-1), {_HostileKey("watchdog_restarts"): 1},
+               {"watchdog_restarts": _HostileValue(-1)}, {"watchdog_restarts": 2**80}, {"restarts_so_far": "2"},
+               ["not", "a", "dict"], 5]
+    for state in hostile:
+        assert Watchdog.saved_state(state, "checkpoint") is None, state.__class__
+    assert len(events.named("watchdog_state_unread")) == len(hostile)
+    kept = Watchdog.saved_state(_GoodButSubclassed(watchdog_restarts=2, other="x"), "checkpoint")
+    assert kept == {"watchdog_restarts": 2} and type(kept) is dict
+
+
+class _GoodButSubclassed(dict):
+    pass

@@ -112,7 +112,7 @@ def test_a_run_with_a_reinit_a_restart_and_a_preemption_ends_bit_for_bit_where_o
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][index][name])), (index, name)
     assert a["scheduler"] == b["scheduler"]
     # two restarts, one the watchdog's (forced) and one a preemption: the watchdog's budget counts one
-    assert (b["restarts_so_far"], b["watchdog_restarts"]) == (2, 1)
+    assert (b["watchdog"]["restarts_so_far"], b["watchdog"]["watchdog_restarts"]) == (2, 1)
     straight_losses, interrupted_losses = losses(straight.stderr), losses(stderr)
     assert len(straight_losses) == STEPS and interrupted_losses == straight_losses
 

@@ -361,3 +361,130 @@ def test_after_a_reinit_the_post_mortem_shows_what_leaked_before_it_too(tmp_path
     assert "field" not in (str(diagnose([], record={"action_suspects": {"step": 1, "lines": ["a"]}}).explanation))
     with pytest.raises(Exception, match="action_suspects"):
         diagnose([], record={"action_suspects": {"step": -1, "lines": "nope"}})
+
+
+# ---- stalls the watch could not record itself, and ranks that only waited (issue 64) ------------
+
+_DUMP = """some output of the job
+Thread 0x00007f00000000aa (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 324 in wait
+  File "/job/site-packages/apscheduler/x.py", line 10 in run
+
+Current thread 0x00007f00000000bb (most recent call first):
+  File "/usr/lib/python3.11/re/__init__.py", line 166 in match
+  File "/job/train.py", line 42 in tokenize
+  File "/job/train.py", line 90 in <module>
+"""
+
+
+def test_a_process_ended_from_c_while_holding_the_gil_is_named_from_its_armed_record_and_its_output():
+    """Issue 64: a loop stuck holding the GIL was never ended; now the stall watch's deadline in C
+    ends it (exit 43) and writes nothing of ours, so the record says beforehand that it was armed and
+    which thread trains, and `postmortem` finds that thread's stack in faulthandler's dump."""
+    from watchdog.core.postmortem import diagnose, dumped_stack
+
+    armed = {"armed": True, "rank": 1, "step": 0, "seconds": 5.0, "exit_code": 43,
+             "training_thread": "0x7f00000000bb", "stacks": "stderr"}
+    record = {"ended": None, "last_step": 20, "stall": armed}
+    assert dumped_stack(_DUMP, "0x7f00000000bb") == ["/job/train.py:90 in <module>", "/job/train.py:42 in tokenize",
+                                                     "/usr/lib/python3.11/re/__init__.py:166 in match"]
+    post = diagnose([], record=record, exit_description="exit 43", output=_DUMP)
+    assert post.diagnosis == "stalled", post.explanation
+    assert "rank 1 made no step for 5 s after step 20 while something held the GIL" in post.explanation
+    assert "its training thread was in /job/train.py:42 in tokenize" in post.explanation
+    assert "innermost: /usr/lib/python3.11/re/__init__.py:166 in match" in post.explanation
+    unseen = diagnose([], record=record, exit_description="exit 43")
+    assert unseen.diagnosis == "stalled" and "faulthandler wrote every thread's stack" in unseen.explanation
+    for ended, exit_description in (("clean", "exit 43"), (None, None), (None, "exit 1"), (None, "SIGKILL")):
+        post = diagnose([], record={**record, "ended": ended}, exit_description=exit_description, output=_DUMP)
+        assert post.diagnosis != "stalled", (ended, exit_description)  # armed, never fired: nothing stalled
+
+
+def test_a_rank_that_only_waited_in_the_agreement_names_the_rank_it_waited_for():
+    """Issue 64: rank 1 SIGSTOPped; rank 0, waiting for its offer, was ended by its stall watch and
+    its post-mortem said "rank 0 stalled in rank.py:20", its own step() line."""
+    from watchdog.core.postmortem import diagnose
+
+    stall = {"step": 20, "seconds": 4.2, "rank": 0, "where": "/usr/lib/python3.11/threading.py:331 in wait",
+             "user": "/job/rank.py:20 in <module>", "collective": False, "waiting": {"step": 15, "ranks": [1]},
+             "threads": []}
+    post = diagnose([], record={"last_step": 20, "stall": stall})
+    assert post.diagnosis == "stalled"
+    assert ("rank 0 was not stalled itself: it waited in the watchdog's agreement for rank 1 (whose offer of step 15 "
+            "never came), called from /job/rank.py:20") in post.explanation
+    unknown = diagnose([], record={"last_step": 20, "stall": {**stall, "waiting": {"step": 15, "ranks": None}}})
+    assert "for another rank" in unknown.explanation
+    from watchdog.core.errors import InputError
+
+    with pytest.raises(InputError, match="stall.waiting.ranks"):
+        diagnose([], record={"stall": {**stall, "waiting": {"step": 15, "ranks": ["one"]}}})
+
+
+STUCK_HOLDING_THE_GIL = (
+    "import os, re\n"
+    "from pathlib import Path\n"
+    "from watchdog import Watchdog, WatchdogConfig\n"
+    "def _tokenize(text):\n"
+    "    return re.match(r'(a+)+$', text)  # backtracks for ages, never releasing the GIL\n"
+    "config = WatchdogConfig(sample_every=1, source='rss', memory_limit_bytes=1 << 40, host_memory=False,\n"
+    "                        forensics=False, stall_after_seconds=1, stall_check_seconds=0.2,\n"
+    "                        stall_exit_after_seconds=2, trace_file=Path(os.environ['TRACE']))\n"
+    "with Watchdog(config) as wd:\n"
+    "    for step in range(5):\n"
+    "        wd.step(step)\n"
+    "    wd.drain()\n"
+    "    _tokenize('a' * 64 + 'b')\n"
+    "print('never')\n")
+
+
+@pytest.mark.slow
+def test_a_loop_stuck_holding_the_gil_is_ended_from_c_with_exit_43_and_named_after_the_fact(tmp_path):
+    """Issue 64: with stall_exit_after_seconds=2, a loop stuck in a regex that holds the GIL was never
+    ended (killed from outside at 15 s, no stall record): the stall watch's thread could not run. Its
+    deadline in C ends it (exit 43, every thread's stack on stderr), and `postmortem` of supervise's
+    folder names the line from the armed record and the dump in the job's output."""
+    folder, script = tmp_path / "postmortem", tmp_path / "rank.py"
+    script.write_text(STUCK_HOLDING_THE_GIL)
+    env = hbm_watchdog_env(TRACE=str(tmp_path / "trace.csv"))
+    started = time.monotonic()
+    out = watchdog_cli("supervise", "--max-restarts", "0", "--postmortem-dir", str(folder), "--",
+                       sys.executable, str(script), env=env, timeout=120)
+    assert out.returncode == 1 and "never" not in out.stdout, out.stderr[-2000:]  # 43, and no restart left
+    assert time.monotonic() - started < 60
+    (recorded,) = [json.loads(line) for line in (folder / "exits.jsonl").read_text().splitlines()]
+    assert recorded["exit"] == "exit 43", recorded
+    assert "most recent call first" in (folder / "output.log").read_text()
+    row = watchdog_cli("postmortem", str(folder), "--json", json_logs=False, timeout=120)
+    found = json.loads(row.stdout)
+    assert found["diagnosis"] == "stalled" and "held the GIL" in found["explanation"], found
+    assert "rank.py:5 in _tokenize" in found["explanation"], found["explanation"]
+
+
+LEAVES_WITH_43_IN_ORDER = (
+    "import os, sys\n"
+    "from pathlib import Path\n"
+    "from watchdog import Watchdog, WatchdogConfig\n"
+    "wd = Watchdog(WatchdogConfig(sample_every=1, source='rss', memory_limit_bytes=1 << 40, host_memory=False,\n"
+    "                             forensics=False, stall_exit_after_seconds=60,\n"
+    "                             trace_file=Path(os.environ['TRACE']))).start()\n"
+    "for step in range(5):\n"
+    "    wd.step(step)\n"
+    "wd.drain()\n"
+    "sys.exit(43)  # as PeerLost does when nothing catches it: never stopped, but leaving in order\n")
+
+
+@pytest.mark.slow
+def test_an_exit_43_in_order_takes_the_armed_record_back_so_it_is_never_read_as_a_stall_in_c(tmp_path):
+    """An armed record beside exit 43 is read as the deadline in C; a process leaving with 43 in order
+    (PeerLost's SystemExit, never caught, its watchdog never stopped) runs its atexit handlers, which
+    take the armed record back: its post-mortem names no stall."""
+    from conftest import python
+    from watchdog.core.postmortem import diagnose
+    from watchdog.runtime import flight_record
+
+    env = hbm_watchdog_env(TRACE=str(tmp_path / "trace.csv"))
+    out = python(["-c", LEAVES_WITH_43_IN_ORDER], timeout=120, env=env)
+    assert out.returncode == 43, out.stderr[-2000:]
+    record = flight_record.read(tmp_path / f"trace.csv{flight_record.SUFFIX}")
+    assert record["stall"] is None and record["ended"] is None, record
+    assert diagnose([], record=record, exit_description="exit 43").diagnosis != "stalled"

@@ -2,6 +2,7 @@
 samples go to the trace, and the history stays bounded."""
 
 import logging
+import threading
 import time
 
 import pytest
@@ -107,7 +108,12 @@ def test_a_loop_that_stops_stepping_past_the_bound_records_every_stack_and_exits
     from watchdog.runtime import flight_record, stall
 
     exits = []
-    monkeypatch.setattr(stall, "exit_process", exits.append)  # the real one ends the process: the slow test's
+
+    def exit_process(code):  # the real one ends the process (the slow tests'), and so would the deadline in C
+        exits.append(code)
+        wd._stall._hard.arm(3600)
+
+    monkeypatch.setattr(stall, "exit_process", exit_process)
     trace = tmp_path / "trace.csv"
     config = WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40, trace_file=trace,
                             stall_after_seconds=0.3, stall_check_seconds=0.05, stall_exit_after_seconds=0.6,
@@ -382,3 +388,34 @@ def test_the_watchdogs_restarts_in_a_row_span_processes_through_its_state_dict()
         "a preemption is a restart of the job, not the watchdog's; drills and proposals end no leak's cycle"
     with pytest.raises(ConfigError, match="watchdog_restarts"):
         fourth.load_state_dict({"watchdog_restarts": "7"})
+
+
+def test_every_stall_watch_with_an_exit_bound_keeps_a_deadline_where_the_gil_does_not_reach(tmp_path, captured):
+    """Issue 64: a loop holding the GIL starved the stall watch's thread, so the bound was never kept.
+    Whenever a stall watch may end the process, a deadline in C (`runtime/hard_exit.py`: a POSIX timer,
+    signal 43, faulthandler's stacks, `_exit(43)`) is armed beside it, and the flight record says so
+    before it can be needed; stopping releases both. (The slow test in tests/test_postmortem.py ends a
+    process stuck in a regex with it.)"""
+    from watchdog.runtime import flight_record
+    from watchdog.runtime.hard_exit import HardExit
+
+    trace = tmp_path / "trace.csv"
+    config = WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40, trace_file=trace,
+                            stall_exit_after_seconds=60, forensics=False, host_memory=False)
+    with Watchdog(config) as wd:
+        wd.step(0)
+        hard = wd._stall._hard
+        assert hard is not None and hard.exit_code == 43, hard and hard.why
+        armed = flight_record.read(f"{trace}{flight_record.SUFFIX}")["stall"]
+        assert armed["armed"] and armed["exit_code"] == 43 and armed["seconds"] >= 60
+        assert int(armed["training_thread"], 16) == threading.get_ident()
+        with Watchdog(config) as second:  # one deadline per process: the second keeps its Python bound
+            assert second._stall._hard is None
+    assert flight_record.read(f"{trace}{flight_record.SUFFIX}")["stall"] is None
+    again = HardExit.acquire()
+    assert again is not None, "released with the watch"
+    again.release()
+    unbounded = Watchdog(WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40, forensics=False,
+                                        host_memory=False))
+    with unbounded:
+        assert unbounded._stall._hard is None, "no exit bound (one process, none asked): no deadline"

@@ -126,7 +126,7 @@ def test_a_resumed_spmd_run_is_bitwise_identical_to_an_uninterrupted_one(tmp_pat
     hosts = [torch.load(tmp_path / run / final / "host.pt", weights_only=True) for run in ("straight", "broken")]
     assert hosts[0]["data_position"] == hosts[1]["data_position"] == 24
     assert hosts[0]["scheduler"] == hosts[1]["scheduler"]
-    assert hosts[1]["restarts_so_far"] == 1 and hosts[1]["reinits"] == 1
+    assert hosts[1]["watchdog"]["restarts_so_far"] == 1 and hosts[1]["reinits"] == 1
     for run in ("straight", "broken"):
         for step_dir in (tmp_path / run).iterdir():
             assert (step_dir / ".metadata").is_file(), step_dir  # DCP checkpoints, one directory per step

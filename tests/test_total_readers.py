@@ -348,3 +348,31 @@ def test_every_command_prints_json_through_the_one_strict_helper():
     assert raw == []
     assert strict(dumps({"a": math.inf, "b": [math.nan, (1, -math.inf)], "c": 2.5})) == \
         {"a": None, "b": [None, [1, None]], "c": 2.5}
+
+
+HOSTILE_VALUES = [None, "", "zz", "0x", "0x" + "f" * 40, "\x1b[31m", "9" * 5000, -1, 2**70, 1.5, True, [], {},
+                  ["x"], [{"frames": ["x"]}], {"step": "x"}, {"ranks": [-1]}, {"step": 2, "ranks": [1, 2**70]}]
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["recorded by the watch", "armed in C"])
+def test_every_field_of_a_stall_record_whatever_it_holds_is_read_or_refused_in_one_line(armed):
+    """Issue 64's probe: an armed record whose `training_thread` was no hexadecimal id let a ValueError
+    out of `postmortem`. Every field of a stall record, given any value JSON can hold, is read, or
+    refused with the InputError naming it, whether the record says the watch ended the process or
+    that its deadline in C was armed; with the exit that deadline gives and a dump in the output."""
+    from watchdog.core.postmortem import _STALL
+
+    base = ({"armed": True, "rank": 1, "step": 3, "seconds": 5.0, "exit_code": 43, "training_thread": "0x7f01",
+             "stacks": "stderr"} if armed else
+            {"step": 3, "seconds": 5.0, "rank": 1, "where": "a.py:1 in f", "user": "a.py:1 in f", "collective": False,
+             "waiting": {"step": 3, "ranks": [0]}, "threads": [{"name": "t", "training": True, "frames": ["a.py:1 in f"]}]})
+    dump = 'Current thread 0x00007f01 (most recent call first):\n  File "a.py", line 1 in f\n'
+    for name in _STALL:
+        for value in HOSTILE_VALUES:
+            try:
+                post = diagnose([], record={"last_step": 3, "stall": {**base, name: value}}, exit_description="exit 43",
+                                output=dump)
+            except InputError as exc:
+                assert name in str(exc) and "\n" not in str(exc), (name, value, exc)
+            else:
+                assert isinstance(post.explanation, str), (name, value)

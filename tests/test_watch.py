@@ -329,6 +329,20 @@ def test_a_pidfile_that_names_no_process_to_watch_is_waited_on_never_read_as_one
     assert "not a PID to watch" in reason and len(reason) < 300
 
 
+def test_a_pidfile_naming_the_daemon_itself_is_no_target(tmp_path):
+    """Issue 64's probe: `--pid` refuses the daemon's own PID, but a pidfile naming it (written by a
+    shell that then exec'd the daemon) was attached, judged, and would have been signalled. It is
+    waited on like no process, as --pid refuses it."""
+    import os
+
+    from watchdog.daemon.targets import PidfileFinder
+
+    pidfile = tmp_path / "job.pid"
+    pidfile.write_text(str(os.getpid()))
+    finder = PidfileFinder(pidfile)
+    assert finder.find() is None and "the daemon itself" in finder.why_not_found()
+
+
 @pytest.mark.parametrize("pid", ["1", "0", "\u0661", "\u00b2", "9" * 5000, "-1"])
 def test_pid_one_and_anything_not_a_pid_is_refused_by_the_parser_in_one_line(pid, capsys):
     from watchdog.commands.cli import main

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, hbm_watchdog_env, json_lines
-from watchdog.core.errors import EXIT_BAD_INPUT
+from watchdog.core.errors import EXIT_BAD_INPUT, InputError
 from watchdog.core.sample import load_trace
 from watchdog.daemon.signalling import group_to_signal, send
 from watchdog.daemon.targets import PatternFinder, PidfileFinder, WatchedProcess
@@ -238,6 +239,68 @@ def test_a_pidfile_names_the_process_only_while_it_is_not_stale(tmp_path):
             stop(late)
     finally:
         stop(first)
+
+
+def test_a_pidfile_naming_a_zombie_is_waited_on_for_wait_seconds_then_one_line(run_cli, tmp_path):
+    """Issue 64: `watch --pidfile F --no-act --wait-seconds 2` with F naming an unreaped zombie attached,
+    saw it exited, found it again at once: 22,000 attachments and 9 MiB of log in 12 s, never ending.
+    A zombie is gone: it is waited on like no process, and --wait-seconds bounds the wait."""
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # never waited for: a zombie once it exits
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE
+        pidfile = tmp_path / "job.pid"
+        pidfile.write_text(str(zombie.pid))
+        os.utime(pidfile, (time.time() + 5, time.time() + 5))  # written after it started: not stale
+        finder = PidfileFinder(pidfile)
+        assert finder.find() is None and "zombie" in finder.why_not_found()
+        started = time.monotonic()
+        out = run_cli("watch", "--pidfile", str(pidfile), "--no-act", "--wait-seconds", "2", timeout=60)
+        seconds = time.monotonic() - started
+        assert "zombie its parent has not reaped" in one_line_error(out) and "no target after 2 s" in out.stderr
+        assert seconds < 30 and len(out.stderr) < 4096, (seconds, len(out.stderr))
+        assert not [e for e in json_lines(out.stderr) if e.get("event") == "target_attached"]
+    finally:
+        zombie.wait(10)
+
+
+def test_the_daemon_never_attaches_a_process_that_no_longer_runs_whatever_the_finder_says(tmp_path):
+    """The class, not the case: a finder that hands the daemon a zombie, or the very process whose exit
+    ended the last watch, is waited on like no process at all; the wait ends at --wait-seconds."""
+    from watchdog.daemon.loop import Daemon, WatchConfig
+
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.05)
+
+        class Careless:  # a finder that never checks what it found
+            description, comes_back, found = "careless", True, 0
+
+            def find(self):
+                self.found += 1
+                return psutil.Process(zombie.pid)
+
+            def why_not_found(self):
+                return "nothing running"
+
+            def handover(self, watched):
+                return None
+
+        finder, stop = Careless(), threading.Event()
+        bound = threading.Timer(20, stop.set)  # a daemon that never gives up is stopped, and fails below
+        bound.start()
+        daemon = Daemon(WatchConfig(act=False, wait_seconds=1.0), finder, stop=stop)
+        try:
+            with pytest.raises(InputError, match="no target after 1 s"):
+                daemon.run()
+        finally:
+            bound.cancel()
+        assert daemon.state.attachments == 0 and finder.found < 100, (daemon.state.attachments, finder.found)
+    finally:
+        zombie.wait(10)
 
 
 # -- process groups ---------------------------------------------------------------------------

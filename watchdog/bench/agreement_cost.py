@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from watchdog.commands.cli import OneLineParser
+from watchdog.core.numbers import MAX_STEP, decimal_in, option, parse_positive, whole_in
 from watchdog.fileio import write_atomically
 
 
@@ -116,16 +118,29 @@ def measure(world: int, every: int, calls: int, rounds: int, samples: int = 100,
     return {key: statistics.median(result[key] for result in results) for key in results[0]}
 
 
+MAX_WORLD = 64  # ranks spawned on this machine at once
+MIN_CALLS = 1000  # steps timed per kind: fewer, and an empty call's mean can read 0 s
+
+
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.bench.agreement_cost", description=__doc__.split("\n\n")[0])
+    made.add_argument("--worlds", type=option(whole_in(2, MAX_WORLD, "a number of ranks")), nargs="+",
+                      default=[2, 4, 8], help=f"ranks of each job measured, 2 to {MAX_WORLD} (default 2 4 8)")
+    made.add_argument("--every", type=option(whole_in(2, MAX_STEP - 1, "a sampling period in steps")), default=10,
+                      help="sample_every: from 2, so that some steps do not sample (default 10)")
+    made.add_argument("--calls", type=option(whole_in(MIN_CALLS, MAX_STEP - 1, "a number of steps")), default=20000,
+                      help=f"steps timed that do not sample, from {MIN_CALLS:,} (default 20000)")
+    made.add_argument("--samples", type=option(parse_positive), default=100,
+                      help="sampling steps timed, each after a period (default 100)")
+    made.add_argument("--period-ms", type=option(decimal_in(0, 60_000, "milliseconds")), default=100.0,
+                      help="training between two sampling steps, 0 to 60,000 ms (default 100)")
+    made.add_argument("--rounds", type=option(parse_positive), default=3, help="fresh processes per world (default 3)")
+    made.add_argument("--json", action="store_true")
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--every", type=int, default=10)
-    parser.add_argument("--calls", type=int, default=20000)
-    parser.add_argument("--samples", type=int, default=100, help="sampling steps timed, each after a period")
-    parser.add_argument("--period-ms", type=float, default=100.0, help="training between two sampling steps")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     rows = []
     for world in args.worlds:

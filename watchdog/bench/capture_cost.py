@@ -26,6 +26,8 @@ import timeit
 
 import torch
 
+from watchdog.commands.cli import OneLineParser
+from watchdog.core.numbers import MAX_STEP, option, parse_positive, whole_in
 from watchdog.forensics.creation_sites import CreationSites
 
 
@@ -129,16 +131,20 @@ def _per_call(number: int = 20_000, repeat: int = 5) -> tuple[float, float]:
     return off, on
 
 
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.bench.capture_cost", description=__doc__.splitlines()[0])
+    made.add_argument("--device", choices=("cpu", "xla"), default="cpu")
+    made.add_argument("--rounds", type=option(parse_positive), default=5, help="rounds, the fastest kept (default 5)")
+    made.add_argument("--steps", type=option(whole_in(2, MAX_STEP - 1, "a number of steps")), default=30,
+                      help="steps per round, from 2 (default 30)")
+    made.add_argument("--threads", type=option(whole_in(1, 1024, "a number of threads")), default=1,
+                      help="torch CPU threads, 1 to 1,024 (1: steadier on a shared machine)")
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("cpu", "xla"), default="cpu")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.rounds < 1 or args.steps < 2:
-        parser.error("--rounds must be at least 1 and --steps at least 2")
     if args.device == "xla":
         import torch_xla
 

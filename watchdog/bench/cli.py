@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if args.step_cost:
         from watchdog.bench.step_cost import main as step_cost_main
 
-        return step_cost_main()
+        return step_cost_main(["--json"] if args.json else [])
     if args.endurance:
         from watchdog.bench.endurance import run_from_cli
 

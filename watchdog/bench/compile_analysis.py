@@ -26,6 +26,9 @@ import subprocess
 import sys
 import time
 
+from watchdog.commands.cli import OneLineParser
+from watchdog.core.numbers import option, parse_positive
+
 MODES = ("off", "on", "capture")
 
 
@@ -115,15 +118,19 @@ def run_child(mode: str, graphs: int, tiny: int, steps: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.bench.compile_analysis", description=__doc__.splitlines()[0])
+    made.add_argument("--graphs", type=option(parse_positive), default=24, help="new MLP graphs (default 24)")
+    made.add_argument("--tiny", type=option(parse_positive), default=200, help="tiny graphs (default 200)")
+    made.add_argument("--steps", type=option(parse_positive), default=300, help="cached steps (default 300)")
+    made.add_argument("--rounds", type=option(parse_positive), default=2, help="fresh processes per mode (default 2)")
+    made.add_argument("--json", action="store_true")
+    made.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graphs", type=int, default=24)
-    parser.add_argument("--tiny", type=int, default=200)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.graphs, args.tiny, args.steps)))
         return 0

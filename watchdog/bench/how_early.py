@@ -20,12 +20,15 @@ import argparse
 import random
 from typing import NamedTuple
 
+from watchdog.commands.cli import OneLineParser
 from watchdog.core.judge import Judge
+from watchdog.core.numbers import decimal_in, option, whole_in
 from watchdog.core.pace import HANDOVER_STEPS
 from watchdog.core.sample import Sample
 
 GiB, MiB = 1 << 30, 1 << 20
 BASE, LIMIT = 2 * GiB, 3 * GiB
+HEADROOM_MIB = (LIMIT - BASE) // MiB  # what the leak fills; the activations' sawtooth takes its share
 SAMPLE_EVERY = (1, 10, 50)
 SAMPLES_TO_FILL = (10, 20, 40, 100, 400)
 
@@ -41,6 +44,8 @@ class Row(NamedTuple):
 
 
 def run(sample_every: int, samples_to_fill: int, *, cycles: int = 3, sawtooth: float = 0.0, seed: int = 0) -> Row:
+    if not (1 <= cycles and 0 <= sawtooth < LIMIT - BASE):
+        raise ValueError(f"cycles from 1 and a sawtooth below the headroom ({LIMIT - BASE} bytes), got {cycles}, {sawtooth}")
     rng = random.Random(seed)
     judge = Judge(memory_limit_bytes=LIMIT)
     rate = (LIMIT - BASE - sawtooth) / (samples_to_fill * sample_every)
@@ -72,11 +77,21 @@ def table(cycles: int = 3, sawtooth: float = 0.0) -> list[Row]:
     return [run(every, fill, cycles=cycles, sawtooth=sawtooth) for every in SAMPLE_EVERY for fill in SAMPLES_TO_FILL]
 
 
+MAX_CYCLES = 100  # a row's simulation ends after 100 fills of the headroom, so it has at most this many
+
+
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.bench.how_early", description=__doc__.split("\n\n")[0])
+    made.add_argument("--cycles", type=option(whole_in(1, MAX_CYCLES, "a count of leak cycles")), default=3,
+                      help=f"leak cycles (actions) per row, 1 to {MAX_CYCLES} (default 3)")
+    made.add_argument("--sawtooth-mib", type=option(decimal_in(0, HEADROOM_MIB, "a height in MiB", below=True)),
+                      default=0.0, help=f"activations' height in MiB, below the {HEADROOM_MIB} MiB of headroom "
+                                        "the leak fills (default 0)")
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m watchdog.bench.how_early", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cycles", type=int, default=3, help="leak cycles (actions) per row (default 3)")
-    parser.add_argument("--sawtooth-mib", type=float, default=0.0, help="activations' height in MiB (default 0)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     print(f"limit 3 GiB, 1 GiB of headroom; {args.cycles} cycles; sawtooth {args.sawtooth_mib:g} MiB")
     print("| sample_every | samples to fill | actions | first warning (steps, samples) | least warning | "
           "highest / limit | first acted by |")

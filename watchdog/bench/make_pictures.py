@@ -6,10 +6,14 @@ One leaking trace (the watchdog acts before the marked true OOM) and one clean h
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 from watchdog.bench.corpus import synthetic_corpus
+from watchdog.commands.cli import OneLineParser
+from watchdog.core.inputs import folder_to_write
+from watchdog.core.numbers import option
 from watchdog.commands.report import draw_trace
 
 LEAK_TRACE = "late_onset_leak-03"
@@ -30,6 +34,18 @@ def make_pictures(out_dir: str | Path = DEFAULT_DIR, leak: str = LEAK_TRACE, cle
     return written
 
 
-if __name__ == "__main__":
-    for path in make_pictures(*sys.argv[1:2]):
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.bench.make_pictures", description=__doc__.splitlines()[0])
+    made.add_argument("out_dir", nargs="?", type=option(folder_to_write), default=str(DEFAULT_DIR), metavar="OUT_DIR",
+                      help="where the pictures go (default deploy/img)")
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    for path in make_pictures(parser().parse_args(argv).out_dir):
         print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

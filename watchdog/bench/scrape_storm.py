@@ -28,6 +28,9 @@ from dataclasses import dataclass
 
 import psutil
 
+from watchdog.commands.cli import OneLineParser
+from watchdog.core.numbers import decimal_in, option, parse_port, whole_in
+
 PHASES = (("quiet", None), ("scrapers", "scrape"), ("half-open", "half-open"), ("slow-loris", "slow-loris"),
           ("quiet again", None))
 REFUSED_PAUSE_SECONDS = 0.05  # a scraper turned away tries again this much later, as a real one would (later still)
@@ -211,19 +214,36 @@ def storm(clients: int, phase_seconds: float) -> list[Phase]:
     return phases
 
 
+MAX_CLIENTS = 1000  # one process's clients, each a connection: within the usual 1,024 descriptors
+
+
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.bench.scrape_storm", description=__doc__.splitlines()[0])
+    made.add_argument("--clients", type=option(whole_in(1, MAX_CLIENTS, "a number of clients")), default=200,
+                      help=f"clients of the storm, 1 to {MAX_CLIENTS:,} (default 200)")
+    made.add_argument("--phase-seconds", type=option(decimal_in(0.1, 86_400, "a number of seconds")), default=20.0,
+                      help="seconds per phase, 0.1 to 86,400 (default 20)")
+    return made
+
+
+def _clients_parser() -> argparse.ArgumentParser:
+    """The storm's own child: `--serve-as-clients HOST PORT MODE CLIENTS`, as `storm` starts it."""
+    made = OneLineParser(prog="python -m watchdog.bench.scrape_storm --serve-as-clients")
+    made.add_argument("host")
+    made.add_argument("port", type=option(parse_port))
+    made.add_argument("mode", choices=[mode for _, mode in PHASES if mode])
+    made.add_argument("clients", type=option(whole_in(1, MAX_CLIENTS, "a number of clients")))
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["--serve-as-clients"]:
-        host, port, mode, clients = argv[1:5]
-        asyncio.run(_clients(host, int(port), mode, int(clients)))
+        child = _clients_parser().parse_args(argv[1:])
+        asyncio.run(_clients(child.host, child.port, child.mode, child.clients))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=200)
-    parser.add_argument("--phase-seconds", type=float, default=20.0)
-    args = parser.parse_args(argv)
-    if args.clients < 1 or not args.phase_seconds > 0:
-        parser.error("--clients must be at least 1 and --phase-seconds positive")
+    args = parser().parse_args(argv)
     from watchdog.logs import configure_logging
 
     configure_logging("json", level="WARNING")

@@ -50,6 +50,8 @@ from watchdog.bench.oracle import CacheAwareOracle, Oracle, cache_time_constants
 from watchdog.core.sample import Sample
 from watchdog.core.verdict import Status
 from watchdog.core.detector import DetectorConfig
+from watchdog.commands.cli import OneLineParser
+from watchdog.core.inputs import file_to_write
 from watchdog.core.numbers import option, parse_positive
 from watchdog.core.replay import replay
 from watchdog.fileio import save_figure
@@ -415,11 +417,6 @@ def render_png(result: Sensitivity, path: str | Path) -> Path:
 
 # ---------------------------------------------------------------------------------- command line
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not usage + error
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _progress(total: int):
     """(tick, close): `bench`'s bar on a terminal when tqdm is installed, else a counter line every ~10%."""
     from watchdog.bench.cli import _progress_bar
@@ -439,14 +436,18 @@ def _progress(total: int):
     return tick, (lambda: None)
 
 
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.bench.sensitivity", description=__doc__.splitlines()[0])
+    made.add_argument("--out", metavar="PNG", type=option(file_to_write), default=None,
+                      help=f"write the picture here (e.g. {DEFAULT_OUT.relative_to(DEFAULT_OUT.parents[2])})")
+    made.add_argument("--seeds", metavar="N", type=option(parse_positive), default=DEFAULT_SEEDS,
+                      help=f"jobs per leak size (default {DEFAULT_SEEDS})")
+    made.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m watchdog.bench.sensitivity", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", metavar="PNG", type=Path, default=None,
-                        help=f"write the picture here (e.g. {DEFAULT_OUT.relative_to(DEFAULT_OUT.parents[2])})")
-    parser.add_argument("--seeds", metavar="N", type=option(parse_positive), default=DEFAULT_SEEDS,
-                        help=f"jobs per leak size (default {DEFAULT_SEEDS})")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
 
     tick, close = _progress((len(SIZES) + 2) * args.seeds)
     try:
@@ -459,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(result))
         print(f"{(len(SIZES) + 2) * args.seeds} replays in {result.seconds:.1f} s")
     if args.out is not None:
-        path = render_png(result, args.out)
+        path = render_png(result, Path(args.out))
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 

@@ -23,6 +23,10 @@ from pathlib import Path
 
 import psutil
 
+from watchdog.commands.cli import OneLineParser
+from watchdog.core.inputs import folder_to_write
+from watchdog.core.numbers import option, parse_positive
+
 MiB = 1 << 20
 
 
@@ -103,20 +107,25 @@ def soak(steps: int, report_every: int, checkpoint_every: int, directory: Path) 
     return rows or [after]
 
 
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.bench.soak", description=__doc__.splitlines()[0])
+    made.add_argument("--steps", type=option(parse_positive), default=100_000, help="training steps (default 100000)")
+    made.add_argument("--report-every", type=option(parse_positive), default=10_000,
+                      help="steps between two rows (default 10000)")
+    made.add_argument("--checkpoint-every", type=option(parse_positive), default=10_000,
+                      help="steps between two checkpoints (default 10000)")
+    made.add_argument("--dir", type=option(folder_to_write),
+                      help="where the trace and checkpoints go (default: a temporary directory)")
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("--report-every", type=int, default=10_000)
-    parser.add_argument("--checkpoint-every", type=int, default=10_000)
-    parser.add_argument("--dir", type=Path, help="where the trace and checkpoints go (default: a temporary directory)")
-    args = parser.parse_args(argv)
-    if min(args.steps, args.report_every, args.checkpoint_every) < 1:
-        parser.error("--steps, --report-every and --checkpoint-every must be at least 1")
+    args = parser().parse_args(argv)
     from watchdog.logs import configure_logging
 
     configure_logging("json", level="WARNING")  # rows on stdout; only what goes wrong on stderr
     with tempfile.TemporaryDirectory(prefix="hbm-watchdog-soak-") as scratch:
-        rows = soak(args.steps, args.report_every, args.checkpoint_every, args.dir or Path(scratch))
+        rows = soak(args.steps, args.report_every, args.checkpoint_every, Path(args.dir or scratch))
     first, last = rows[0], rows[-1]
     print(f"first row (step {first.step:,}) -> last row (step {last.step:,}): "
           f"RSS {first.rss_bytes / MiB:.1f} -> {last.rss_bytes / MiB:.1f} MiB "

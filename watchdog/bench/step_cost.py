@@ -7,11 +7,13 @@ Target (issue 2): at most 5x the empty call.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
 import time
 
+from watchdog.commands.cli import OneLineParser
 from watchdog.core.config import WatchdogConfig
 from watchdog.runtime.sidecar import Watchdog
 
@@ -47,8 +49,14 @@ def measure(sample_every: int = 10, calls: int = 100_000, repeats: int = 15) -> 
             "ratio": round(step / empty, 2), "calls": calls * repeats, "sidecar_samples": samples}
 
 
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.bench.step_cost", description=__doc__.splitlines()[0])
+    made.add_argument("--json", action="store_true", help="print one JSON list instead of the table")
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    as_json = "--json" in (argv if argv is not None else sys.argv[1:])
+    as_json = parser().parse_args(argv).json
     rows = [measure(sample_every) for sample_every in (10, 1)]
     if as_json:
         print(json.dumps(rows))

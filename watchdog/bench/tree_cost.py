@@ -1,6 +1,6 @@
 """What reading the job's memory costs, by how many processes the job has (docs/host-memory.md's table).
 
-    python -m watchdog.bench.tree_cost [--descendants 1,8,64,256] [--json]
+    python -m watchdog.bench.tree_cost [--descendants N ...] [--json]     (default: 1, 8, 64 and 256)
 
 This process holds 200 MiB, then forks N workers that each hold 4 MiB of their own (DataLoader
 workers, as a loop's). For each N it times, median over repeats: finding the tree's members (the
@@ -23,20 +23,12 @@ import time
 
 import psutil
 
-from watchdog.core.errors import InputError
-from watchdog.core.numbers import option, parse_positive
+from watchdog.commands.cli import OneLineParser
+from watchdog.core.numbers import option, whole_in
 from watchdog.runtime.host_memory import ProcessTree, _share, _status
 
 MiB = 1 << 20
 MAX_DESCENDANTS = 1024
-
-
-def descendants(text: str) -> list[int]:
-    """`1,8,64,256`: counts of workers, each from 1 to MAX_DESCENDANTS (InputError otherwise)."""
-    counts = [parse_positive(part) for part in text.split(",")]
-    if max(counts) > MAX_DESCENDANTS:
-        raise InputError(f"at most {MAX_DESCENDANTS} descendants, got {max(counts):,}")
-    return counts
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -88,16 +80,21 @@ def measure(count: int) -> dict:
             os.waitpid(pid, 0)
 
 
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.bench.tree_cost", description=__doc__.splitlines()[0])
+    made.add_argument("--descendants", type=option(whole_in(1, MAX_DESCENDANTS, "a count of processes")),
+                      action="append", help=f"workers to fork, 1 to {MAX_DESCENDANTS}; repeat for several rows "
+                                            "(default 1, 8, 64 and 256)")
+    made.add_argument("--json", action="store_true", help="one JSON list of rows")
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m watchdog.bench.tree_cost", description=__doc__.splitlines()[0])
-    parser.add_argument("--descendants", type=option(descendants), default=[1, 8, 64, 256],
-                        help="how many workers, comma-separated (default 1,8,64,256)")
-    parser.add_argument("--json", action="store_true", help="one JSON list of rows")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     held = bytearray(200 * MiB)  # the parent's memory, shared with every worker it forks
     held[::4096] = b"p" * len(held[::4096])
     rows = []
-    for count in args.descendants:
+    for count in args.descendants or [1, 8, 64, 256]:
         rows.append(measure(count))
         if not args.json:
             print(f"measured {count} descendants", file=sys.stderr)

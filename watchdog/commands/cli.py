@@ -47,7 +47,7 @@ def ignored_option(args: argparse.Namespace) -> str | None:
     return None
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse, refusing in one line and exit status 2 like an InputError (no usage block: `--help` has it)."""
 
     def error(self, message: str):
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     from watchdog import __version__
 
     # No abbreviations of the global options: `postmortem --log FILE` is the subcommand's, not `--log-level`.
-    parser = _OneLineParser(prog="hbm-watchdog", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = OneLineParser(prog="hbm-watchdog", description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"hbm-watchdog {__version__}")
     parser.add_argument("--log-format", choices=("auto", "json", "console"), default="auto",
                         help="log rendering (default: console on a TTY, JSON lines otherwise)")

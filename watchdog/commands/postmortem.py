@@ -75,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
     samples = _samples(trace)
     if trace is not None and not samples and record is None:
         raise InputError(f"{trace}:2: the trace has a header but no samples")
-    oom = parse(_read_tail(log_file, "--log")) if log_file else None
+    output = _read_tail(log_file, "--log") if log_file else None
+    oom = parse(output) if output is not None else None
     post = diagnose(samples, record=record, oom=oom, exit_description=exit_description,
-                    memory_limit_bytes=args.memory_limit)
+                    memory_limit_bytes=args.memory_limit, output=output)
     print(strict_json.dumps(post.to_json()) if args.json else report(trace or path, post, record))
     return 0
 
@@ -147,7 +148,7 @@ def after_a_crash(folder: Path | None, output: str, exit_description: str) -> st
                 samples = _samples(trace)
             except InputError as exc:  # the post-mortem goes on without the trend
                 samples, unreadable = [], f"\n(no trend: {exc})"
-            post = diagnose(samples, record=record, oom=oom, exit_description=exit_description)
+            post = diagnose(samples, record=record, oom=oom, exit_description=exit_description, output=output)
             return report(trace or folder, post, record) + unreadable
     lines = [f"the job exited with {exit_description}" + (
         " (sent from outside the job: a preemption, `hbm-watchdog watch` acting before an OOM, or a person)"
@@ -199,9 +200,10 @@ def report(trace: Path, post: PostMortem, record: dict | None) -> str:
         lines += [f"          {suspect}" for suspect in at_action["lines"][:3]]
     lines.append(f"  cause   {post.diagnosis}: {post.explanation}")
     training = next((thread for thread in (post.record_stall or {}).get("threads") or [] if thread.get("training")), None)
-    if training is not None:
+    frames = (training.get("frames") or []) if training is not None else post.dumped_stack
+    if frames:
         lines.append("the training thread's stack when it was ended, innermost last:")
-        lines += [f"  {frame}" for frame in (training.get("frames") or [])[-STACK_FRAMES_SHOWN:]]
+        lines += [f"  {frame}" for frame in frames[-STACK_FRAMES_SHOWN:]]
     if post.oom_message is not None:
         lines.append("")
         lines.append(summary(post.oom_message))

@@ -110,3 +110,30 @@ def drop_torn_tail(path: str | os.PathLike[str], max_line_chars: int, *, header:
             return b""
         handle.truncate(start + cut + 1)
         return tail[cut + 1:]
+
+
+
+def folder_to_write(text: str) -> str:
+    """A folder a command writes into, named by a user: absent (made when written) or a directory
+    (through links); anything else (a file, a FIFO, a dangling link) is one InputError now, before
+    the work whose results it would hold."""
+    if not text:
+        raise InputError("an empty path, not a folder to write into")
+    if os.path.lexists(text):
+        try:
+            mode = os.stat(text).st_mode
+        except OSError as exc:
+            raise InputError(f"{text}: {exc.strerror or exc}, not a folder to write into") from None
+        if not stat.S_ISDIR(mode):
+            raise InputError(f"{text}: {kind_of(mode) or 'a regular file'}, not a folder to write into")
+    return text
+
+
+def file_to_write(text: str) -> str:
+    """A file a command writes whole, named by a user: never a directory (the write would fail only
+    at the end of the work); its folder is made when it is written."""
+    if not text:
+        raise InputError("an empty path, not a file to write")
+    if os.path.isdir(text):
+        raise InputError(f"{text}: a directory, not a file to write")
+    return text

@@ -41,7 +41,8 @@ from typing import NamedTuple
 from watchdog.core.cycles import Cycle, Lesson, shrinking
 from watchdog.core.detector import DetectorConfig, LeakDetector
 from watchdog.core.pace import HANDOVER_STEPS, Pace
-from watchdog.core.phase import CLIMB_RUNS, NextRun, PeakClimb, PhaseEpisode, PhaseForecast, parse_label
+from watchdog.core.phase import (CLIMB_RUNS, NewestPhases, NextRun, PeakClimb, PhaseEpisode, PhaseForecast,
+                                 parse_label)
 from watchdog.core.policy import ActionPolicy, PolicyConfig
 from watchdog.core.sample import Sample
 from watchdog.core.units import format_bytes, format_limit
@@ -97,8 +98,8 @@ class Judge:
         self._previous_step = -math.inf
         self._label = ""  # the phase label of the last sample
         self._episode: PhaseEpisode | None = None  # the bounded phase running now, if any
-        self._phase_steps: dict[str, float] = {}  # how long each bounded phase ran last time
-        self._climbs: dict[str, PeakClimb] = {}  # each bounded phase's newest runs' peaks
+        self._phase_steps = NewestPhases()  # how long each bounded phase ran last time (the newest names')
+        self._climbs = NewestPhases()  # each bounded phase's newest runs' peaks (the newest names')
         self.climbing_phases: frozenset[str] = frozenset()  # bounded phases whose newest runs peak higher each time
         self._next_run: tuple[str, NextRun] | None = None  # a phase whose next run would peak past the line
         self._margin_steps = self.policy.config.checkpoint_margin_steps
@@ -293,7 +294,7 @@ class Judge:
         self._use_policy(self._fresh_policy())
         self._floor_at_action = None
         self._cycle, self._previous_step = None, -math.inf  # the new process's first reading starts a cycle
-        self._label, self._episode, self._phase_steps = "", None, {}
+        self._label, self._episode, self._phase_steps = "", None, NewestPhases()
         self._pace.clear()
         self._forget_peaks()
 
@@ -308,7 +309,8 @@ class Judge:
         if episode is not None and episode.n:
             name = episode.phase.name
             self._phase_steps[name] = episode.span
-            climb = self._climbs.setdefault(name, PeakClimb())
+            climb = self._climbs.get(name) or PeakClimb()
+            self._climbs[name] = climb  # the newest phase named: bounded memory, bounded work below
             climb.add(episode.first_step, episode.peak)
             self.climbing_phases = frozenset(n for n, c in self._climbs.items() if c.climbing)
             following = climb.next_run()
@@ -326,7 +328,7 @@ class Judge:
 
     def _forget_peaks(self) -> None:
         """The runs' peaks describe a state that is gone (a rebuild that gave memory back, a new process)."""
-        self._climbs, self._next_run, self.climbing_phases = {}, None, frozenset()
+        self._climbs, self._next_run, self.climbing_phases = NewestPhases(), None, frozenset()
 
     def _in_phase(self, sample: Sample) -> Verdict:
         """The detector's verdict on the floor (the sample is a transient to it), unless the phase's

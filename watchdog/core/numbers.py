@@ -95,31 +95,63 @@ def parse_port(text: str) -> int:
     return whole_number(text, "a port", 0, PORT_MAX)
 
 
-def duration(text: str, what: str, low: float, high: float) -> float:
-    """`text` as a number of seconds from `low` to `high`, written in ASCII (`90`, `0.5`, `2e-3`),
-    else InputError. No sign, `inf` or `nan`; the length is checked before `float()`."""
+def decimal(text: str, what: str, low: float, high: float, *, below: bool = False) -> float:
+    """`text` as a number from `low` to `high` (`below`: `high` itself excluded), written in ASCII
+    (`90`, `0.5`, `2e-3`), else InputError. No sign, `inf` or `nan`; the length is checked before
+    `float()`."""
     written = text.strip()
     if len(written) > _SHOWN or not _DECIMAL.fullmatch(written):
         raise InputError(f"expected {what} written in the digits 0-9 (e.g. 90, 0.5), got {shown(text)}")
     value = float(written)
-    if not low <= value <= high:
-        raise InputError(f"expected {what} from {low:g} to {high:,.0f}, got {shown(text)}")
+    if not low <= value <= high or (below and value >= high):
+        upper = f"below {high:,g}" if below else f"{high:,.0f}" if high >= 1000 else f"{high:g}"
+        raise InputError(f"expected {what} from {low:g} to {upper}, got {shown(text)}")
     return value
 
 
 def parse_seconds(text: str) -> float:
     """A duration in seconds (a wait, a margin, a grace period): 0 to MAX_SECONDS."""
-    return duration(text, "a number of seconds", 0.0, MAX_SECONDS)
+    return decimal(text, "a number of seconds", 0.0, MAX_SECONDS)
 
 
 def parse_interval(text: str) -> float:
     """Seconds between samples: MIN_INTERVAL to MAX_SECONDS."""
-    return duration(text, "an interval in seconds", MIN_INTERVAL, MAX_SECONDS)
+    return decimal(text, "an interval in seconds", MIN_INTERVAL, MAX_SECONDS)
+
+
+def bounds(low: float, high: float, *, below: bool = False) -> Callable[[Callable[[str], T]], Callable[[str], T]]:
+    """A parser's range, kept on it (`low`, `high`, `below`: `high` excluded; ints for whole numbers,
+    floats for decimals), so that a test can try every option just outside it
+    (tests/test_bench_options.py)."""
+
+    def keep(parse: Callable[[str], T]) -> Callable[[str], T]:
+        parse.low, parse.high, parse.below = low, high, below  # type: ignore[attr-defined]
+        return parse
+
+    return keep
+
+
+def whole_in(low: int, high: int, what: str = "a whole number") -> Callable[[str], int]:
+    """A parser of whole numbers from `low` to `high` (`whole_number`'s rules), its range kept on it."""
+    return bounds(low, high)(lambda text: whole_number(text, what, low, high))
+
+
+def decimal_in(low: float, high: float, what: str = "a number", *, below: bool = False) -> Callable[[str], float]:
+    """A parser of decimal numbers from `low` to `high` (`decimal`'s rules), its range kept on it."""
+    return bounds(float(low), float(high), below=below)(lambda text: decimal(text, what, low, high, below=below))
+
+
+for _parse, _low, _high in ((parse_step, 0, MAX_STEP - 1), (parse_count, 0, MAX_STEP - 1),
+                            (parse_positive, 1, MAX_STEP - 1), (parse_seed, 0, SEED_MAX), (parse_pid, 2, PID_MAX - 1),
+                            (parse_port, 0, PORT_MAX), (parse_seconds, 0.0, float(MAX_SECONDS)),
+                            (parse_interval, MIN_INTERVAL, float(MAX_SECONDS))):
+    bounds(_low, _high)(_parse)
 
 
 def option(parse: Callable[[str], T]) -> Callable[[str], T]:
     """`parse` as an argparse `type=`: its InputError becomes argparse's refusal (exit status 2),
-    message kept (argparse would otherwise replace a ValueError's message with its own)."""
+    message kept (argparse would otherwise replace a ValueError's message with its own). The
+    parser's range, where it keeps one (`bounds`), is kept on the option too."""
 
     def convert(text: str) -> T:
         try:
@@ -127,7 +159,11 @@ def option(parse: Callable[[str], T]) -> Callable[[str], T]:
         except InputError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    convert.__name__ = parse.__name__
+    convert.__name__ = getattr(parse, "__name__", "number")
+    for name in ("low", "high", "below"):
+        if hasattr(parse, name):
+            setattr(convert, name, getattr(parse, name))
+    convert.checked = True  # type: ignore[attr-defined] - made here: refusals are one line, exit 2
     return convert
 
 

@@ -21,6 +21,7 @@ allocations back to those lines, matched by op name and shape (else by XLA's fil
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ class PostMortem:
     oom_message: OomMessage | None = None
     record_host: dict | None = None  # the flight record's `host`: where the host is watched
     record_stall: dict | None = None  # the flight record's `stall`: where the threads were when a stall ended it
+    dumped_stack: list[str] = field(default_factory=list)  # the training thread's, from faulthandler's dump in the output
     action_suspects: dict | None = None  # what was leaking at the newest checkpoint action (before its reinit)
     user_lines: list[UserLine] = field(default_factory=list)  # the message's allocations, traced to your lines
 
@@ -156,9 +158,14 @@ _HOST = {"domain": _TEXT, "bytes_used": _SIZE, "bytes_limit": _SIZE, "process_by
          "verdict": _VERDICT}
 _PROGRAM_SITE = {"op_name": _TEXT, "shape": _TEXT, "innermost": _TEXT, "user": _TEXT, "bytes": _SIZE}
 _DEVICE_OOM = {"device": _TEXT, "requested_bytes": _SIZE, "limit_bytes": _SIZE, "free_bytes": _SIZE, "step": _STEP}
+_THREAD_ID = re.compile(r"0x[0-9a-f]{1,16}")
 _THREAD = {"name": _TEXT, "training": (_flag, "true or false"), "frames": (_list_of(_text), "a list of strings")}
 _STALL = {"step": _STEP, "seconds": _SIGNED, "rank": _STEP, "where": _TEXT, "user": _TEXT,
-          "collective": (_flag, "true or false"), "threads": [_THREAD]}
+          "collective": (_flag, "true or false"), "threads": [_THREAD],
+          "waiting": {"step": _STEP, "ranks": (_list_of(_step), "a list of ranks")},
+          "armed": (_flag, "true or false"), "exit_code": _STEP, "stacks": _TEXT,
+          "training_thread": (lambda v: isinstance(v, str) and _THREAD_ID.fullmatch(v) is not None,
+                              "a thread id written 0x and hex digits")}
 RECORD_FIELDS: dict[str, Any] = {
     "ended": _TEXT, "trace_file": _TEXT, "last_step": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
     "suspects_step": _STEP, "compilations": _STEP, "creation_sites": (_flag, "true or false"),
@@ -199,8 +206,10 @@ def record_problem(record: Any, fields: Any = None, where: str = "") -> str | No
 
 
 def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomMessage | None = None,
-             exit_description: str | None = None, memory_limit_bytes: int | None = None) -> PostMortem:
-    """Everything known about how the run ended; `record` is the flight record (or None).
+             exit_description: str | None = None, memory_limit_bytes: int | None = None,
+             output: str | None = None) -> PostMortem:
+    """Everything known about how the run ended; `record` is the flight record (or None), `output`
+    the job's output (where faulthandler wrote the stacks of a process the stall watch ended from C).
     InputError (naming the field) for a record whose fields are not what `RECORD_FIELDS` says."""
     record = record or {}
     problem = record_problem(record)
@@ -226,6 +235,12 @@ def diagnose(samples: Sequence[Sample], *, record: dict | None = None, oom: OomM
         suspects=list(record.get("suspects") or []), oom_message=oom, record_host=record.get("host"),
         record_stall=record.get("stall"), action_suspects=record.get("action_suspects"),
         user_lines=user_lines(oom, record.get("program_sites")))
+    armed = post.record_stall if (post.record_stall or {}).get("armed") else None
+    if armed is not None:
+        if post.ended == "clean" or not ended_from_c(exit_description, armed):
+            post.record_stall = None  # a deadline that never came: nothing stalled
+        elif output and armed.get("training_thread"):
+            post.dumped_stack = dumped_stack(output, armed["training_thread"])
     post.diagnosis, post.explanation = _cause(post, samples, final)
     post.explanation += _allocator_limit(record.get("device_oom"), oom)
     if post.user_lines:
@@ -257,14 +272,68 @@ def _first(*steps: int | None) -> int | None:
     return min(known) if known else None
 
 
+_EXIT = re.compile(r"(?:exit )?(\d{1,3})")
+_DUMP_HEAD = re.compile(r"(?:Current thread|Thread) (0x[0-9a-f]{1,16}) \(most recent call first\):")
+_DUMP_FRAME = re.compile(r'  File "(.{1,4096})", line (\d{1,9}) in (\S{1,256})')
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
+
+
+def ended_from_c(exit_description: str | None, armed: dict) -> bool:
+    """The process exited with the status the stall watch's deadline in C exits with."""
+    matched = _EXIT.fullmatch((exit_description or "").strip())
+    return matched is not None and int(matched.group(1)) == armed.get("exit_code")
+
+
+def dumped_stack(output: str, thread: str) -> list[str]:
+    """The frames faulthandler wrote for `thread` ("0x7f..."), the newest dump of it in `output`,
+    innermost last (as the flight record keeps stacks): "file:line in function". One pass, linear."""
+    wanted, frames, reading = int(thread, 16), [], False
+    found: list[str] = []
+    for line in output.splitlines():
+        head = _DUMP_HEAD.match(line)
+        if head is not None:
+            if reading:
+                found = frames
+            reading, frames = int(head.group(1), 16) == wanted, []
+            continue
+        frame = _DUMP_FRAME.match(line) if reading else None
+        if frame is not None:
+            frames.append(f"{frame.group(1)}:{frame.group(2)} in {frame.group(3)}")
+        elif reading and line.strip():
+            found, reading = frames, False
+    if reading:
+        found = frames
+    return list(reversed(found))
+
+
+def _stalled_in_c(post: PostMortem, stalled: dict) -> str:
+    stack = post.dumped_stack
+    user = next((frame for frame in reversed(stack) if not any(part in frame for part in _LIBRARY)), None)
+    where = (f"; its training thread was in {user or stack[-1]}" + (f" (innermost: {stack[-1]})" if user and user != stack[-1] else "")
+             if stack else "; faulthandler wrote every thread's stack to its stderr (the job's output)")
+    return (f"rank {stalled.get('rank') or 0} made no step for {stalled.get('seconds') or 0:.0f} s after step "
+            f"{post.last_step or 0:,} while something held the GIL (a C call that never releases it: a regex, a C "
+            f"extension's loop), so the stall watch could not run: its deadline in C ended the process (exit "
+            f"{stalled.get('exit_code')}){where}; restart from the newest checkpoint")
+
+
 def _cause(post: PostMortem, samples: Sequence[Sample], final) -> tuple[str, str]:
     stalled = post.record_stall
+    if stalled and stalled.get("armed"):
+        return "stalled", _stalled_in_c(post, stalled)
     if stalled:
         place = stalled.get("user") or stalled.get("where") or "an unknown place"
         inner = stalled.get("where")
         within = f" (innermost: {inner})" if inner and inner != place else ""
-        what = ("waited in a collective for another rank, called from" if stalled.get("collective")
-                else "stalled in")
+        waiting = stalled.get("waiting")
+        if waiting:
+            ranks = waiting.get("ranks")
+            whom = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else "another rank"
+            what = (f"was not stalled itself: it waited in the watchdog's agreement for {whom} (whose offer of step "
+                    f"{waiting.get('step') or 0:,} never came), called from")
+        else:
+            what = ("waited in a collective for another rank, called from" if stalled.get("collective")
+                    else "stalled in")
         return "stalled", (f"rank {stalled.get('rank') or 0} {what} {place}{within}: no step for "
                            f"{stalled.get('seconds') or 0:.0f} s after step {stalled.get('step') or 0:,}; the watchdog "
                            "recorded every thread's stack in the flight record and exited 43 (restart from the "

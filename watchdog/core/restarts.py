@@ -43,7 +43,8 @@ class RunState:
 
     __slots__ = ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step", "last_step", "cycles", "cycle_from",
                  "took_steps")
-    KEPT = ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step")  # what a checkpoint keeps, with `cycles`
+    COUNTS = ("restarts_so_far", "watchdog_restarts", "watchdog_restart_step")
+    KEPT = (*COUNTS, "cycles")  # what a checkpoint keeps
     CYCLES_KEPT = 8  # the newest cycles' lengths a checkpoint keeps
 
     def __init__(self, restarts: int = 0):
@@ -93,7 +94,7 @@ class RunState:
         is the larger of the saved one and the restart engine's; a bad value raises ConfigError."""
         if not isinstance(state, dict):
             raise ConfigError("state", f"expected the dict state_dict() returns, got {type(state).__name__}")
-        checked = {name: _count(name, state.get(name)) for name in self.KEPT}
+        checked = {name: _count(name, state.get(name)) for name in self.COUNTS}
         cycles = state.get("cycles")
         if cycles is not None and (not isinstance(cycles, list) or len(cycles) > self.CYCLES_KEPT):
             raise ConfigError("cycles", f"must be a list of at most {self.CYCLES_KEPT} step counts, got {cycles!r:.60}")

@@ -42,7 +42,7 @@ from watchdog.daemon.metrics import WatchState
 from watchdog.daemon.readers import DeviceReader, DeviceReading, PartialReading, ProcessTreeReader
 from watchdog.daemon.signalling import Escalation, Step, send
 from watchdog.daemon.stopping import StopFlag
-from watchdog.daemon.targets import Finder, WatchedProcess
+from watchdog.daemon.targets import Finder, WatchedProcess, running
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.logs import OncePerKind, exception_text, get_logger
 from watchdog.runtime.host_memory import HOST_DEVICE
@@ -112,6 +112,7 @@ class Daemon:
         self._signalled_at: float | None = None  # monotonic time of the last signal to the current target
         self._restart_after_signal = False  # the current target replaced one the daemon had signalled
         self._error_log = OncePerKind(log, "watch_error")  # each kind once; the counter has them all
+        self._exited: tuple[int, float] | None = None  # the process watched last, gone: never attached again
 
     # -- the life of the daemon ---------------------------------------------------------------
 
@@ -121,6 +122,7 @@ class Daemon:
             target = self._wait_for_target(first=True)
             while target is not None:
                 self._watch(target)
+                self._exited = target.identity
                 if self.stop.is_set() or not self.finder.comes_back:
                     break
                 target = self._wait_for_target(first=False)
@@ -141,7 +143,7 @@ class Daemon:
             except psutil.Error as exc:
                 self._count_error("find", exc)
                 process = None
-            if process is not None:
+            if process is not None and not self._gone(process):
                 target = WatchedProcess(process)
                 self._check_may_signal(target, first)
                 return target
@@ -158,6 +160,17 @@ class Daemon:
                 announced = True
             self.stop.wait(poll)
         return None
+
+    def _gone(self, process: psutil.Process) -> bool:
+        """A process found that cannot be watched, whatever the finder said: one that no longer runs
+        (a zombie), or the very process whose exit ended the last watch. Attaching to either ended at
+        once and found it again: 22,000 attachments and 9 MiB of log in 12 s, never waiting
+        --wait-seconds. It is waited on like no process at all."""
+        try:
+            identity = (process.pid, process.create_time())
+        except psutil.Error:
+            return True
+        return identity == self._exited or not running(process)
 
     def _check_may_signal(self, target: WatchedProcess, first: bool) -> None:
         """At start, a process the daemon may not signal is the user's to fix; later, it is watched anyway."""

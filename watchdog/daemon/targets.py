@@ -35,6 +35,16 @@ _PIDFILE_SLACK_SECONDS = 1.0  # a pidfile is written after its process starts; c
 _PIDFILE_MAX_CHARS = 64  # a PID and its newline; a huge file is not a pidfile, and is not read whole
 
 
+def running(process: psutil.Process) -> bool:
+    """Whether `process` still runs: the process it was (not a newcomer with its PID), and no zombie.
+    A zombie is gone: it only waits for its parent to read its status, and has nothing left to
+    watch or signal. Every finder and the daemon ask this one question."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class WatchedProcess:
     """One identified process: psutil's handle (PID + start time) and, where possible, a pidfd."""
 
@@ -62,10 +72,12 @@ class WatchedProcess:
 
     def alive(self) -> bool:
         """Still running and still the process identified (not a newcomer with the same PID)."""
-        try:
-            return self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return running(self.process)
+
+    @property
+    def identity(self) -> tuple[int, float]:
+        """PID and start time: what names this process and no other, ever."""
+        return self.pid, self.started
 
     def signal(self, signum: int) -> None:
         """Send `signum` (0: only check permission) to this very process; ProcessLookupError when it
@@ -137,7 +149,7 @@ class PidFinder:
             raise InputError(f"--pid {pid}: not allowed to inspect this process") from None
 
     def find(self) -> psutil.Process | None:
-        return self._process if self._process.is_running() else None
+        return self._process if running(self._process) else None
 
     def why_not_found(self) -> str:
         return f"process {self._process.pid} has exited"
@@ -258,6 +270,9 @@ class PidfileFinder:
         except InputError as exc:
             self._why = f"{self.path}: not a PID to watch ({exc})"  # maybe being written: asked again
             return None
+        if pid == os.getpid():  # as --pid refuses it: the daemon would judge, and signal, itself
+            self._why = f"{self.path} names PID {pid}, the daemon itself: not a process it can watch"
+            return None
         try:
             process = psutil.Process(pid)
             started = process.create_time()
@@ -266,6 +281,9 @@ class PidfileFinder:
             return None
         if started > written + _PIDFILE_SLACK_SECONDS:
             self._why = f"{self.path} is stale: PID {pid} started after the file was written"
+            return None
+        if not running(process):
+            self._why = f"{self.path} names PID {pid}, which has exited (a zombie its parent has not reaped)"
             return None
         return process
 

@@ -13,6 +13,7 @@ processes (`RunState`: restarts so far, the watchdog's own in a row, where the r
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Callable
 
@@ -30,6 +31,61 @@ REINITIALISED, RESTART_REQUESTED = "reinitialised in process", "exit 42: restart
 STOPPED = "exit 45: restarting will not save this job, stopped"
 UNSAVED = "the checkpoint failed: exit 44 to restart from the newest one"
 FORCED = "forced (a drill)"
+
+
+_ABSENT = object()
+
+
+def _reason(exc: Exception) -> str:
+    """Why a saved state was refused, in one line, whatever the exception's own text does."""
+    if isinstance(exc, InputError):
+        return str(exc)
+    try:
+        return f"{type(exc).__name__} reading it: {exc}"[:300]
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises too
+        return f"{type(exc).__name__} reading it"
+
+
+def save_result(result: object) -> tuple[bool, str | None]:
+    """What a loop's `save()` returned, read: (whether it saved, the checkpoint's path if it named one).
+
+    - a path (a non-empty `str` or an `os.PathLike`): saved, there;
+    - None (it returns nothing), or a true truth value (`True`, numpy's `True_`): saved, no path named;
+    - a false truth value (`False`, numpy's `False_`) or anything else false (0, an empty string):
+      it could not save (exit 44);
+    - anything else is read by its truth, no path named, and said (`save_result_unclear`); a value
+      whose truth cannot be read (a NumPy array of several) is a save that could not be confirmed:
+      not saved.
+
+    Never the value's text as a path: `str(numpy.False_)` is 'False'."""
+    if result is None:
+        return True, None
+    if isinstance(result, (str, os.PathLike)):
+        try:
+            path = os.fspath(result)
+        except Exception:  # noqa: BLE001 - a PathLike whose __fspath__ raises names nothing
+            path = ""
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        return (True, path) if path else (False, None)
+    try:
+        truth = bool(result)
+    except Exception as exc:  # noqa: BLE001 - an array of several, a value that refuses: not confirmed
+        log.warning("save_result_unclear", returned=type(result).__name__, saved=False, error=type(exc).__name__,
+                    note="save() should return its checkpoint's path, True or None when it saved, False when it "
+                         "could not; a value whose truth cannot be read is a save not confirmed (exit 44)")
+        return False, None
+    if not _truth_value(result):
+        log.warning("save_result_unclear", returned=type(result).__name__, saved=truth,
+                    note="save() should return its checkpoint's path, True or None when it saved, False when it "
+                         "could not; other values are read by their truth")
+    return truth, None
+
+
+def _truth_value(value: object) -> bool:
+    """A bool, or numpy's (`numpy.bool_`, named `numpy.bool` since NumPy 2), read without importing numpy."""
+    kind = type(value)
+    return kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"))
 
 
 class HandedOver:
@@ -80,18 +136,24 @@ class ActionPath:
 
     @staticmethod
     def saved_state(state: object, where: str) -> dict | None:
-        """A `state_dict()` read back from a checkpoint, checked: the dict itself, or None (logged as
-        `watchdog_state_unread` with `where`) when `load_state_dict` would refuse it. A bad saved state
-        never stops training: the restart budget then counts every restart of the job instead."""
+        """A `state_dict()` read back from a checkpoint, checked: a plain dict of the keys it keeps, or
+        None (logged as `watchdog_state_unread` with `where`) when `load_state_dict` would refuse it.
+        A bad saved state never stops training, whatever it is or does when read (a mapping whose
+        `get` raises, a key whose `__eq__` does, a value whose `__repr__` does): the restart budget
+        then counts every restart of the job instead."""
         if state is None:
             return None
         try:
-            RunState().load_state_dict(state)  # its types and bounds
-        except InputError as exc:
-            log.warning("watchdog_state_unread", path=where, error=str(exc),
+            if not isinstance(state, dict):
+                raise InputError(f"expected the dict state_dict() returns, got {type(state).__name__}")
+            # dict's own lookup, never a subclass's: only what `load_state_dict` reads is kept
+            kept = {name: value for name in RunState.KEPT if (value := dict.get(state, name, _ABSENT)) is not _ABSENT}
+            RunState().load_state_dict(kept)  # its types and bounds
+        except Exception as exc:  # noqa: BLE001 - whatever the saved object does, training goes on
+            log.warning("watchdog_state_unread", path=where, error=_reason(exc),
                         note="the restart budget counts every restart of the job instead")
             return None
-        return dict(state)  # type: ignore[arg-type]
+        return kept
 
     @property
     def last_action(self) -> ActionOutcome | None:
@@ -104,12 +166,12 @@ class ActionPath:
     def carry_out(self, action: Action | None, *, save: Callable[[], object] | None = None,
                   rebuild: Callable[[], None] | None = None, checkpoint: str | None = None) -> bool:
         """Carry out a checkpoint action with the loop's own `save()` (which may return the
-        checkpoint's path, or False when it could not save) and `rebuild()` (drop the training state
-        and load it back)::
+        checkpoint's path, or False when it could not save: `save_result` reads what it returns)
+        and `rebuild()` (drop the training state and load it back)::
 
             action = wd.step(step)
             if action is not None and not wd.carry_out(action, save=save, rebuild=rebuild):
-                sys.exit(wd.last_action.exit_code)   # 42: a restart (44: the save failed)
+                sys.exit(wd.last_action.exit_code)   # 42: a restart (44: the save failed; 45: in vain)
 
         Times the save, measures what a rebuild gave back and logs the action's block. Returns True
         when training goes on in this process (no action, a WARN, a reinit), False when the process
@@ -119,12 +181,11 @@ class ActionPath:
             return True
         if save is not None:
             started = time.perf_counter()
-            saved = save()
-            if saved is False:
+            landed, checkpoint = save_result(save())
+            if not landed:
                 self.log_outcome(UNSAVED, exit_code=EXIT_UNSAVED)
                 return False
             self.observe_checkpoint(time.perf_counter() - started)
-            checkpoint = None if saved is None or saved is True else str(saved)
         if self.last_action is not None and self.last_action.futile:  # a restart, or a rebuild, would be in vain
             self.log_outcome(STOPPED, checkpoint=checkpoint, exit_code=EXIT_FUTILE)
             return False

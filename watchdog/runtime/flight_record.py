@@ -11,7 +11,11 @@ the training thread:
   checkpoint action (`action_suspects`: after a reinit the newest census counts only what grew since);
 - XLA's compile counter and the newest recompilation finding;
 - `ended`: null while running, "clean" once the watchdog stopped in order;
-- `stall`: null, or where every thread was when a loop that stopped stepping was ended (exit 43).
+- `stall`: null; while a stall watch with an exit bound runs, its deadline in C, "armed" (`armed`,
+  `step` at start, `seconds`, `exit_code`, `training_thread`: the thread id faulthandler's dump on
+  stderr names, `stacks`), since a loop that holds the GIL is ended from C, writing nothing of ours;
+  or where every thread was when the watch itself ended a loop that stopped stepping (exit 43), and
+  `waiting`: what its training thread waited for in the agreement, if it did (`step`, `ranks`).
 
 A SIGKILL between two writes leaves the older record, never a torn one. It is rewritten when a
 signal, an action or the suspects change, and otherwise at most every `min_interval_seconds`:
@@ -216,6 +220,18 @@ class FlightRecorder:
         reinit the newest census counts only what grew since, so a post-mortem keeps this one too.
         The sidecar's next write carries it."""
         self._state["action_suspects"] = {"step": step, "lines": list(suspects)}
+
+    def stall_armed(self, record: dict | None) -> None:
+        """The stall watch's deadline in C (`runtime/hard_exit.py`), which writes nothing of ours when
+        it ends the process: said before, written at once (`stall` with `armed`), or taken back (None)
+        when the watch stops or the process leaves in order, written at once too (a stall the watch
+        recorded itself stays). So an armed record beside an exit 43 is the exit from C."""
+        if record is not None:
+            self._state["stall"] = record
+            self._write(time.monotonic())
+        elif (self._state.get("stall") or {}).get("armed"):
+            self._state["stall"] = None
+            self._write(time.monotonic())
 
     def stalled(self, record: dict) -> None:
         """The loop stopped stepping and the process is about to exit 43 (`runtime/stall.py`): where

@@ -450,7 +450,8 @@ class Watchdog(ActionPath):
         offered, held = handed.offered, handed.held
         if agreed is not None and held is not None and held[4] and severity(held[0]) <= severity(agreed.action):
             held = None  # the watchdog's own, decided on the state the agreed action now replaces
-        ranks.post(step, held[0] if held is not None else None, own=held[4] if held is not None else True)
+        ranks.post(step, held[0] if held is not None else None, own=held[4] if held is not None else True,
+                   every=self._every)
         handed.offered, handed.held = held, None
         if agreed is None:
             return None
@@ -675,7 +676,7 @@ class Watchdog(ActionPath):
         rank = self._ranks.rank if self._ranks is not None else self.config.rank
         return StallWatch(lambda: self._newest_step, self.telemetry, report_after=self.config.stall_after_seconds,
                           check_every=self.config.stall_check_seconds, exit_after=exit_after, flight=self._flight,
-                          rank=rank).start()
+                          rank=rank, waiting=self._ranks.waiting_for if self._ranks is not None else None).start()
 
 
 class PhaseScope:

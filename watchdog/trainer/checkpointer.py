@@ -32,10 +32,9 @@ log = get_logger(__name__)
 CHECKPOINT_FORMAT = 1
 
 
-def checkpoint_payload(state, config, device, *,
-                       restarts_so_far: int, reinits: int, watchdog_restarts: int = 0,
-                       watchdog_restart_step: int | None = None) -> dict:
-    """What a checkpoint holds: everything a step depends on, and the run's state that spans processes."""
+def checkpoint_payload(state, config, device, *, watchdog: dict, reinits: int) -> dict:
+    """What a checkpoint holds: everything a step depends on, and the run's state that spans processes
+    (`watchdog`: the watchdog's `state_dict()`, one nested entry as every host keeps it)."""
     return {
         "format": CHECKPOINT_FORMAT,
         "step": state.step,
@@ -44,9 +43,7 @@ def checkpoint_payload(state, config, device, *,
         "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict(),
         "rng": capture_rng_state(device),
-        "restarts_so_far": restarts_so_far,
-        "watchdog_restarts": watchdog_restarts,  # restarts the watchdog asked for in a row: its budget counts these
-        "watchdog_restart_step": watchdog_restart_step,
+        "watchdog": dict(watchdog),  # restarts so far, the watchdog's own in a row, what each restart bought
         "reinits": reinits,
         "model_config": dataclasses.asdict(config.model),
         "seed": config.seed,
@@ -134,7 +131,7 @@ class Checkpointer:
         # the replicas' states are identical.
         if self.strategy.sharded_checkpoints or self.replica.rank == 0:
             payload = checkpoint_payload(state, self.config, self.strategy.device,
-                                         **self._watchdog.state_dict(), **payload_extra)
+                                         watchdog=self._watchdog.state_dict(), **payload_extra)
             try:
                 self.checkpoints.save(payload, state.step)
                 leaks.after_save(self.config.leaks, state.step)

@@ -477,8 +477,11 @@ class Trainer:
         self.reinits = int(payload.get("reinits", 0))
         self._sync()
         self._restore_seconds = time.perf_counter() - started
-        saved = Watchdog.saved_state({key: payload.get(key) for key in RunState.KEPT}, str(self.checkpointer.checkpoints.directory))
-        log.info("resumed", step=state.step, restarts_so_far=payload.get("restarts_so_far", 0),
+        kept = payload.get("watchdog")  # one nested entry; a checkpoint of before kept its keys flat
+        if not isinstance(kept, dict):
+            kept = {key: payload[key] for key in RunState.KEPT if key in payload}
+        saved = Watchdog.saved_state(kept, str(self.checkpointer.checkpoints.directory))
+        log.info("resumed", step=state.step, restarts_so_far=(saved or {}).get("restarts_so_far", 0),
                  checkpoint_dir=str(self.checkpointer.checkpoints.directory))
         return state, saved
 

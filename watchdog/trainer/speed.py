@@ -16,6 +16,9 @@ import statistics
 import subprocess
 import sys
 
+from watchdog.commands.cli import OneLineParser
+from watchdog.core.numbers import option, parse_positive
+
 MODES = {"without watchdog": ["--no-watchdog"],
          "with watchdog": ["--memory-limit", "64GiB", "--sample-every", "5"]}
 
@@ -30,13 +33,23 @@ def measure(steps: int, log_every: int, flags: list[str], extra: list[str]) -> t
     return statistics.mean(steady), progress[-1]["loss"] if progress else None
 
 
+def parser() -> argparse.ArgumentParser:
+    made = OneLineParser(prog="python -m watchdog.trainer.speed", description=__doc__.splitlines()[0])
+    made.add_argument("--steps", type=option(parse_positive), default=400,
+                      help="steps per run, more than twice --log-every (default 400)")
+    made.add_argument("--log-every", type=option(parse_positive), default=50,
+                      help="steps per progress line; the first interval (compiling) is left out (default 50)")
+    made.add_argument("--rounds", type=option(parse_positive), default=2, help="runs per mode (default 2)")
+    made.add_argument("extra", nargs=argparse.REMAINDER, help="-- more `train` flags (e.g. --device cpu)")
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--log-every", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- more `train` flags (e.g. --device cpu)")
-    args = parser.parse_args(argv)
+    made = parser()
+    args = made.parse_args(argv)
+    if args.steps <= 2 * args.log_every:  # the steady rate is read from the progress lines after the first interval
+        made.error(f"--steps {args.steps} leaves no progress line after the first interval: give more than twice "
+                   f"--log-every ({args.log_every})")
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     rates: dict[str, list[float]] = {mode: [] for mode in MODES}
     for round_index in range(args.rounds):

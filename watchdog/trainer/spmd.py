@@ -136,7 +136,7 @@ class Spmd:
             return None
         state = self.build_state(config)
         prime_optimizer(state.optimizer)  # AdamW's state is created lazily: make it, to be read into
-        template = checkpoint_payload(state, config, self.device, restarts_so_far=0, reinits=0)
+        template = checkpoint_payload(state, config, self.device, watchdog={}, reinits=0)
         payload = read(template, lambda saved: check_same_model(saved, config))
         if payload is None:
             return None
