@@ -262,7 +262,8 @@ def test_a_tensor_object_with_no_tensor_behind_it_is_skipped_not_raised():
 def test_a_leak_of_python_objects_names_their_type_their_size_and_their_holder():
     """Issue 54: a leak of small frozen dataclasses in a dict (no tensors, no buffers; pytorch/torchtitan#3790
     kept `DTensorSpec`s, 0.5 MB a step) was acted on, and the census said "no growing group of live
-    tensors or Python buffers found". The types whose instances grew are named, with their holder."""
+    tensors or Python buffers found". The types whose instances grew are named, with the container
+    that grows with them and its owner."""
     script = fresh_module("spec_script", """
 from dataclasses import dataclass
 
@@ -281,8 +282,8 @@ optimizer = Optimizer()
     for step in range(20_000):
         script.optimizer.specs[step] = script.DTensorSpec((step, 4), ("shard", step))
     [line] = forensics.explain_leak(baseline)
-    assert line.startswith("about +") and " Python objects spec_script.DTensorSpec (+" in line, line
-    assert "held by dict of 20000 (attribute 'specs' of Optimizer)" in line, line
+    assert line.startswith("about +20,000 entries of DTensorSpec in dict 'specs' of Optimizer (20,000 now), about +"), line
+    assert "Python objects among them: about +" in line and " spec_script.DTensorSpec" in line, line
 
 
 def test_objects_that_come_and_go_name_nothing():

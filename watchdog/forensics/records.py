@@ -1,0 +1,151 @@
+"""What grows when Python objects pile up: the container whose own size grows with them, and the
+record each of its entries is.
+
+A cache of small objects grows by many types at once: a dict keyed by each step's scalar whose
+values are tuples of frozen dataclasses, themselves holding tuples (pytorch/torchtitan#3790's
+sharding specs). Named by its most numerous type and that type's innermost holder, it read "+472,016
+Python objects tuple; held by attribute 'placements' of DTensorSpec", which says nothing a person
+can change. What a person changes is the container that grows, and the attribute that holds it.
+
+So the climb starts at the newest instances of a type that grew, and goes up through whatever holds
+them (instances, their slots, tuples) to the first list, dict, deque or set (a module's globals
+included) whose size grew with them. A container's size at the baseline is not kept (that would
+cost a length per container per census), so "grew with them" is read from the container as it is
+now: its newest entry holds objects of the grown type of its own (not shared with the entry before
+it), and it has at least half as many entries as the growth makes, at that many objects an entry.
+A small container met first (each record's own list of parts) fails the second test, and the climb
+goes on above it.
+
+The record is told by its newest entry: a tuple by its items' types, `(Plan, Spec)`; anything else
+by its type, a namedtuple or a dataclass by its name. Its size is what that entry holds that the
+entry before it does not share (interned strings and small numbers, a mesh every spec refers to,
+are left out), and its share of the container.
+
+Every object is looked at through `peek`: none of the program's code runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import types
+from collections import deque
+from dataclasses import dataclass
+
+from watchdog.forensics import peek
+
+MAX_LEVELS = 8  # holders climbed through (a tuple, a dataclass, its tuple, the value tuple, the dict: 4)
+MAX_FRONTIER = 16  # objects climbed from per level (gc.get_referrers compares each referent with each)
+RECORD_OBJECTS = 4096  # objects read from one entry, at most
+RECORD_DEPTH = 5
+WIDE = 1024  # a container wider than this inside an entry is not looked into (a table the records share)
+_GROWING = (dict, list, deque, set)
+
+
+@dataclass(frozen=True)
+class Records:
+    container: object  # the list, dict, deque or set that grows
+    record: str  # "(DTensorSpec, DTensorSpec)", "Plan"
+    entries: int  # entries added since the baseline, as the growth of the climbed type says
+    entry_bytes: int  # what one entry holds of its own, and its share of the container
+    kinds: frozenset  # id of each type one entry holds of its own: the types it explains
+
+
+def grown_records(newest: list, kind: type, added: int, referrers) -> Records | None:
+    """The container that grows with the `added` instances of `kind` whose newest are `newest`,
+    climbing with `referrers(objects) -> list` (the namer's: it leaves the forensics' own lists out)."""
+    frontier, seen = list(newest[-MAX_FRONTIER:]), set(map(id, newest))
+    for _ in range(MAX_LEVELS):
+        if not frontier:
+            return None
+        found, climb = [], []
+        for ref in referrers(frontier):
+            if id(ref) in seen:
+                continue
+            seen.add(id(ref))
+            ref_kind = type(ref)
+            if ref_kind is types.FunctionType or ref_kind is types.CellType or peek.derives(ref_kind, type):
+                continue
+            if peek.container_base(ref_kind) in _GROWING:
+                records = _judged(ref, kind, added)
+                if records is not None:
+                    found.append(records)
+                    continue
+            climb.append(ref)
+        if found:
+            return max(found, key=lambda r: peek.length(r.container))
+        frontier = climb[:MAX_FRONTIER]
+    return None
+
+
+def _judged(container, kind: type, added: int) -> Records | None:
+    """`container`'s records, when it is the one that grew with `added` objects of `kind`."""
+    is_dict = peek.container_base(type(container)) is dict
+    newest, older = _last_two(container)
+    if newest is None:
+        return None
+    shared = set(_reach(older if is_dict else (older,), set())) if older is not None else set()
+    own = _reach(newest if is_dict else (newest,), shared)
+    per_entry = sum(type(o) is kind and gc.is_tracked(o) for o in own.values())  # as the census counts them
+    if per_entry == 0:
+        return None  # its newest entry holds none of what grew: not the container that grows with it
+    entries = added // per_entry
+    size = peek.length(container)
+    if size * 2 < entries:
+        return None  # too small to hold the growth: one record's own part list, met on the way up
+    key, value = newest if is_dict else (None, newest)
+    holds = value if key is None or any(type(o) is kind for o in _reach((value,), shared).values()) else key
+    entry_bytes = sum(map(peek.shallow_size, own.values())) + peek.shallow_size(container) // max(size, 1)
+    return Records(container, record_words(holds), min(entries, size), entry_bytes,
+                   frozenset(id(type(o)) for o in own.values()))
+
+
+def _last_two(container) -> tuple:
+    """The newest entry and the one before it: a dict's newest (key, value) pairs in insertion
+    order, a list's or a deque's last items, two items of a set. (None, None) when empty."""
+    base = peek.container_base(type(container))
+    if base is dict:
+        last = reversed(dict.items(container))
+    elif base is list:
+        last = list.__reversed__(container)
+    elif base is deque:
+        last = deque.__reversed__(container)
+    else:
+        last = set.__iter__(container)
+    newest = next(last, None)
+    return newest, next(last, None)
+
+
+def _reach(starts, shared: set) -> dict[int, object]:
+    """id -> object for what `starts` hold, breadth first, not through anything in `shared` (the ids
+    the entry before it holds), a type, a module, a function, or a wide container."""
+    found: dict[int, object] = {}
+    level = list(starts)
+    for _ in range(RECORD_DEPTH):
+        below = []
+        for obj in level:
+            if id(obj) in found or id(obj) in shared or len(found) >= RECORD_OBJECTS:
+                continue
+            found[id(obj)] = obj
+            kind = type(obj)
+            if (peek.derives(kind, type) or peek.derives(kind, types.ModuleType) or kind is types.FunctionType
+                    or (peek.container_base(kind) is not None and peek.length(obj) > WIDE)):
+                continue
+            below.extend(gc.get_referents(obj))
+        level = below
+    return found
+
+
+def record_words(entry) -> str:
+    """`(Plan, Spec)` for a plain tuple (its first items' types), `list of 100 Event` for a list,
+    a deque or a set (its first item's type), else the entry's type's name."""
+    kind = type(entry)
+    if kind is tuple:
+        parts = [peek.short_name(type(item)) for item in tuple.__iter__(entry)]
+        shown = parts[:4] + (["..."] if len(parts) > 4 else [])
+        return f"({', '.join(shown)})"
+    base = peek.container_base(kind)
+    if base is not None and base is not dict and base is not tuple:
+        first = next(iter(peek.items(entry)), None)
+        of = f" {peek.short_name(type(first))}" if first is not None else ""
+        return f"{peek.short_name(kind)} of {peek.length(entry):,}{of}"
+    return peek.short_name(kind)
