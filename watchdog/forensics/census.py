@@ -541,7 +541,7 @@ def _object_findings(baseline: Census, live: _Live, namer: Namer) -> list[_Findi
         namer.ignore(newest)
         found = records.grown_records(newest, kind, added, namer.referrers) if newest else None
         if found is not None:
-            together = [(k, a) for k, a in grown if id(k) in found.kinds]
+            together = [(k, a) for k, a in grown if id(k) in found.per_entry]
             told.update(id(k) for k, _ in together)
             findings.append(_records_finding(found, together, namer))
             continue
@@ -558,11 +558,12 @@ def _object_findings(baseline: Census, live: _Live, namer: Namer) -> list[_Findi
 def _records_finding(found: records.Records, together: list, namer: Namer) -> _Finding:
     """"about +118,000 entries of (Spec, Spec) in dict 'cache' of Optimizer (118,016 now), about
     +33.0 MiB; Python objects among them: about +472,000 tuple, +236,000 train.Spec"."""
-    grown_bytes = found.entries * found.entry_bytes
+    entries = found.entries(together)
+    grown_bytes = entries * found.entry_bytes
     namer.ignore(found)  # it refers to the container too
     kinds = ", ".join(f"+{added:,} {peek.type_name(kind)}" for kind, added in together[:4])
     more = f" and {len(together) - 4} more" if len(together) > 4 else ""
-    text = (f"about +{found.entries:,} entries of {found.record} in {namer.place_of(found.container)} "
+    text = (f"about +{entries:,} entries of {found.record} in {namer.place_of(found.container)} "
             f"({peek.length(found.container):,} now), about +{format_bytes(grown_bytes)}; "
             f"Python objects among them: about {kinds}{more}")
     return _Finding(1, grown_bytes, text)

@@ -45,9 +45,17 @@ _GROWING = (dict, list, deque, set)
 class Records:
     container: object  # the list, dict, deque or set that grows
     record: str  # "(DTensorSpec, DTensorSpec)", "Plan"
-    entries: int  # entries added since the baseline, as the growth of the climbed type says
     entry_bytes: int  # what one entry holds of its own, and its share of the container
-    kinds: frozenset  # id of each type one entry holds of its own: the types it explains
+    per_entry: dict  # id(type) -> its objects in one entry that the collector lists: the types it explains
+
+    def entries(self, grown: list[tuple[type, int]]) -> int:
+        """Entries added since the baseline, from the growth of the types one entry holds ((type,
+        objects added) pairs): the median of what each says, tuples and dicts set aside where
+        another type speaks (the collector stops listing those whose items it does not list, so
+        their count lags), at most the container's size."""
+        said = [(kind, added // self.per_entry[id(kind)]) for kind, added in grown if self.per_entry.get(id(kind))]
+        steady = [n for kind, n in said if kind is not tuple and kind is not dict] or [n for _, n in said]
+        return min(sorted(steady)[len(steady) // 2], peek.length(self.container)) if steady else 0
 
 
 def grown_records(newest: list, kind: type, added: int, referrers) -> Records | None:
@@ -85,18 +93,33 @@ def _judged(container, kind: type, added: int) -> Records | None:
         return None
     shared = set(_reach(older if is_dict else (older,), set())) if older is not None else set()
     own = _reach(newest if is_dict else (newest,), shared)
-    per_entry = sum(type(o) is kind and gc.is_tracked(o) for o in own.values())  # as the census counts them
-    if per_entry == 0:
+    per_entry: dict[int, int] = {}
+    for obj in own.values():
+        if _stays_tracked(obj):  # as the census counts them
+            per_entry[id(type(obj))] = per_entry.get(id(type(obj)), 0) + 1
+    if not per_entry.get(id(kind)):
         return None  # its newest entry holds none of what grew: not the container that grows with it
-    entries = added // per_entry
     size = peek.length(container)
-    if size * 2 < entries:
+    if size * 2 < added // per_entry[id(kind)]:
         return None  # too small to hold the growth: one record's own part list, met on the way up
     key, value = newest if is_dict else (None, newest)
     holds = value if key is None or any(type(o) is kind for o in _reach((value,), shared).values()) else key
     entry_bytes = sum(map(peek.shallow_size, own.values())) + peek.shallow_size(container) // max(size, 1)
-    return Records(container, record_words(holds), min(entries, size), entry_bytes,
-                   frozenset(id(type(o)) for o in own.values()))
+    return Records(container, record_words(holds), entry_bytes, per_entry)
+
+
+def _stays_tracked(obj) -> bool:
+    """Whether the garbage collector will list `obj` once a collection has looked at it: a tuple or a
+    dict whose items are all untracked is untracked then (the newest entries' may not be yet, while
+    the census counted the older ones without theirs)."""
+    if not gc.is_tracked(obj):
+        return False
+    kind = type(obj)
+    if kind is tuple:
+        return any(map(gc.is_tracked, tuple.__iter__(obj)))
+    if kind is dict:
+        return any(gc.is_tracked(key) or gc.is_tracked(value) for key, value in dict.items(obj))
+    return True
 
 
 def _last_two(container) -> tuple:
