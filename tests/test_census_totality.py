@@ -221,7 +221,7 @@ def test_records_piling_up_in_hostile_containers_are_named_without_running_their
     [line] = forensics.explain_leak(baseline)
     looked_at_only(zoo)
     entries = int(line.removeprefix("about +").split(" ")[0].replace(",", ""))
-    assert 14_000 <= entries <= 15_000, line  # estimated from types counted on every 16th object
+    assert 14_000 <= entries <= 15_000, line  # estimated from types counted on every 17th object
     assert " entries of (Rec, Rec) in TripDict 'kept' of OwnDict (15,000 now)" in line, line
     assert f"{Rec.__module__}.Rec" in line
 

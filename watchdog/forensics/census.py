@@ -89,6 +89,7 @@ class Census:
     largest_tensor_bytes: int = 0
     xla: xla_activity.XlaActivity | None = None
     types: Counter = field(default_factory=Counter)  # id(type) -> sampled instances the garbage collector tracks
+    sizes: dict = field(default_factory=dict)  # id -> entries, of the lists, dicts and deques of SIZED or more
     kinds: dict = field(default_factory=dict)  # id(type) -> the type (kept alive: its id stays its own)
     unread: Counter = field(default_factory=Counter)  # type name -> objects that could not be read
 
@@ -184,13 +185,15 @@ _UNTRACKED_ENTRIES = 16
 
 
 MANY_INSTANCES = 4096
-_OTHER, _CONTAINER, _TENSOR, _MODULE, _ATTRIBUTES = range(5)  # what the walk does with an object of a type
+_OTHER, _CONTAINER, _SUBCLASSED, _TENSOR, _MODULE, _ATTRIBUTES = range(6)  # what the walk does with a type's objects
+SIZED = 64  # a list, dict or deque of this many entries or more has its size kept: what grew since is told
 
 
 class _Roles(dict):
     """id(type) -> what the walk does with its instances, decided once per type from its MRO (by
-    identity: `peek`), never from the instance: a list, dict or deque (searched for buffers), a
-    tensor, an nn.Module, an instance whose attributes are searched for buffers, or nothing.
+    identity: `peek`), never from the instance: a list, dict or deque (searched for buffers; a
+    subclass's length read by its builtin base), a tensor, an nn.Module, an instance whose
+    attributes are searched for buffers, or nothing.
 
     Attributes are looked into for a Python class's instances (a heap type with a `__dict__` or
     slots) of at most `MANY_INSTANCES` instances: in CPython 3.11+ an instance keeps its attributes
@@ -209,9 +212,11 @@ class _Roles(dict):
         return role
 
     def _role(self, kind: type) -> int:
+        if kind is list or kind is dict or kind is deque:
+            return _CONTAINER
         bases = peek.mro(kind)
         if any(b is list or b is dict or b is deque for b in bases):
-            return _CONTAINER
+            return _SUBCLASSED
         reads = self._reads
         if reads is not None:
             if any(b is reads.tensor for b in bases):
@@ -227,13 +232,15 @@ class _Roles(dict):
 class _Live:
     """One pass over the garbage collector's objects: tensors, parameters, modules, and the holders
     (lists, dicts, deques, instances of a program's own classes) whose referents are searched for
-    Python buffers. Each object is told apart by its type alone (`_Roles`)."""
+    Python buffers, and the sizes of the large lists, dicts and deques. Each object is told apart by
+    its type alone (`_Roles`)."""
 
     def __init__(self):
         self.tensors: list = []
         self.parameters: list = []
         self.modules: list = []
         self.unread: Counter = Counter()  # type name -> objects left out because reading them raised
+        self.sizes: dict[int, int] = {}  # id -> entries, of the lists, dicts and deques of SIZED entries or more
         containers: list = []
         reads = self.reads = peek.tensor_reads()
         objects = gc.get_objects()
@@ -246,15 +253,22 @@ class _Live:
         roles = _Roles(reads, self.types)
         role_of = roles.get
         ours = {id(self), id(self.tensors), id(self.parameters), id(self.modules), id(objects), id(containers),
-                id(sampled), id(self.kinds), id(roles)}
+                id(sampled), id(self.kinds), id(roles), id(self.sizes)}
+        sizes = self.sizes
         for obj, key in zip(objects, map(id, map(type, objects))):
             role = role_of(key)
             if role is None:
                 role = roles.decide(type(obj))
             if role == _OTHER:
                 continue
-            if role == _CONTAINER or role == _ATTRIBUTES:
+            if role == _CONTAINER:
                 containers.append(obj)
+                if len(obj) >= SIZED:
+                    sizes[id(obj)] = len(obj)
+            elif role == _SUBCLASSED or role == _ATTRIBUTES:
+                containers.append(obj)
+                if role == _SUBCLASSED and peek.length(obj) >= SIZED:
+                    sizes[id(obj)] = peek.length(obj)
             elif role == _TENSOR:
                 try:
                     reads.grad_fn(obj)  # raises on a tensor object with no tensor behind it
@@ -362,7 +376,7 @@ def _census() -> Census:
     result.graphs = result.grad_graphs + rest
     result.hooks = _count_hooks(live.modules)
     result.xla = _xla_activity(live.unread)
-    result.types, result.kinds = live.types, live.kinds
+    result.types, result.kinds, result.sizes = live.types, live.kinds, live.sizes
     return result
 
 
@@ -517,7 +531,10 @@ def _explain(baseline: Census, top: int, sites: CreationSites | None, unread: Co
 
 
 MIN_OBJECTS = 10_000  # growth by fewer instances of a type is the interpreter's own churn
-TYPE_STRIDE = 16  # types are counted on every 16th object the collector tracks, scaled back
+# Types are counted on every 17th object the collector tracks, scaled back. Prime: objects made in a
+# repeating pattern (an instance and its list, a key and its value: every other object) fell on an
+# even stride all on one side, and a leak of 20,000 instances was counted as none of them.
+TYPE_STRIDE = 17
 _KEY_OF = re.compile(r"^key .{0,200}? of (?=dict of )")
 OBJECT_TYPES_NAMED = 2
 
@@ -537,9 +554,11 @@ def _object_findings(baseline: Census, live: _Live, namer: Namer) -> list[_Findi
             break
         if id(kind) in told:
             continue
-        newest = _newest_instances(kind)
-        namer.ignore(newest)
-        found = records.grown_records(newest, kind, added, namer.referrers) if newest else None
+        instances = [obj for obj in gc.get_objects() if type(obj) is kind]
+        newest, samples = instances[-16:], records.spread(instances)
+        namer.ignore(instances, newest, samples)
+        found = records.grown_records(samples, kind, added, namer.referrers, baseline.sizes) if samples else None
+        instances.clear()
         if found is not None:
             together = [(k, a) for k, a in grown if id(k) in found.per_entry]
             told.update(id(k) for k, _ in together)
@@ -558,7 +577,7 @@ def _object_findings(baseline: Census, live: _Live, namer: Namer) -> list[_Findi
 def _records_finding(found: records.Records, together: list, namer: Namer) -> _Finding:
     """"about +118,000 entries of (Spec, Spec) in dict 'cache' of Optimizer (118,016 now), about
     +33.0 MiB; Python objects among them: about +472,000 tuple, +236,000 train.Spec"."""
-    entries = found.entries(together)
+    entries = found.grew
     grown_bytes = entries * found.entry_bytes
     namer.ignore(found)  # it refers to the container too
     kinds = ", ".join(f"+{added:,} {peek.type_name(kind)}" for kind, added in together[:4])
@@ -567,12 +586,6 @@ def _records_finding(found: records.Records, together: list, namer: Namer) -> _F
             f"({peek.length(found.container):,} now), about +{format_bytes(grown_bytes)}; "
             f"Python objects among them: about {kinds}{more}")
     return _Finding(1, grown_bytes, text)
-
-
-def _newest_instances(kind: type, probe: int = 16) -> list:
-    """The last instances of `kind` among the garbage collector's objects (the youngest last)."""
-    found = [obj for obj in gc.get_objects() if type(obj) is kind]
-    return found[-probe:]
 
 
 def _candidates(grown: list[Growth], top: int) -> list[Growth]:

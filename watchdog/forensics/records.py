@@ -7,13 +7,14 @@ sharding specs). Named by its most numerous type and that type's innermost holde
 Python objects tuple; held by attribute 'placements' of DTensorSpec", which says nothing a person
 can change. What a person changes is the container that grows, and the attribute that holds it.
 
-So the climb starts at the newest instances of a type that grew, and goes up through whatever holds
-them (instances, their slots, tuples) to the first list, dict, deque or set (a module's globals
-included) whose size grew with them. A container's size at the baseline is not kept (that would
-cost a length per container per census), so "grew with them" is read from the container as it is
-now: its newest entry holds objects of the grown type of its own (not shared with the entry before
-it), and it has at least half as many entries as the growth makes, at that many objects an entry.
-A small container met first (each record's own list of parts) fails the second test, and the climb
+So the climb starts at instances of a type that grew, and goes up through whatever holds them
+(instances, their slots, tuples) to the first list, dict, deque or set (a module's globals
+included) whose size grew with them: its newest entry holds objects of the grown type of its own
+(not shared with the entry before it), and it gained, since the baseline, at least half as many
+entries as the growth makes at that many objects an entry. The baseline keeps the size of every
+list, dict and deque of `census.SIZED` entries or more (one `len` per container in the walk it
+makes anyway); one it does not know had fewer. A small container met first (each record's own
+list of parts) fails the second test, and so does one as large at the baseline, and the climb
 goes on above it.
 
 The record is told by its newest entry: a tuple by its items' types, `(Plan, Spec)`; anything else
@@ -44,48 +45,70 @@ _GROWING = (dict, list, deque, set)
 @dataclass(frozen=True)
 class Records:
     container: object  # the list, dict, deque or set that grows
+    grew: int  # entries it gained since the baseline
     record: str  # "(DTensorSpec, DTensorSpec)", "Plan"
     entry_bytes: int  # what one entry holds of its own, and its share of the container
     per_entry: dict  # id(type) -> its objects in one entry that the collector lists: the types it explains
 
-    def entries(self, grown: list[tuple[type, int]]) -> int:
-        """Entries added since the baseline, from the growth of the types one entry holds ((type,
-        objects added) pairs): the median of what each says, tuples and dicts set aside where
-        another type speaks (the collector stops listing those whose items it does not list, so
-        their count lags), at most the container's size."""
-        said = [(kind, added // self.per_entry[id(kind)]) for kind, added in grown if self.per_entry.get(id(kind))]
-        steady = [n for kind, n in said if kind is not tuple and kind is not dict] or [n for _, n in said]
-        return min(sorted(steady)[len(steady) // 2], peek.length(self.container)) if steady else 0
 
+def grown_records(samples: list, kind: type, added: int, referrers, sizes: dict[int, int]) -> Records | None:
+    """The container that grows with the `added` instances of `kind`, climbing from `samples` of them
+    with `referrers(objects) -> list` (the namer's: it leaves the forensics' own lists out); `sizes`
+    are the baseline's sizes of its large containers (a container not among them had fewer entries).
 
-def grown_records(newest: list, kind: type, added: int, referrers) -> Records | None:
-    """The container that grows with the `added` instances of `kind` whose newest are `newest`,
-    climbing with `referrers(objects) -> list` (the namer's: it leaves the forensics' own lists out)."""
-    frontier, seen = list(newest[-MAX_FRONTIER:]), set(map(id, newest))
+    The samples are spread over every instance (the type grew by at least half its number at the
+    baseline, so a third of them or more are new), and each container that passes is credited
+    with the samples it was reached from: the one most are held by wins, once it holds half of
+    them or the climb ends. So a few samples from before the baseline, or from a container of
+    the program's that is not the leak, do not decide."""
+    samples = samples[:MAX_FRONTIER]
+    reached: dict[int, set] = {id(s): {i} for i, s in enumerate(samples)}  # id -> the samples that reach it
+    passed: dict[int, tuple[Records, set]] = {}
+    frontier = list(samples)
+    ours = {id(reached), id(passed), id(frontier), id(samples)}
     for _ in range(MAX_LEVELS):
         if not frontier:
-            return None
-        found, climb = [], []
+            break
+        ids, climb = {id(o) for o in frontier}, []
+        ours.update((id(frontier), id(climb)))
         for ref in referrers(frontier):
-            if id(ref) in seen:
-                continue
-            seen.add(id(ref))
             ref_kind = type(ref)
-            if ref_kind is types.FunctionType or ref_kind is types.CellType or peek.derives(ref_kind, type):
+            if (id(ref) in ours or ref_kind is types.FunctionType or ref_kind is types.CellType
+                    or peek.derives(ref_kind, type)):
                 continue
+            came = set()
+            for child in gc.get_referents(ref):
+                if id(child) in ids:
+                    came |= reached[id(child)]
+            if not came:
+                continue
+            if id(ref) in reached:  # met before: more samples reach it
+                reached[id(ref)] |= came
+                if id(ref) in passed:
+                    passed[id(ref)][1].update(came)
+                continue
+            reached[id(ref)] = came
             if peek.container_base(ref_kind) in _GROWING:
-                records = _judged(ref, kind, added)
+                records = _judged(ref, kind, added, sizes)
                 if records is not None:
-                    found.append(records)
+                    passed[id(ref)] = (records, came)
                     continue
             climb.append(ref)
-        if found:
-            return max(found, key=lambda r: peek.length(r.container))
+        best = max(passed.values(), key=lambda p: (len(p[1]), peek.length(p[0].container)), default=None)
+        if best is not None and len(best[1]) * 2 >= len(samples):
+            return best[0]
         frontier = climb[:MAX_FRONTIER]
-    return None
+    best = max(passed.values(), key=lambda p: (len(p[1]), peek.length(p[0].container)), default=None)
+    return best[0] if best is not None else None
 
 
-def _judged(container, kind: type, added: int) -> Records | None:
+def spread(instances: list, count: int = MAX_FRONTIER) -> list:
+    """`count` of `instances`, evenly spaced from the newest back."""
+    step = max(1, len(instances) // count)
+    return instances[::-1][::step][:count]
+
+
+def _judged(container, kind: type, added: int, sizes: dict[int, int]) -> Records | None:
     """`container`'s records, when it is the one that grew with `added` objects of `kind`."""
     is_dict = peek.container_base(type(container)) is dict
     newest, older = _last_two(container)
@@ -100,12 +123,13 @@ def _judged(container, kind: type, added: int) -> Records | None:
     if not per_entry.get(id(kind)):
         return None  # its newest entry holds none of what grew: not the container that grows with it
     size = peek.length(container)
-    if size * 2 < added // per_entry[id(kind)]:
-        return None  # too small to hold the growth: one record's own part list, met on the way up
+    grew = size - sizes.get(id(container), 0)
+    if grew * 2 < added // per_entry[id(kind)]:
+        return None  # it did not grow with them: one record's own part list, or a container as large before
     key, value = newest if is_dict else (None, newest)
     holds = value if key is None or any(type(o) is kind for o in _reach((value,), shared).values()) else key
     entry_bytes = sum(map(peek.shallow_size, own.values())) + peek.shallow_size(container) // max(size, 1)
-    return Records(container, record_words(holds), entry_bytes, per_entry)
+    return Records(container, grew, record_words(holds), entry_bytes, per_entry)
 
 
 def _stays_tracked(obj) -> bool:
