@@ -51,7 +51,6 @@ _LENGTH = {id(dict): dict.__len__, id(list): list.__len__, id(tuple): tuple.__le
            id(set): set.__len__, id(frozenset): frozenset.__len__}
 _ITEMS = {id(dict): dict.values, id(list): list.__iter__, id(tuple): tuple.__iter__, id(deque): deque.__iter__,
           id(set): set.__iter__, id(frozenset): frozenset.__iter__}
-_BUILTIN_CONTAINERS = (dict, list, tuple, deque, set, frozenset)
 
 
 def mro(kind: type) -> tuple:
