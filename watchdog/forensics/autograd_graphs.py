@@ -20,9 +20,10 @@ model, and live anyway). Saved tensors already freed by a backward pass count as
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Iterable
+
+from watchdog.forensics import peek
 
 _saved_names: dict[type, tuple[str, ...]] = {}  # per node type: its saved-tensor attributes
 _GUARD = "hbm-watchdog reads saved tensors for their metadata only"
@@ -48,16 +49,19 @@ def buffer_key(tensor) -> tuple[object, int]:
     """(a key naming the buffer behind `tensor`, its size in bytes), from metadata only.
 
     XLA tensors have no storage: torch_xla's tensor id names the buffer (views and the unpacked
-    copies of a saved tensor share it). Elsewhere the storage does.
+    copies of a saved tensor share it). Elsewhere the storage does. Read through `TensorBase`'s own
+    descriptors (`peek.TensorReads`): a subclass's properties and methods never run.
     """
-    if tensor.device.type == "xla":
-        xla = sys.modules["torch_xla"]._XLAC
-        return ("xla", xla._xla_get_tensor_id(tensor)), tensor.nelement() * tensor.element_size()
+    reads = peek.tensor_reads()
+    device = reads.device(tensor).type
+    if device == "xla":
+        xla = peek.module_global("torch_xla", "_XLAC")
+        return ("xla", xla._xla_get_tensor_id(tensor)), reads.size(tensor)
     try:
-        storage = tensor.untyped_storage()
-        return ("storage", tensor.device.type, storage.data_ptr()), storage.nbytes()
+        storage = reads.untyped_storage(tensor)
+        return ("storage", device, storage.data_ptr()), storage.nbytes()
     except (RuntimeError, NotImplementedError):  # wrapper subclasses, meta tensors
-        return ("object", id(tensor)), tensor.nelement() * tensor.element_size()
+        return ("object", id(tensor)), reads.size(tensor)
 
 
 class GraphWalker:
@@ -81,7 +85,7 @@ class GraphWalker:
         graph keeps it alive, whoever else does. A node may save its own output (tanh, relu, exp)."""
         key = buffer_key(tensor)[0]
         saver = self._saved_by.get(key)
-        return saver is not None and (key in self._shared or saver is not tensor.grad_fn)
+        return saver is not None and (key in self._shared or saver is not peek.tensor_reads().grad_fn(tensor))
 
     def walk(self, grad_fn, new_keys: list | None = None) -> GraphSize:
         """What this graph adds to the walks before it; `new_keys` collects its saved buffers' keys."""
@@ -125,8 +129,7 @@ class GraphWalker:
 
 def _saved_tensors(node) -> tuple[list, int]:
     """(the tensors a backward node saved, how many were packed by someone's saved-tensor hooks)."""
-    import torch
-
+    tensor = peek.tensor_reads().tensor
     kind = type(node)
     names = _saved_names.get(kind)
     if names is None:  # `_raw_saved_x` marks a saved tensor `_saved_x` (not an int or a size)
@@ -144,8 +147,9 @@ def _saved_tensors(node) -> tuple[list, int]:
             continue  # or freed by a backward pass
         except AttributeError:
             continue
-        if isinstance(value, torch.Tensor):
+        base = peek.container_base(type(value))
+        if peek.derives(type(value), tensor):
             found.append(value)
-        elif isinstance(value, (tuple, list)):
-            found.extend(v for v in value if isinstance(v, torch.Tensor))
+        elif base is tuple or base is list:
+            found.extend(v for v in peek.items(value) if peek.derives(type(v), tensor))
     return found, packed

@@ -35,6 +35,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from watchdog.core.units import format_bytes
+from watchdog.forensics import peek
 from watchdog.forensics.allocator_history import AllocatorHistory, RawFrame
 from watchdog.logs import get_logger
 
@@ -224,8 +225,12 @@ class CreationSites:
         return note.site if noted is tensor else None
 
     def _block_site(self, tensor) -> Site | None:
-        """Where the allocator handed out a CUDA tensor's block (a storage is one block)."""
-        if not self._blocks or tensor.device.type != "cuda":
+        """Where the allocator handed out a CUDA tensor's block (a storage is one block); a census's
+        group of Python buffers (bytes, bytearrays, NumPy arrays) has none."""
+        kind = type(tensor)
+        if not self._blocks or kind is bytes or kind is bytearray or kind is peek.module_global("numpy", "ndarray"):
+            return None
+        if tensor.device.type != "cuda":
             return None
         return self._blocks.get(tensor.untyped_storage().data_ptr())
 

@@ -15,19 +15,26 @@ only decides *when*; this object does the work when the training thread comes by
 Every census is logged (`leak_suspects`) with what it cost (`census_seconds`): it is the one
 cost of the watchdog on the training thread that is not O(1), and it comes only at those moments.
 Nothing here imports torch: a process that never imported it still gets its Python buffers counted.
+
+A diagnosis never stops training: every census, the baseline at the first `step()` included,
+goes through `_counted`, the one place that calls into the census. The census itself is total
+(it runs none of the program's code, and leaves out and counts what it cannot read: `unread` in
+the log); whatever still escapes it is logged as `leak_census_failed`, and the loop goes on.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import NamedTuple
+from collections import Counter
+from typing import Callable, NamedTuple
 
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
 
 NO_SUSPECTS = "no growing group of live tensors or Python buffers"
+_FAILED = object()  # the baseline whose census failed: none is taken again until the next rebuild
 
 
 class Suspects(NamedTuple):
@@ -43,7 +50,7 @@ class LeakFollower:
 
     def __init__(self, capture_steps: int = 8):
         self._capture_steps = capture_steps
-        self._baseline = None  # forensics.Census once taken
+        self._baseline = None  # forensics.Census once taken (_FAILED where its census raised)
         self._sites = None  # CreationSites, made with the first baseline (it needs torch)
         self.last: Suspects | None = None  # the newest census's answer
         # Bounded phases whose runs peak higher each time (the sidecar says which): a census at each
@@ -65,16 +72,20 @@ class LeakFollower:
     # ---- the training thread -------------------------------------------------------------------
 
     def take_baseline(self, step: int | None = None) -> None:
-        """Count what is alive now, as the reference later growth is measured against."""
+        """Count what is alive now, as the reference later growth is measured against. Never raises."""
         from watchdog.forensics import census as forensics
 
         started = time.perf_counter()
-        self._baseline = forensics.census()
+        baseline = self._counted(step, forensics.census)
+        self._baseline = _FAILED if baseline is None else baseline
+        if baseline is None:
+            return
         if self._sites is None and "torch" in sys.modules:  # where tensors are made: a TorchFunctionMode
             from watchdog.forensics.creation_sites import CreationSites
 
             self._sites = CreationSites(steps=self._capture_steps)
-        log.info("leak_baseline_taken", step=step, census_seconds=round(time.perf_counter() - started, 3))
+        log.info("leak_baseline_taken", step=step, census_seconds=round(time.perf_counter() - started, 3),
+                 **_unread_field(baseline.unread))
 
     def between_steps(self, step: int) -> None:
         """The baseline if it is due; a capture's start, its steps and, when it ends, the census
@@ -88,21 +99,31 @@ class LeakFollower:
     def name(self, step: int) -> list[str]:
         """Log what grew since the baseline, what holds it and, after a capture, where it was
         created; return those lines (for an action's block). Never raises."""
-        if self._baseline is None:
+        if self._baseline is None or self._baseline is _FAILED:
             return []
         from watchdog.forensics import census as forensics
 
         started = time.perf_counter()
         sites = self._sites if self._sites is not None and self._sites.done else None
-        try:
-            suspects = forensics.explain_leak(self._baseline, sites=sites)
-        except Exception:  # a diagnosis never stops training, nor the checkpoint an action needs
-            log.error("leak_census_failed", step=step, exc_info=True)
+        unread: Counter = Counter()
+        suspects = self._counted(step, forensics.explain_leak, self._baseline, sites=sites, unread=unread)
+        if suspects is None:
             return []
         log.warning("leak_suspects", step=step, suspects=suspects or [NO_SUSPECTS],
-                    creation_sites=sites is not None, census_seconds=round(time.perf_counter() - started, 3))
+                    creation_sites=sites is not None, census_seconds=round(time.perf_counter() - started, 3),
+                    **_unread_field(unread))
         self.last = Suspects(step, suspects, sites is not None)
         return suspects
+
+    @staticmethod
+    def _counted(step: int | None, census: Callable, *args, **kwargs):
+        """The one call into a census: its answer, or None where it raised (logged). A diagnosis
+        never stops training, nor the checkpoint an action needs."""
+        try:
+            return census(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - whatever a program's objects do, the loop goes on
+            log.error("leak_census_failed", step=step, exc_info=True)
+            return None
 
     def rebuilt(self, *, capture: bool = False) -> None:
         """The training state was dropped and rebuilt: a new baseline is due, and the capture
@@ -141,3 +162,8 @@ class LeakFollower:
         """Ask for a capture from the next step on; once until the next rebuild. False when one was
         already asked for, or before the first baseline (no torch yet)."""
         return self._sites is not None and self._sites.arm()
+
+
+def _unread_field(unread: Counter) -> dict:
+    """`unread`: the objects a census left out because reading them raised, by type (when any)."""
+    return {"unread": dict(unread.most_common(8))} if unread else {}

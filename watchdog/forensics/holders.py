@@ -18,6 +18,10 @@ together (`gc.get_referrers` walks every object, so per-object climbs would cost
 A running function's locals are read through `frame.f_locals`; before Python 3.13 that leaves a
 snapshot on the frame, which would keep this step's locals alive as long as the function runs,
 so it is cleared again once read.
+
+Every object on the way is looked at through `peek` (its type by `type()`, its attributes and
+slots through CPython's descriptors, a container's items through its builtin base): naming a
+holder runs none of the program's code.
 """
 
 from __future__ import annotations
@@ -32,7 +36,11 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Iterable
 
+from watchdog.forensics import peek
+
 _SEQUENCES = (list, tuple, set, frozenset, deque)
+_PARTIAL_ARGS = functools.partial.args.__get__
+_PARTIAL_FUNC = functools.partial.func.__get__
 MODULE_HOOKS = {  # nn.Module attribute -> words
     "_forward_hooks": "forward hook",
     "_forward_pre_hooks": "forward pre-hook",
@@ -109,6 +117,19 @@ class Namer:
         named = self.holders_of([obj], limit=1)
         return named[0] if named else None
 
+    def place_of(self, container) -> str:
+        """A growing container and its owner in one phrase: "dict 'plans' of Planner", "deque
+        'RECENT' in module train", else "list of 300" with its holder in brackets."""
+        module = _module_name(container) if peek.container_base(type(container)) is dict else None
+        if module is not None:
+            return f"the globals of module {module}"
+        kind = peek.short_name(type(container))
+        holder = self.holder_of(container)
+        for said in ("attribute ", "global "):  # this module's own words for an owner's name
+            if holder is not None and holder.startswith(said):
+                return f"{kind} {holder[len(said):]}"
+        return f"{kind} of {peek.length(container):,}" + (f" ({holder})" if holder else "")
+
     # ---- climbing ------------------------------------------------------------------------------
 
     def _climb(self, start: list) -> None:
@@ -123,7 +144,7 @@ class Namer:
                 self._parents[id(o)] = parents = []
                 self.ours.add(id(parents))
             climb = []
-            for ref in self._referrers(frontier):
+            for ref in self.referrers(frontier):
                 for child in gc.get_referents(ref):
                     if id(child) in ids:
                         self._parents[id(child)].append(ref)
@@ -134,12 +155,14 @@ class Namer:
             self.ignore(climb)
             frontier = climb
 
-    def _referrers(self, objs: list) -> list:
+    def referrers(self, objs: list) -> list:
+        """What refers to `objs`, but for the forensics' own lists, frames and modules."""
         marker = object()  # ends the argument tuple gc.get_referrers gets, which refers to `objs` too
         arguments = (*objs, marker)
         self.ignore(objs, arguments)
         refs = [r for r in gc.get_referrers(*arguments)
-                if id(r) not in self.ours and not isinstance(r, (types.FrameType, types.ModuleType))
+                if id(r) not in self.ours and type(r) is not types.FrameType
+                and not peek.derives(type(r), types.ModuleType)
                 and not (type(r) is tuple and r and r[-1] is marker)]
         self.ignore(refs)
         return refs
@@ -178,51 +201,54 @@ class Namer:
         """Words for `ref`, which refers to `child`. `keyed`: name the key a dict holds `child`
         under; False where it holds many of a group, each under a key of its own: "dict of 266",
         one holder, not "key 251 of dict of 266", "key 252 of dict of 266", ..."""
-        if isinstance(ref, _Local):
+        kind = type(ref)
+        if kind is _Local:
             return f"local variable {ref.name!r} of {ref.function} ({ref.where})"
-        if isinstance(ref, types.CellType):
+        if kind is types.CellType:
             return self._closure_words(ref, depth)
-        if type(ref).__name__ == "_lru_cache_wrapper":
-            return f"cache of functools.lru_cache {ref.__qualname__!r}"
-        if isinstance(ref, types.FunctionType):
+        if kind is functools._lru_cache_wrapper:
+            return f"cache of functools.lru_cache {_qualname(ref)!r}"
+        if kind is types.FunctionType:
             return None  # a function's code, defaults and closure are reached through their own objects
-        if isinstance(ref, dict):
+        base = peek.container_base(kind)
+        if base is dict:
             return self._dict_words(ref, child, depth, keyed)
-        if isinstance(ref, tuple):
+        if base is tuple:
             bound = self._bound_argument_words(ref, child, depth)
             if bound is not None:
                 return bound
-        if isinstance(ref, _SEQUENCES):
+        if base is not None:
             outer = self._outer(ref, depth)
-            return f"{type(ref).__name__} of {len(ref)}" + (f" ({outer})" if outer else "")
-        attrs = getattr(ref, "__dict__", None)  # an instance whose attributes live inline (3.11+)
-        if isinstance(attrs, dict) and not isinstance(ref, type):
-            name = next((k for k, v in attrs.items() if v is child), None)
+            return f"{peek.short_name(kind)} of {peek.length(ref)}" + (f" ({outer})" if outer else "")
+        if not peek.derives(kind, type):  # an instance: its attributes (inline in 3.11+) and slots
+            name = peek.attribute_holding(ref, child)
             if name is not None:
                 return self._attribute(name, ref)
         return None
 
     def _dict_words(self, mapping: dict, child, depth: int, keyed: bool = True) -> str | None:
-        key = next((k for k, v in mapping.items() if v is child), None)
-        if "__builtins__" in mapping and mapping.get("__name__"):
-            return f"global {key!r} in module {mapping['__name__']}" if key is not None else None
+        key = next((k for k, v in peek.dict_items(mapping) if v is child), None)
+        module = _module_name(mapping)
+        if module is not None:
+            return f"global {peek.key_words(key)} in module {module}" if peek.key_words(key) else None
         hook = self._hook_table(mapping)
         if hook is not None:
             return hook
         for owner in self._parents.get(id(mapping), []):
-            if getattr(owner, "__dict__", None) is mapping:
-                return self._attribute(key, owner) if key is not None else None
-            if type(owner).__name__ == "_lru_cache_wrapper":
-                return f"cache of functools.lru_cache {owner.__qualname__!r} ({len(mapping)} entries)"
+            if type(owner) is not _Local and peek.attributes(owner) is mapping:
+                return self._attribute(key, owner) if type(key) is str else None
+            if type(owner) is functools._lru_cache_wrapper:
+                return f"cache of functools.lru_cache {_qualname(owner)!r} ({peek.length(mapping)} entries)"
         outer = self._outer(mapping, depth)
-        entry = f"key {key!r} of " if keyed and isinstance(key, (str, int)) else ""
-        return f"{entry}dict of {len(mapping)}" + (f" ({outer})" if outer else "")
+        entry = f"key {peek.key_words(key)} of " if keyed and peek.key_words(key) else ""
+        return f"{entry}dict of {peek.length(mapping)}" + (f" ({outer})" if outer else "")
 
     def _hook_table(self, mapping: dict) -> str | None:
         """`forward hook on Sequential.0` when `mapping` is a module's hook table (held inline, or
         through the module's `__dict__`)."""
         for parent in self._parents.get(id(mapping), []):
-            owners = [parent] + [o for o in self._parents.get(id(parent), []) if isinstance(parent, dict)]
+            owners = [parent] + [o for o in self._parents.get(id(parent), [])
+                                 if peek.container_base(type(parent)) is dict]
             for owner in owners:
                 hook = _hook_kind(owner, mapping)
                 if hook is not None:
@@ -230,15 +256,16 @@ class Namer:
         return None
 
     def _attribute(self, name: str, owner) -> str:
-        torch = sys.modules.get("torch")
-        is_module = torch is not None and isinstance(owner, torch.nn.Module)
-        return f"attribute {name!r} of {self.module_path(owner) if is_module else type(owner).__name__}"
+        module = peek.module_global("torch.nn", "Module")
+        is_module = module is not None and peek.derives(type(owner), module)
+        return f"attribute {name!r} of {self.module_path(owner) if is_module else peek.short_name(type(owner))}"
 
     def _closure_words(self, cell, depth: int) -> str | None:
         for closure in self._parents.get(id(cell), []):
             for function in self._parents.get(id(closure), []):
-                if isinstance(function, types.FunctionType) and function.__closure__ is closure:
-                    variable = function.__code__.co_freevars[closure.index(cell)]
+                if type(function) is types.FunctionType and function.__closure__ is closure:
+                    index = next(i for i, c in enumerate(closure) if c is cell)
+                    variable = function.__code__.co_freevars[index]
                     where = self._outer(function, depth)
                     return (f"closure variable {variable!r} of {function.__qualname__}"
                             + (f" ({where})" if where else ""))
@@ -246,41 +273,56 @@ class Namer:
 
     def _bound_argument_words(self, arguments: tuple, child, depth: int) -> str | None:
         """A default argument (`lambda m, i, o, kept=kept: ...`), or one bound by functools.partial."""
-        index = next((i for i, v in enumerate(arguments) if v is child), None)
+        index = next((i for i, v in enumerate(peek.items(arguments)) if v is child), None)
         if index is None:
             return None
         for owner in self._parents.get(id(arguments), []):
             where = self._outer(owner, depth)
             held = f" ({where})" if where else ""
-            if isinstance(owner, types.FunctionType) and owner.__defaults__ is arguments:
+            if type(owner) is types.FunctionType and owner.__defaults__ is arguments:
                 code = owner.__code__
-                names = code.co_varnames[code.co_argcount - len(arguments):code.co_argcount]
+                names = code.co_varnames[code.co_argcount - peek.length(arguments):code.co_argcount]
                 return f"default argument {names[index]!r} of {owner.__qualname__}{held}"
-            if isinstance(owner, functools.partial) and owner.args is arguments:
-                name = getattr(owner.func, "__qualname__", "a function")
+            if type(owner) is not _Local and peek.derives(type(owner), functools.partial) and _PARTIAL_ARGS(owner) is arguments:
+                function = _PARTIAL_FUNC(owner)
+                name = function.__qualname__ if type(function) is types.FunctionType else peek.short_name(type(function))
                 return f"argument {index} bound by functools.partial({name}){held}"
         return None
 
 
+def _qualname(wrapper) -> str:
+    """The `__qualname__` that `functools` copied into a cache wrapper's dict."""
+    attrs = peek.attributes(wrapper)
+    name = attrs.get("__qualname__") if attrs is not None else None
+    return name if type(name) is str else "?"
+
+
+def _module_name(mapping) -> str | None:
+    """The module's name when `mapping` is a module's globals."""
+    name = peek.dict_get(mapping, "__name__")
+    return name if type(name) is str and name and dict.__contains__(mapping, "__builtins__") else None
+
+
 def _anonymous(ref) -> bool:
     """Referrers that only say something through what holds them in turn."""
-    if isinstance(ref, dict):
-        return not ("__builtins__" in ref and ref.get("__name__"))  # a module's globals are named
-    return isinstance(ref, (*_SEQUENCES, types.CellType, types.FunctionType, functools.partial))
+    kind = type(ref)
+    base = peek.container_base(kind)
+    if base is dict:
+        return _module_name(ref) is None  # a module's globals are named
+    return (base is not None or kind is types.CellType or kind is types.FunctionType
+            or (kind is not _Local and peek.derives(kind, functools.partial)))
 
 
 def _held(ref, ids: set[int]) -> int:
     """How many of `ids` a container holds directly (1 for anything else)."""
-    if isinstance(ref, dict):
-        return max(1, sum(id(v) in ids for v in ref.values()))
-    if isinstance(ref, _SEQUENCES):
-        return max(1, sum(id(v) in ids for v in ref))
-    return 1
+    if type(ref) is _Local:
+        return 1
+    return max(1, sum(id(v) in ids for v in peek.items(ref)))
 
 
 def _hook_kind(owner, mapping: dict) -> str | None:
-    attrs = getattr(owner, "__dict__", None)
-    if not isinstance(attrs, dict):
+    attrs = peek.attributes(owner) if type(owner) is not _Local else None
+    if attrs is None:
         return None
     for attribute, words in MODULE_HOOKS.items():
         if attrs.get(attribute) is mapping:
@@ -289,25 +331,45 @@ def _hook_kind(owner, mapping: dict) -> str | None:
 
 
 def live_modules() -> list:
-    torch = sys.modules.get("torch")
-    if torch is None:
+    module = peek.module_global("torch.nn", "Module")
+    if module is None:
         return []
-    return [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    return [o for o in gc.get_objects() if peek.derives(type(o), module)]
+
+
+def submodules(module) -> list[tuple[str, object]]:
+    """(name, child) of a module's children, read from its `_modules` dict (an `nn.Module` whose
+    `__init__` raised before `super().__init__()` has none: no children, not an error)."""
+    return _named_entries(module, "_modules")
+
+
+def _named_entries(module, table: str) -> list[tuple[str, object]]:
+    attrs = peek.attributes(module)
+    entries = attrs.get(table) if attrs is not None else None
+    if entries is None or peek.container_base(type(entries)) is not dict:
+        return []
+    return [(name, value) for name, value in peek.dict_items(entries) if type(name) is str and value is not None]
 
 
 def module_paths(modules: list | None = None) -> dict[int, str]:
     """id(module) -> `Root.child.grandchild` for every live nn.Module (or those given), named from
-    the outermost modules."""
+    the outermost modules, as `named_modules` names them (read from each module's `_modules`)."""
     if modules is None:
         modules = live_modules()
-    children = {id(child) for module in modules for child in module.children()}
+    children = {id(child) for module in modules for _, child in submodules(module)}
     paths: dict[int, str] = {}
     for root in modules:
         if id(root) in children:
             continue
-        root_name = type(root).__name__
-        for name, module in root.named_modules(remove_duplicate=True):
-            paths.setdefault(id(module), f"{root_name}.{name}" if name else root_name)
+        seen: set[int] = set()
+        stack = [(peek.short_name(type(root)), root)]
+        while stack:  # depth first, in order: as named_modules(remove_duplicate=True) yields them
+            path, module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            paths.setdefault(id(module), path)
+            stack.extend((f"{path}.{name}", child) for name, child in reversed(submodules(module)))
     return paths
 
 
@@ -318,7 +380,7 @@ def parameter_names(modules: list | None = None) -> dict[int, str]:
     names: dict[int, str] = {}
     paths = module_paths(modules)
     for module in modules:
-        prefix = paths.get(id(module), type(module).__name__)
-        for name, parameter in module.named_parameters(recurse=False):
+        prefix = paths.get(id(module), peek.short_name(type(module)))
+        for name, parameter in _named_entries(module, "_parameters"):
             names.setdefault(id(parameter), f"{prefix}.{name}")
     return names

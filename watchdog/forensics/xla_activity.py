@@ -3,8 +3,9 @@ IR nodes, compilations, and whether a tensor is still a pending graph. Reading t
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
+
+from watchdog.forensics import peek
 
 
 @dataclass(frozen=True)
@@ -23,16 +24,17 @@ class XlaActivity:
 
 
 def activity() -> XlaActivity | None:
-    if "torch_xla" not in sys.modules:
+    """The counters, read from torch_xla's C extension where the program imported torch_xla (no import here)."""
+    xla = peek.module_global("torch_xla", "_XLAC")
+    if xla is None:
         return None
-    import torch_xla.debug.metrics as met
-
-    ops = {name: int(met.counter_value(name) or 0) for name in met.counter_names() if name.startswith("xla::")}
-    return XlaActivity(syncs=int(met.counter_value("MarkStep") or 0), traced_ir_nodes=sum(ops.values()),
-                       compilations=int(met.counter_value("UncachedCompile") or 0), ops=tuple(sorted(ops.items())))
+    value = xla._xla_counter_value
+    ops = {name: int(value(name) or 0) for name in xla._xla_counter_names() if name.startswith("xla::")}
+    return XlaActivity(syncs=int(value("MarkStep") or 0), traced_ir_nodes=sum(ops.values()),
+                       compilations=int(value("UncachedCompile") or 0), ops=tuple(sorted(ops.items())))
 
 
 def has_pending_graph(tensor) -> bool:
     """An XLA tensor whose value is still an IR graph waiting for a sync (no device data yet)."""
-    info = sys.modules["torch_xla"]._XLAC._get_xla_tensor_debug_info(tensor)
+    info = peek.module_global("torch_xla", "_XLAC")._get_xla_tensor_debug_info(tensor)
     return "\nIR: None" not in info and "\nXLAData: None" in info
