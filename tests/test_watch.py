@@ -370,3 +370,23 @@ def test_the_stop_flag_can_be_set_from_another_thread_and_many_times():
     finally:
         setter.join()
         flag.close()
+
+
+@pytest.mark.parametrize("cmdline, ours", [
+    (["/venv/bin/python", "/venv/bin/hbm-watchdog", "supervise", "--", "python", "train.py"], True),
+    (["hbm-watchdog", "watch", "--cmd-pattern", "train.py"], True),
+    (["/usr/bin/python3.11", "-m", "watchdog", "--log-format", "json", "supervise", "--", "python", "train.py"], True),
+    (["python", "-I", "/site-packages/watchdog/actions/job_group.py", "30.0"], True),  # supervise's guard
+    (["python", "-X", "dev", "-m", "watchdog.commands.cli", "watch"], True),
+    (["python", "train.py", "--wrapper", "hbm-watchdog"], False),
+    (["python", "-m", "watchdog.watchmedo", "train.py"], False),  # the file-events package of the same name
+    (["python", "-c", "import watchdog; train()", "hbm-watchdog"], False),
+    (["bash", "-c", "hbm-watchdog supervise -- python train.py"], False),  # a shell: the user's launcher
+    ([], False),
+])
+def test_the_watchdogs_own_commands_are_never_targets(cmdline, ours):
+    """Issue 63, item 1: `watch --cmd-pattern 'python .*train\\.py'` matched `hbm-watchdog supervise --
+    python train.py` and watched it for its first 6 s; our own commands are now never targets."""
+    from watchdog.daemon.targets import is_ours
+
+    assert is_ours(cmdline) is ours

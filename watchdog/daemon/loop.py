@@ -52,7 +52,7 @@ from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
-HANDOVER_CHECK_SECONDS = 5.0  # how often a pattern's watched process is checked for a larger matching child
+HANDOVER_CHECK_SECONDS = 1.0  # how often a pattern's watched process is checked for a job it launched, or a larger matching child
 WAIT_POLL_SECONDS = 1.0  # at most this long between looks for the target while it is away
 TRACE_RETRY_SECONDS = 30.0  # after a trace I/O error, the daemon goes on and reopens the file this much later
 
