@@ -390,3 +390,42 @@ def test_the_watchdogs_own_commands_are_never_targets(cmdline, ours):
     from watchdog.daemon.targets import is_ours
 
     assert is_ours(cmdline) is ours
+
+
+class FastLeak:
+    """One process tree read against the host's 64 GiB: 1 GiB, then 20 MiB more per read, a sawtooth
+    of 4 MiB; stops the daemon after `reads`."""
+
+    source = "rss"
+
+    def __init__(self, stop: threading.Event, reads: int):
+        self.stop, self.reads, self.count = stop, reads, 0
+
+    def read(self):
+        self.count += 1
+        if self.count >= self.reads:
+            self.stop.set()
+        used = GiB + 20 * MiB * self.count + (self.count % 3) * 4 * MiB
+        return [DeviceReading("process", used, 64 * GiB, pid=4242)]
+
+
+def test_a_watch_trace_says_the_limit_judged_and_report_replays_its_signals(tmp_path, captured):
+    """Issue 63, item 4: the trace's `bytes_limit` held the host's RAM, not `--memory-limit`, so
+    `report` drew a 23.5 GiB limit and none of the signals. The trace now says the limit judged, and
+    the replay acts where the daemon did."""
+    from watchdog.commands.report import collect
+
+    budget = int(1.5 * GiB)  # 25 reads of headroom: only the limit rule's pace, inside the 30 s warm-up
+    axis = TimeAxis(interval_seconds=0.1, checkpoint_seconds=3.0, warmup_seconds=30.0)
+    config = WatchConfig(axis=axis, memory_limit_bytes=budget, act=False, wait_seconds=1.0,
+                         trace_file=tmp_path / "watch.csv")
+    stop = threading.Event()
+    assert TickPerRead(config, ThisProcess(), lambda process: FastLeak(stop, 30), stop=stop).run() == 0
+    trace = load_trace(tmp_path / "watch.csv")
+    assert {s.bytes_limit for s in trace} == {budget}
+    signalled = captured.named("would_signal")
+    assert signalled and signalled[0]["bytes_used"] < budget
+    picture = collect(trace)
+    assert picture.limit == budget
+    acted = [step for step, action in picture.actions if action.needs_checkpoint]
+    assert acted and acted[0] == signalled[0]["step"], (acted, signalled[0])

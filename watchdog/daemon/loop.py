@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import psutil
 
 from watchdog.core.errors import InputError
-from watchdog.core.judge import Judge
+from watchdog.core.judge import Judge, effective_limit
 from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
 from watchdog.daemon.metrics import WatchState
@@ -52,7 +52,7 @@ from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
-HANDOVER_CHECK_SECONDS = 1.0  # how often a pattern's watched process is checked for a job it launched, or a larger matching child
+HANDOVER_CHECK_SECONDS = 1.0  # how often a pattern's target is checked for a job it launched (or a larger child)
 WAIT_POLL_SECONDS = 1.0  # at most this long between looks for the target while it is away
 TRACE_RETRY_SECONDS = 30.0  # after a trace I/O error, the daemon goes on and reopens the file this much later
 
@@ -282,7 +282,9 @@ class Daemon:
         only = len(readings) == 1 and readings[0].device != HOST_DEVICE
         for reading in readings:
             device = self._device(reading.device, source, only_device=only, pid=target.pid)
-            sample = Sample(tick, now, reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used)
+            # the limit judged, in the trace too: the reader's (the host's budget, a chip's) lowered by --memory-limit
+            limit = effective_limit(reading.bytes_limit, self.config.memory_limit_bytes)
+            sample = Sample(tick, now, reading.bytes_used, limit, reading.peak_bytes_used)
             verdict, action = device.station.observe(sample)
             telemetry = device.telemetry
             telemetry.training_step, telemetry.last_step_monotonic = tick, time.monotonic()
@@ -297,7 +299,8 @@ class Daemon:
         self._escalate(target, total)
 
     def _signal(self, target: WatchedProcess, device: str, verdict: Verdict, action: Action, total: int) -> None:
-        fields = dict(pid=target.pid, device=device, action=action.value, explanation=verdict.explanation,
+        fields = dict(pid=target.pid, device=device, step=verdict.step, action=action.value,
+                      explanation=verdict.explanation,
                       bytes_used=total, limit_bytes=verdict.limit_bytes, floor_bytes=verdict.floor_bytes,
                       slope_bytes_per_second=verdict.slope_bytes_per_second,
                       projected_oom_seconds=_seconds(verdict.projected_oom_seconds),
