@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from typing import Callable
 
 from watchdog.core.errors import EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
@@ -118,15 +119,17 @@ class ActionPath:
             return True
         if save is not None:
             started = time.perf_counter()
-            saved = save()
+            with self._timed("checkpoint_save"):
+                saved = save()
             if saved is False:
                 self.log_outcome(UNSAVED, exit_code=EXIT_UNSAVED)
                 return False
             self.observe_checkpoint(time.perf_counter() - started)
             checkpoint = None if saved is None or saved is True else str(saved)
         if action is Action.CHECKPOINT_REINIT and rebuild is not None:
-            rebuild()
-            self.reinit_finished()
+            with self._timed("reinit"):
+                rebuild()
+                self.reinit_finished()
             self.log_outcome(REINITIALISED, checkpoint=checkpoint)
             return True
         self.log_outcome(RESTART_REQUESTED, checkpoint=checkpoint, exit_code=EXIT_RESTART_REQUESTED)
@@ -170,6 +173,10 @@ class ActionPath:
 
     def _suspects(self, step: int) -> list[str]:
         return []
+
+    def _timed(self, cause: str):
+        """Time what runs inside as a span of the job file (`checkpoint_save`, `reinit`), where one is kept."""
+        return nullcontext()
 
     def _apply_run_state(self) -> None:
         """The run's state changed (resumed, or its end known): tell whoever judges."""
