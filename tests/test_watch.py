@@ -429,3 +429,28 @@ def test_a_watch_trace_says_the_limit_judged_and_report_replays_its_signals(tmp_
     assert picture.limit == budget
     acted = [step for step, action in picture.actions if action.needs_checkpoint]
     assert acted and acted[0] == signalled[0]["step"], (acted, signalled[0])
+
+
+def test_the_defaults_say_what_they_protect_and_a_leak_too_fast_for_them_is_said_when_first_seen():
+    """Issue 63, item 2: with the old defaults (2 s, 30 s) a script leaking 2 MiB every 12 ms into
+    500 MiB of headroom was signalled only over its limit, and its user learned it after the fact.
+    The defaults now reach it (0.1 s: measured, timeaxis.py), and the reach is said in words."""
+    axis = TimeAxis()
+    assert (axis.interval_seconds, axis.warmup_seconds) == (0.1, 30.0)
+    reach = axis.reach
+    assert (reach.only_at_limit_below, reach.before_limit_from) == pytest.approx((1.2, 2.0))
+    assert "less than 1.2 s is signalled only at the limit" in reach.words()
+    rate, headroom = 2 * MiB / 0.012, 500 * MiB  # the issue's script: 3 s to fill the headroom
+    assert reach.seen(rate, headroom)[0] is False
+    old = TimeAxis(interval_seconds=2.0).reach
+    beyond, words = old.seen(rate, headroom)
+    assert beyond and "less than 40 s" in words and "--interval 0.15 or less reaches it" in words
+
+
+def test_the_first_leak_seen_is_measured_against_the_reach_once(tmp_path, captured):
+    axis = TimeAxis(interval_seconds=2.0, checkpoint_seconds=3.0)  # the old default interval
+    config = WatchConfig(axis=axis, memory_limit_bytes=int(1.5 * GiB), act=False, wait_seconds=1.0)
+    stop = threading.Event()
+    assert TickPerRead(config, ThisProcess(), lambda process: FastLeak(stop, 30), stop=stop).run() == 0
+    [said] = captured.named("leak_reach")
+    assert said["beyond_reach"] and said["level"] == "warning" and "may be signalled only at the limit" in said["note"]

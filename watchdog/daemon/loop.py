@@ -112,6 +112,7 @@ class Daemon:
         self._signalled_at: float | None = None  # monotonic time of the last signal to the current target
         self._restart_after_signal = False  # the current target replaced one the daemon had signalled
         self._error_log = OncePerKind(log, "watch_error")  # each kind once; the counter has them all
+        self._leak_seen = False  # the first leak seen is measured against what the time axis can protect
 
     # -- the life of the daemon ---------------------------------------------------------------
 
@@ -286,6 +287,8 @@ class Daemon:
             limit = effective_limit(reading.bytes_limit, self.config.memory_limit_bytes)
             sample = Sample(tick, now, reading.bytes_used, limit, reading.peak_bytes_used)
             verdict, action = device.station.observe(sample)
+            if not self._leak_seen and (verdict.leak_detected or verdict.oom_projected) and limit:
+                self._say_reach(reading.device, device.station.judge, verdict, limit - sample.bytes_used)
             telemetry = device.telemetry
             telemetry.training_step, telemetry.last_step_monotonic = tick, time.monotonic()
             if device.settle_pending and tick >= self._warmup:
@@ -297,6 +300,17 @@ class Daemon:
         if asking is not None:
             self._signal(target, *asking, total)
         self._escalate(target, total)
+
+    def _say_reach(self, device: str, judge: Judge, verdict: Verdict, left_bytes: float) -> None:
+        """The first leak seen, at the rate it rises, against what this watch's interval can protect:
+        a warning when it is too fast for it (the user learns it now, not after an OOM)."""
+        self._leak_seen = True
+        rate = verdict.slope_bytes_per_second if verdict.slope_bytes_per_second > 0 else \
+            judge.newest_rise_bytes_per_second
+        beyond, words = self.config.axis.reach.seen(rate, left_bytes)
+        (log.warning if beyond else log.info)("leak_reach", device=device, step=verdict.step,
+                                              rate_bytes_per_second=round(rate), left_bytes=round(left_bytes),
+                                              beyond_reach=beyond, note=words)
 
     def _signal(self, target: WatchedProcess, device: str, verdict: Verdict, action: Action, total: int) -> None:
         fields = dict(pid=target.pid, device=device, step=verdict.step, action=action.value,
