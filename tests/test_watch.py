@@ -8,6 +8,7 @@ fed by a scripted reader; tests/test_watch_e2e.py runs it for real against real 
 from __future__ import annotations
 
 import gc
+import os
 import logging
 import math
 import signal
@@ -454,3 +455,20 @@ def test_the_first_leak_seen_is_measured_against_the_reach_once(tmp_path, captur
     assert TickPerRead(config, ThisProcess(), lambda process: FastLeak(stop, 30), stop=stop).run() == 0
     [said] = captured.named("leak_reach")
     assert said["beyond_reach"] and said["level"] == "warning" and "may be signalled only at the limit" in said["note"]
+
+
+def test_what_a_process_does_with_a_signal_is_read_from_its_masks():
+    """Issue 63, item 3: a script without a SIGTERM handler is ended by the signal without a save;
+    the kernel says so (SigCgt, SigIgn), and the daemon tells the user before the signal."""
+    from watchdog.daemon.signalling import Disposition, disposition, unhandled_words
+
+    status = "Name:\tpython\nSigIgn:\t0000000001001000\nSigCgt:\t0000000180004002\n"  # INT, TERM caught; PIPE ignored
+    assert disposition(1, signal.SIGTERM, status) is Disposition.CAUGHT
+    assert disposition(1, signal.SIGINT, status) is Disposition.CAUGHT
+    assert disposition(1, signal.SIGPIPE, status) is Disposition.IGNORED
+    assert disposition(1, signal.SIGUSR1, status) is Disposition.DEFAULT
+    assert disposition(1, signal.SIGTERM, "Name:\tx\n") is Disposition.UNKNOWN
+    assert "does not handle SIGTERM: a signal ends it without a checkpoint" in unhandled_words(
+        7, signal.SIGTERM, Disposition.DEFAULT)
+    assert unhandled_words(7, signal.SIGTERM, Disposition.CAUGHT) is None
+    assert disposition(os.getpid(), signal.SIGINT) is Disposition.CAUGHT, "Python's own KeyboardInterrupt"

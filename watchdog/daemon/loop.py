@@ -40,7 +40,7 @@ from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
 from watchdog.daemon.metrics import WatchState
 from watchdog.daemon.readers import DeviceReader, DeviceReading, PartialReading, ProcessTreeReader
-from watchdog.daemon.signalling import Escalation, Step, send
+from watchdog.daemon.signalling import Escalation, Step, disposition, send, unhandled_words
 from watchdog.daemon.stopping import StopFlag
 from watchdog.daemon.targets import Finder, WatchedProcess
 from watchdog.daemon.timeaxis import TimeAxis
@@ -197,6 +197,7 @@ class Daemon:
                 device.station.judge.restarted()
             device.settle_pending = restart
         self._escalation.reset()
+        self._handler_checked = False  # whether it saves on the signal: asked once it has started up
         return self.make_reader(target.process)
 
     def _watch(self, target: WatchedProcess) -> None:
@@ -297,9 +298,22 @@ class Daemon:
             if action.needs_checkpoint:  # WARN: the station's line says it all
                 asking = asking or (reading.device, verdict, action)
         total = sum(r.bytes_used for r in readings)
+        if not self._handler_checked and (tick >= self._warmup or asking is not None):
+            self._check_handler(target)
         if asking is not None:
             self._signal(target, *asking, total)
         self._escalate(target, total)
+
+    def _check_handler(self, target: WatchedProcess) -> None:
+        """Whether the target saves on the signal, as far as the kernel can say (a handler of its own),
+        asked once it has started up (a trainer installs its handler with its imports, or at `fit`) or
+        before a signal that comes sooner: one that does not is told now, not after its checkpoint is lost."""
+        self._handler_checked = True
+        found = disposition(target.pid, self.config.signal)
+        words = unhandled_words(target.pid, self.config.signal, found)
+        if words is not None:
+            log.warning("target_unprepared", pid=target.pid, signal=self.config.signal.name,
+                        disposition=found.value, note=words)
 
     def _say_reach(self, device: str, judge: Judge, verdict: Verdict, left_bytes: float) -> None:
         """The first leak seen, at the rate it rises, against what this watch's interval can protect:
