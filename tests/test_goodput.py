@@ -434,3 +434,19 @@ def test_a_process_whose_own_ledger_keeps_the_job_file_gets_no_second_account_fr
             wd.step(step)
         trainers.end("done", 20)
     assert [r["event"] for r in goodput.read(path)].count("process") == 1
+
+
+def test_processes_watched_from_outside_are_counted_with_the_time_between_them_and_no_goodput_is_made_up():
+    """Issue 63, item 5: a script that cannot change, under `supervise --job-file` and `watch`: the
+    daemon records each process it watched (`by`: "watch"), which says when it ran and how it
+    ended, never its steps. `goodput` then counts the processes, the restarts and the time between
+    them, and says n/a for the share it cannot know, rather than 0%."""
+    records = [rec("job", 0.0),
+               rec("process", 10.0, started=0.5, step=0, pid=11, by="watch"), rec("end", 10.0, how="signalled", step=0),
+               rec("process", 25.0, started=12.0, step=0, pid=12, by="watch"), rec("end", 25.0, how="exit", step=0)]
+    account = goodput.account(records)
+    assert (account.processes, account.restarts, account.outside_processes, account.goodput) == (2, 1, 2, None)
+    assert account.badput_seconds["disruption"] == pytest.approx(2.0) and account.elapsed_seconds == 25.0
+    assert account.ended == "exit" and account.fields()["goodput"] is None
+    assert "goodput: n/a of 25.0 s elapsed (2 processes" in account.block()
+    assert "2 watched from outside by `watch`, which sees no steps" in account.block()

@@ -38,6 +38,7 @@ from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, effective_limit
 from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
+from watchdog.daemon.job_file import TargetAccount
 from watchdog.daemon.metrics import WatchState
 from watchdog.daemon.readers import DeviceReader, DeviceReading, PartialReading, ProcessTreeReader
 from watchdog.daemon.signalling import Escalation, Step, disposition, send, unhandled_words
@@ -113,6 +114,7 @@ class Daemon:
         self._restart_after_signal = False  # the current target replaced one the daemon had signalled
         self._error_log = OncePerKind(log, "watch_error")  # each kind once; the counter has them all
         self._leak_seen = False  # the first leak seen is measured against what the time axis can protect
+        self._account: TargetAccount | None = None  # the watched target's share of the job file
 
     # -- the life of the daemon ---------------------------------------------------------------
 
@@ -198,6 +200,7 @@ class Daemon:
             device.settle_pending = restart
         self._escalation.reset()
         self._handler_checked = False  # whether it saves on the signal: asked once it has started up
+        self._account = TargetAccount.of(target.process)  # the job file its supervise named, if any
         return self.make_reader(target.process)
 
     def _watch(self, target: WatchedProcess) -> None:
@@ -227,6 +230,9 @@ class Daemon:
                     self._judge_all(target, reader.source, tick, readings)
                 tick = self._sleep_until_next_tick(start, tick)
         finally:
+            if self._account is not None:  # what the daemon knows of it, for the job's goodput
+                self._account.record(signalled=self._signalled_at is not None, exited=not target.alive())
+                self._account = None
             target.close()
             self.state.watched_pid = 0  # while waiting for it to come back, no PID is watched
 

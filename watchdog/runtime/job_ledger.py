@@ -67,15 +67,16 @@ def path_for(trace_file: str | os.PathLike | None) -> Path | None:
     return Path(goodput.path_beside(trace_file)) if trace_file is not None else None
 
 
-def process_started() -> float:
-    """This process's creation time (Unix seconds): start-up counts from there, imports included.
+def process_started(pid: int | str = "self") -> float:
+    """A process's creation time (Unix seconds; this one's by default): start-up counts from there,
+    imports included.
 
     Read as the kernel's seconds since boot at the process's start against the seconds since boot
     now, both to 10 ms. Not psutil's create_time: it adds the boot time, which the kernel gives in
     whole seconds, so a restarted process could seem to start up to a second before the one it
     replaced wrote its last line (seen here: 0.06 s before it), and the job's disruption read 0."""
     try:
-        with open("/proc/self/stat", "rb") as handle:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
             fields = handle.read().rsplit(b")", 1)[1].split()
         with open("/proc/uptime", "rb") as handle:
             uptime = float(handle.read().split()[0])
@@ -137,6 +138,14 @@ def _open_to_append(path: Path) -> IO[bytes]:
     except BaseException:
         handle.close()
         raise
+
+
+def append_records(path: Path, records: list[dict]) -> None:
+    """Append whole records (`{"event": ..., "t": ..., ...}`) to a job file of ours, created if absent
+    (`watch`, for a target that keeps no account of its own); OSError or InputError as they come."""
+    lines = [strict_json.dumps({"v": goodput.VERSION, **record}) + "\n" for record in records]
+    with _open_to_append(path) as handle:
+        handle.write("".join(lines).encode("utf-8"))
 
 
 def start_job(path: Path) -> None:
