@@ -10,7 +10,8 @@ a step, and the graph they hold). A step takes `--step-seconds` at least (12 ms,
 `--sigterm=none`, the default, as the original: no handler, a SIGTERM ends it where it stands.
 `--watchdog=1`: the README's lines for a loop of one's own, added to it as a user adds them to a
 module-level loop: a Watchdog started without `with`, `carry_out(action, save=save)`, and
-`sys.exit(wd.last_action.exit_code)`, never `stop()`.
+`sys.exit(wd.last_action.exit_code)`, never `stop()`; `--memory-limit`, or `--headroom-mib` over
+its floor, is its budget.
 
 Prints `started iter=K pid=P rss=B`, `saved iter=K`, `preempted iter=K`, `finished iter=N`.
 """
@@ -29,6 +30,7 @@ sigterm = "none"
 watchdog = 0
 trace_file = ""
 memory_limit = 0
+headroom_mib = 0
 sample_every = 1
 block = 64
 leak = 1
@@ -81,6 +83,8 @@ wd = None
 if watchdog:
     from watchdog import Watchdog, WatchdogConfig
 
+    if headroom_mib:  # an emulated budget: the floor now and this much headroom
+        memory_limit = rss() + headroom_mib * (1 << 20)
     wd = Watchdog(WatchdogConfig(sample_every=sample_every, source="rss", trace_file=trace_file or None,
                                  memory_limit_bytes=memory_limit or None, forensics=False)).start()
 
