@@ -3,8 +3,9 @@
 format (`ckpt.pt` in `--out-dir`, a dict with `iter_num`) saved every `--eval-interval`
 iterations, and its own resume flag (`--init-from=resume`). Its leak is one users report: every
 batch's logits appended to a global list "for an accuracy metric", never detached (2 MiB of logits
-a step, and the graph they hold). A step takes `--step-seconds` at least (12 ms, as the issue's); `--leak=0` is its clean twin;
-`--load-seconds` holds memory flat before the first step, as a data set's loading does.
+a step, and the graph they hold). A step takes `--step-seconds` at least (12 ms, as the issue's);
+`--leak=0` is its clean twin; `--load-seconds` holds memory flat before the first step, as a data
+set's loading does.
 
 `--sigterm=save` saves and exits 42 on SIGTERM, at the next step (a preemption-aware script);
 `--sigterm=none`, the default, as the original: no handler, a SIGTERM ends it where it stands.

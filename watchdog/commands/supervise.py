@@ -70,7 +70,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              f"goodput FILE`; default: ${JOB_FILE_ENV} if set, else a temporary file, printed and removed")
     parser.add_argument("--on-restart-args", metavar="ARGS", type=_arguments,
                         help="added to CMD on a restart once a checkpoint exists (a script's resume flag: "
-                             "--on-restart-args=--resume, with '=' as its value starts with '-'); split as a shell does")
+                             "--on-restart-args=--resume, with '=' as its value starts with '-'); split as a "
+                             "shell does")
     parser.add_argument("--checkpoint-path", metavar="PATH", type=Path,
                         help="with --on-restart-args: the checkpoint whose existence (a file, or a folder with "
                              "something in it) says a restart can resume; default: once a run exited 42")
