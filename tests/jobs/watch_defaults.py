@@ -12,7 +12,7 @@ repeat: the reading at the signal against the budget B, and the job's kernel hig
 import json, os, re, signal, subprocess, sys, tempfile, time
 from pathlib import Path
 
-repo, settings, repeats = Path(sys.argv[1]), sys.argv[2].split(), int(sys.argv[3])
+repo, settings, repeats = Path(sys.argv[1]).resolve(), sys.argv[2].split(), int(sys.argv[3])
 py = str(repo / ".venv/bin/python")
 script = str(repo / "tests/jobs/gpt_script.py")
 env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1")
