@@ -379,6 +379,9 @@ def test_the_stop_flag_can_be_set_from_another_thread_and_many_times():
     (["/usr/bin/python3.11", "-m", "watchdog", "--log-format", "json", "supervise", "--", "python", "train.py"], True),
     (["python", "-I", "/site-packages/watchdog/actions/job_group.py", "30.0"], True),  # supervise's guard
     (["python", "-X", "dev", "-m", "watchdog.commands.cli", "watch"], True),
+    (["/venv/bin/python", "/venv/bin/hbm-watchdog", "--log-level", "info", "--quiet", "supervise", "--", "x"], True),
+    (["python", "-m", "watchdog", "--log-format", "json", "train", "--no-watchdog", "--steps", "9"], False),  # a job
+    (["hbm-watchdog", "train", "--checkpoint-dir", "supervise"], False),
     (["python", "train.py", "--wrapper", "hbm-watchdog"], False),
     (["python", "-m", "watchdog.watchmedo", "train.py"], False),  # the file-events package of the same name
     (["python", "-c", "import watchdog; train()", "hbm-watchdog"], False),

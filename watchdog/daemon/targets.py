@@ -260,31 +260,47 @@ _OTHER, _FORK, _LAUNCHED = "other", "fork", "launched"
 _LAUNCHED_FIRST = 1 << 62  # added to a launched job's memory: it is handed the watch before any fork
 _PYTHON_OPTIONS_WITH_VALUE = frozenset({"-X", "-W", "-Q"})
 _OUR_MODULES = frozenset({"watchdog", "watchdog.commands.cli"})  # `python -m watchdog ...` is `hbm-watchdog ...`
+_NEVER_TARGETS = frozenset({"supervise", "watch"})  # our subcommands that run beside a job (`train` is one)
+_GLOBAL_OPTIONS_WITH_VALUE = frozenset({"--log-format", "--log-level", "--log-file"})
 
 
 def is_ours(cmdline: list[str] | None) -> bool:
-    """Whether a command line is one of the watchdog's own commands (`hbm-watchdog supervise ...`,
-    `python -m watchdog watch ...`, supervise's guard): never a target, whatever it carries of the
-    job's command line."""
+    """Whether a command line is one of the watchdog's own commands that run beside a job
+    (`hbm-watchdog supervise ...`, `python -m watchdog watch ...`, supervise's guard): never a
+    target, whatever it carries of the job's command line. The instrumented trainer
+    (`hbm-watchdog train`) is a job like any other."""
     if not cmdline:
         return False
     program = os.path.basename(cmdline[0])
     if program == "hbm-watchdog":
-        return True
+        return _subcommand(cmdline[1:]) in _NEVER_TARGETS
     if not program.startswith("python"):
         return False
     arguments = iter(cmdline[1:])
     for argument in arguments:
         if argument == "-m":
-            return next(arguments, "") in _OUR_MODULES
+            return next(arguments, "") in _OUR_MODULES and _subcommand(list(arguments)) in _NEVER_TARGETS
         if argument in _PYTHON_OPTIONS_WITH_VALUE:
             next(arguments, None)
         elif argument == "-c" or argument == "-":
             return False
         elif not argument.startswith("-"):  # the script
             path = Path(argument)
-            return path.name == "hbm-watchdog" or path.parts[-3:] == ("watchdog", "actions", "job_group.py")
+            if path.parts[-3:] == ("watchdog", "actions", "job_group.py"):
+                return True
+            return path.name == "hbm-watchdog" and _subcommand(list(arguments)) in _NEVER_TARGETS
     return False
+
+
+def _subcommand(arguments: list[str]) -> str | None:
+    """The subcommand of `hbm-watchdog [global options] SUBCOMMAND ...`."""
+    words = iter(arguments)
+    for word in words:
+        if word in _GLOBAL_OPTIONS_WITH_VALUE:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def _launchers(commands: dict[psutil.Process, list[str]]) -> set[psutil.Process]:
