@@ -53,3 +53,20 @@ def test_the_summary_table_has_units_and_the_command_to_draw_the_trace():
     assert "OOM projected, floor +4.0 MiB/step; OOM in 120 steps (step 271)" in text
     assert "runs/demo/ckpt (newest: step 600)" in text
     assert "hbm-watchdog report runs/demo/trace.csv -o runs/demo/trace.png" in text
+
+
+def test_the_title_names_what_was_done_a_reinit_carried_out_as_an_exit_is_a_restart():
+    """Issue 63, item 8: a loop with no rebuild (`carry_out(action, save=save)`, then exit 42)
+    restarts; the title says so, and a row says what the watchdog asked for."""
+    exited = ActionOutcome(step=221, action=Action.CHECKPOINT_REINIT, verdict=leaking_verdict(),
+                           checkpoint="ckpt.pt", outcome="exit 42: restart requested", exit_code=42)
+    text = exited.block()
+    assert text.splitlines()[0].startswith("── watchdog: checkpoint restart at step 221 "), text
+    assert re.search(r"asked\s+checkpoint reinit; with no rebuild given, the loop saves and exits 42", text), text
+    rebuilt = ActionOutcome(step=221, action=Action.CHECKPOINT_REINIT, verdict=None,
+                            outcome="reinitialised in process")
+    assert rebuilt.block().splitlines()[0].startswith("── watchdog: checkpoint reinit at step 221 ")
+    assert "asked" not in rebuilt.block()
+    unsaved = ActionOutcome(step=5, action=Action.CHECKPOINT_RESTART, verdict=None, exit_code=44,
+                            outcome="the checkpoint failed: exit 44 to restart from the newest one")
+    assert unsaved.block().splitlines()[0].startswith("── watchdog: checkpoint failed at step 5 ")

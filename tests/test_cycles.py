@@ -183,6 +183,7 @@ def test_cycles_that_shrink_end_the_job_with_exit_45_and_say_why():
     assert stop.exit_code == EXIT_FUTILE and stop.futile.startswith("each restart bought fewer steps"), \
         [(r.step, r.outcome, r.futile) for r in records]
     assert "in vain" in stop.block() and "restarting will not save this job" in stop.block()
+    assert "checkpoint and stop at step" in stop.block().splitlines()[0] and "asked" not in stop.block()
     assert all(r.exit_code in (None, 42) for r in records[:-1])
 
 

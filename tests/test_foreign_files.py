@@ -255,3 +255,19 @@ def test_train_refuses_a_foreign_flight_record_and_says_once_that_it_cannot_writ
                        timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (out.stdout + out.stderr).count('"flight_record_write_failed"') == 1
+
+
+def test_a_loops_watchdog_refuses_a_job_file_it_did_not_make_before_it_writes_anything(tmp_path, monkeypatch):
+    """Every loop's Watchdog keeps its share of the job file now (issue 63): one named by
+    HBMWATCH_JOB_FILE that is someone's file is refused at start(), as the trainer refuses it."""
+    from watchdog.core.config import WatchdogConfig
+    from watchdog.runtime.sidecar import Watchdog
+
+    foreign = tmp_path / "notes.txt"
+    foreign.write_bytes(FOREIGN)
+    monkeypatch.setenv("HBMWATCH_JOB_FILE", str(foreign))
+    watchdog = Watchdog(WatchdogConfig(source="rss", memory_limit_bytes=1 << 40, host_memory=False, forensics=False,
+                                       trace_file=tmp_path / "trace.csv"))
+    with pytest.raises(InputError, match="not a job file"):
+        watchdog.start()
+    assert untouched(foreign, FOREIGN) and not (tmp_path / "trace.csv").exists()

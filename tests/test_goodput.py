@@ -370,3 +370,83 @@ def test_a_restart_that_resumed_from_an_old_checkpoint_and_died_redoes_nothing_o
     records[5:5] = [rec("steps", 114.0, first=0, last=30, seconds=4.0, compile_seconds=0.0)]
     account = goodput.account(records)
     assert (account.steps_kept, account.steps_redone) == (200, 30)
+
+
+def test_a_loop_of_ones_own_keeps_its_share_of_the_job_file_through_its_watchdog(tmp_path, monkeypatch):
+    """Issue 63, item 5: `supervise --job-file` then `goodput` said "no process recorded in it" for
+    any loop but the trainer. Now the `Watchdog` keeps the account for whatever drives it: the
+    process from its first step (resumed at 10), its steps, an evaluation as a span and not as
+    steps, the action with its save and rebuild (through `carry_out`), and how it ended."""
+    import time
+
+    from watchdog.core.config import WatchdogConfig
+    from watchdog.core.verdict import Action
+    from watchdog.runtime.sidecar import Watchdog
+
+    path = tmp_path / "job.jsonl"
+    monkeypatch.setenv("HBMWATCH_JOB_FILE", str(path))
+    config = WatchdogConfig(sample_every=5, source="rss", memory_limit_bytes=1 << 40, host_memory=False,
+                            forensics=False, forced_actions=((30, Action.CHECKPOINT_REINIT),))
+    with Watchdog(config) as wd:
+        counter = 10
+        while counter <= 60:
+            action = wd.step(counter)
+            if action is not None:
+                wd.carry_out(action, save=lambda: time.sleep(0.05) or "ckpt.pt", rebuild=lambda: time.sleep(0.05))
+            if counter == 40:
+                with wd.phase("eval", steps=5):
+                    for _ in range(5):
+                        time.sleep(0.02)
+                        counter += 1
+                        wd.step(counter)
+            counter += 1
+    records = goodput.read(path)
+    assert [r["event"] for r in records if r["event"] != "steps"] == [
+        "process", "span", "action", "span", "span", "span", "end"], records
+    process, startup, action, save, reinit, evaluation, end = (r for r in records if r["event"] != "steps")
+    assert process["step"] == 10 and startup["cause"] == "startup"
+    assert (action["kind"], action["step"], save["cause"], reinit["cause"]) == ("checkpoint_reinit", 31,
+                                                                              "checkpoint_save", "reinit")
+    assert save["seconds"] >= 0.05 and reinit["seconds"] >= 0.05
+    assert evaluation["cause"] == "eval" and evaluation["seconds"] >= 0.1 and evaluation["step"] == 46
+    assert (end["how"], end["step"]) == ("done", 61)
+    account = goodput.account(records)
+    assert account.processes == 1 and account.reinits == 1 and account.ended == "done"
+    assert account.steps_kept == (41 - 10) + (61 - 46), "the evaluation's five batches are no training steps"
+    assert [a.kind for a in account.actions] == ["checkpoint_reinit"]
+    assert account.productive_seconds + sum(account.badput_seconds.values()) == pytest.approx(account.elapsed_seconds)
+
+
+def test_a_process_whose_own_ledger_keeps_the_job_file_gets_no_second_account_from_its_watchdog(tmp_path,
+                                                                                            monkeypatch):
+    """The instrumented trainer writes its own ledger (training steps, restores, periodic saves) and
+    drives a `Watchdog` too: one process, one `process` record."""
+    from watchdog.core.config import WatchdogConfig
+    from watchdog.runtime.sidecar import Watchdog
+
+    path = tmp_path / "job.jsonl"
+    monkeypatch.setenv("HBMWATCH_JOB_FILE", str(path))
+    with Watchdog(WatchdogConfig(sample_every=5, source="rss", memory_limit_bytes=1 << 40, host_memory=False,
+                                 forensics=False)) as wd:
+        trainers = JobLedger(path)
+        trainers.begin(0)  # after the watchdog started, before its first step: as the trainer does
+        for step in range(20):
+            wd.step(step)
+        trainers.end("done", 20)
+    assert [r["event"] for r in goodput.read(path)].count("process") == 1
+
+
+def test_processes_watched_from_outside_are_counted_with_the_time_between_them_and_no_goodput_is_made_up():
+    """Issue 63, item 5: a script that cannot change, under `supervise --job-file` and `watch`: the
+    daemon records each process it watched (`by`: "watch"), which says when it ran and how it
+    ended, never its steps. `goodput` then counts the processes, the restarts and the time between
+    them, and says n/a for the share it cannot know, rather than 0%."""
+    records = [rec("job", 0.0),
+               rec("process", 10.0, started=0.5, step=0, pid=11, by="watch"), rec("end", 10.0, how="signalled", step=0),
+               rec("process", 25.0, started=12.0, step=0, pid=12, by="watch"), rec("end", 25.0, how="exit", step=0)]
+    account = goodput.account(records)
+    assert (account.processes, account.restarts, account.outside_processes, account.goodput) == (2, 1, 2, None)
+    assert account.badput_seconds["disruption"] == pytest.approx(2.0) and account.elapsed_seconds == 25.0
+    assert account.ended == "exit" and account.fields()["goodput"] is None
+    assert "goodput: n/a of 25.0 s elapsed (2 processes" in account.block()
+    assert "2 watched from outside by `watch`, which sees no steps" in account.block()

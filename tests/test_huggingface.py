@@ -140,7 +140,9 @@ def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_beside_the_train
     assert second.watchdog.state_dict()["watchdog_restarts"] == 5 and second.watchdog.judge.restarts_so_far == 5
 
 
-def test_a_clean_run_gets_no_action_and_no_leak_report(tmp_path, events):
+def test_a_clean_run_gets_no_action_and_no_leak_report(tmp_path, events, monkeypatch):
+    job_file = tmp_path / "job.jsonl"
+    monkeypatch.setenv("HBMWATCH_JOB_FILE", str(job_file))  # as supervise --job-file sets it
     watch = callback(1 << 30)
     trainer = Trainer(model=tiny_gpt2(), args=arguments(tmp_path, max_steps=160), train_dataset=Tokens(64),
                       callbacks=[watch])
@@ -149,6 +151,10 @@ def test_a_clean_run_gets_no_action_and_no_leak_report(tmp_path, events):
     assert watch.watchdog.telemetry.samples_total >= 60
     for name in ("action_decided", "leak_detected", "leak_suspects", "action_outcome"):
         assert not events.named(name), name
+    from watchdog.core import goodput  # issue 63: its Watchdog keeps the fit's share of the job file
+
+    account = goodput.account(goodput.read(job_file))
+    assert (account.processes, account.steps_kept, account.ended) == (1, 160, "done") and account.goodput > 0
 
 
 def test_predictions_kept_through_an_evaluation_are_named_with_eval_accumulation_steps(tmp_path, events):

@@ -25,7 +25,8 @@ MAY_IMPORT = {  # layer -> prefixes of our modules it may import (its own always
     "forensics": {"watchdog.core", *SHARED},
     "runtime": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.forensics"},
     "actions": {"watchdog.core", *SHARED},
-    "daemon": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.runtime.host_memory"},  # reads /proc, by PID
+    "daemon": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.runtime.host_memory",  # reads /proc, by PID
+               "watchdog.runtime.job_ledger"},  # the job file, for a target that keeps none
 }
 TOP = {"commands", "trainer", "bench", "integrations", "__init__", "__main__"}  # may use any layer
 

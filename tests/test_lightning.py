@@ -150,6 +150,13 @@ def test_validation_runs_under_the_eval_phase_and_the_counter_keeps_rising_throu
     assert again == ["eval/8"] * len(again) and again, "a step read twice: a validation's end, labelled with it"
     assert {s.phase for s in samples} == {"", "eval/8"}  # as many batches as Lightning planned
     assert callback._phase is None and callback.watchdog._phase == ""  # back to training after each validation
+    # The job file beside the trace (issue 63: any loop's Watchdog keeps it): the fit's process, its 24
+    # training steps, and each validation as an evaluation's span, not as steps.
+    from watchdog.core import goodput
+
+    account = goodput.account(goodput.read(f"{trace}{goodput.SUFFIX}"))
+    assert (account.processes, account.steps_kept, account.ended) == (1, 24, "done"), account
+    assert account.badput_seconds["eval"] > 0 and account.goodput > 0
 
 
 def test_a_resume_checkpoint_that_is_a_link_or_no_file_is_not_resumed_from_and_is_kept(tmp_path):
@@ -281,7 +288,7 @@ def test_an_exception_out_of_fit_is_no_clean_end_for_the_flight_record(tmp_path)
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
         trainer.fit(FailingModule(leak=False), DataLoader(data, batch_size=8))
     record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
-    assert record["ended"] is None and record["last_step"] == 12, record  # as reported after the 12th batch
+    assert record["ended"] == "unclean" and record["last_step"] == 12, record  # as reported after the 12th batch
 
 
 @pytest.mark.parametrize("state", [{"watchdog_restarts": -1}, {"watchdog_restarts": True},

@@ -121,7 +121,7 @@ def test_an_exception_leaving_the_loop_is_no_clean_end(tmp_path, leaving, clean)
     except (RuntimeError, SystemExit):
         pass
     record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
-    assert record["ended"] == ("clean" if clean else None) and record["last_step"] == 4
+    assert record["ended"] == ("clean" if clean else "unclean") and record["last_step"] == 4
     assert diagnose([], record=record).ended == ("clean" if clean else "unclean")
 
 

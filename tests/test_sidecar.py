@@ -276,8 +276,13 @@ def test_a_phase_is_checked_once_and_then_only_an_attribute_write():
     wd = Watchdog(WatchdogConfig(sample_every=1))  # not started: the phase is the loop's, not the thread's
     with pytest.raises(ConfigError, match="phase"):
         wd.phase("eval predictions")
+    from watchdog.runtime.sidecar import _label
+
     scope = wd.phase("eval", steps=100)
-    assert wd._phase == "eval/100" and wd._labels[("eval", 100)] == "eval/100"
+    checked = _label.cache_info()
+    assert wd._phase == "eval/100"
+    wd.phase("eval", steps=100).end()
+    assert _label.cache_info().hits == checked.hits + 1 and _label.cache_info().misses == checked.misses
     scope.end()
     assert wd._phase == ""
 

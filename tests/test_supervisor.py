@@ -137,6 +137,36 @@ def test_restarts_after_death_by_sigkill():
     assert any(e["event"] == "child_restarting" and e["child_status"] == "SIGKILL" for e in log_events(out))
 
 
+@pytest.mark.slow
+def test_a_restart_adds_the_scripts_resume_flag_once_a_checkpoint_exists(tmp_path):
+    """Issue 63, item 6: a restarter reruns one command, and a script that starts from scratch
+    unless given its resume flag lost every step. `--on-restart-args` adds it on a restart, only
+    once the checkpoint named is there: run 0 is killed before any save (no flag on run 1), run 1
+    saves and exits 42 (the flag on run 2)."""
+    ckpt = tmp_path / "ckpt.pt"
+    out = supervise(f"print('args', sys.argv[1:], flush=True)\n"
+                    f"if run == 0: os.kill(os.getpid(), signal.SIGKILL)\n"
+                    f"if run == 1: open({str(ckpt)!r}, 'w').write('saved'); sys.exit(42)\n",
+                    "--max-restarts", "3", "--on-restart-args", "--init-from=resume --x 'a b'",
+                    "--checkpoint-path", str(ckpt))
+    assert out.returncode == 0, out.stderr
+    assert [line for line in out.stdout.splitlines() if line.startswith("args")] == [
+        "args []", "args []", "args ['--init-from=resume', '--x', 'a b']"]
+    added = [e["added_args"] for e in log_events(out) if e["event"] == "child_restarting"]
+    assert added == [[], ["--init-from=resume", "--x", "a b"]]
+    unnamed = supervise("print('args', sys.argv[1:], flush=True)\nsys.exit(42 if run == 0 else 0)\n",
+                        "--on-restart-args=--resume")  # a value that starts with '-' takes the '='
+    assert [line for line in unnamed.stdout.splitlines() if line.startswith("args")] == [
+        "args []", "args ['--resume']"], "without --checkpoint-path: once a run exited 42 (it saved)"
+
+
+def test_a_checkpoint_path_without_restart_args_is_refused_in_one_line(capsys):
+    from watchdog.commands.cli import main
+
+    assert main(["supervise", "--checkpoint-path", "ckpt.pt", "--", "true"]) == 2
+    assert "--checkpoint-path says when --on-restart-args apply" in capsys.readouterr().err
+
+
 def start_supervisor(script, *options):
     return subprocess.Popen(supervisor_argv(script, *options), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -8,6 +8,7 @@ fed by a scripted reader; tests/test_watch_e2e.py runs it for real against real 
 from __future__ import annotations
 
 import gc
+import os
 import logging
 import math
 import signal
@@ -384,3 +385,107 @@ def test_the_stop_flag_can_be_set_from_another_thread_and_many_times():
     finally:
         setter.join()
         flag.close()
+
+
+@pytest.mark.parametrize("cmdline, ours", [
+    (["/venv/bin/python", "/venv/bin/hbm-watchdog", "supervise", "--", "python", "train.py"], True),
+    (["hbm-watchdog", "watch", "--cmd-pattern", "train.py"], True),
+    (["/usr/bin/python3.11", "-m", "watchdog", "--log-format", "json", "supervise", "--", "python", "train.py"], True),
+    (["python", "-I", "/site-packages/watchdog/actions/job_group.py", "30.0"], True),  # supervise's guard
+    (["python", "-X", "dev", "-m", "watchdog.commands.cli", "watch"], True),
+    (["/venv/bin/python", "/venv/bin/hbm-watchdog", "--log-level", "info", "--quiet", "supervise", "--", "x"], True),
+    (["python", "-m", "watchdog", "--log-format", "json", "train", "--no-watchdog", "--steps", "9"], False),  # a job
+    (["hbm-watchdog", "train", "--checkpoint-dir", "supervise"], False),
+    (["python", "train.py", "--wrapper", "hbm-watchdog"], False),
+    (["python", "-m", "watchdog.watchmedo", "train.py"], False),  # the file-events package of the same name
+    (["python", "-c", "import watchdog; train()", "hbm-watchdog"], False),
+    (["bash", "-c", "hbm-watchdog supervise -- python train.py"], False),  # a shell: the user's launcher
+    ([], False),
+])
+def test_the_watchdogs_own_commands_are_never_targets(cmdline, ours):
+    """Issue 63, item 1: `watch --cmd-pattern 'python .*train\\.py'` matched `hbm-watchdog supervise --
+    python train.py` and watched it for its first 6 s; our own commands are now never targets."""
+    from watchdog.daemon.targets import is_ours
+
+    assert is_ours(cmdline) is ours
+
+
+class FastLeak:
+    """One process tree read against the host's 64 GiB: 1 GiB, then 20 MiB more per read, a sawtooth
+    of 4 MiB; stops the daemon after `reads`."""
+
+    source = "rss"
+
+    def __init__(self, stop: threading.Event, reads: int):
+        self.stop, self.reads, self.count = stop, reads, 0
+
+    def read(self):
+        self.count += 1
+        if self.count >= self.reads:
+            self.stop.set()
+        used = GiB + 20 * MiB * self.count + (self.count % 3) * 4 * MiB
+        return [DeviceReading("process", used, 64 * GiB, pid=4242)]
+
+
+def test_a_watch_trace_says_the_limit_judged_and_report_replays_its_signals(tmp_path, captured):
+    """Issue 63, item 4: the trace's `bytes_limit` held the host's RAM, not `--memory-limit`, so
+    `report` drew a 23.5 GiB limit and none of the signals. The trace now says the limit judged, and
+    the replay acts where the daemon did."""
+    from watchdog.commands.report import collect
+
+    budget = int(1.5 * GiB)  # 25 reads of headroom: only the limit rule's pace, inside the 30 s warm-up
+    axis = TimeAxis(interval_seconds=0.1, checkpoint_seconds=3.0, warmup_seconds=30.0)
+    config = WatchConfig(axis=axis, memory_limit_bytes=budget, act=False, wait_seconds=1.0,
+                         trace_file=tmp_path / "watch.csv")
+    stop = threading.Event()
+    assert TickPerRead(config, ThisProcess(), lambda process: FastLeak(stop, 30), stop=stop).run() == 0
+    trace = load_trace(tmp_path / "watch.csv")
+    assert {s.bytes_limit for s in trace} == {budget}
+    signalled = captured.named("would_signal")
+    assert signalled and signalled[0]["bytes_used"] < budget
+    picture = collect(trace)
+    assert picture.limit == budget
+    acted = [step for step, action in picture.actions if action.needs_checkpoint]
+    assert acted and acted[0] == signalled[0]["step"], (acted, signalled[0])
+
+
+def test_the_defaults_say_what_they_protect_and_a_leak_too_fast_for_them_is_said_when_first_seen():
+    """Issue 63, item 2: with the old defaults (2 s, 30 s) a script leaking 2 MiB every 12 ms into
+    500 MiB of headroom was signalled only over its limit, and its user learned it after the fact.
+    The defaults now reach it (0.1 s: measured, timeaxis.py), and the reach is said in words."""
+    axis = TimeAxis()
+    assert (axis.interval_seconds, axis.warmup_seconds) == (0.1, 30.0)
+    reach = axis.reach
+    assert (reach.only_at_limit_below, reach.before_limit_from) == pytest.approx((1.2, 2.0))
+    assert "less than 1.2 s is signalled only at the limit" in reach.words()
+    rate, headroom = 2 * MiB / 0.012, 500 * MiB  # the issue's script: 3 s to fill the headroom
+    assert reach.seen(rate, headroom)[0] is False
+    old = TimeAxis(interval_seconds=2.0).reach
+    beyond, words = old.seen(rate, headroom)
+    assert beyond and "less than 40 s" in words and "--interval 0.15 or less reaches it" in words
+
+
+def test_the_first_leak_seen_is_measured_against_the_reach_once(tmp_path, captured):
+    axis = TimeAxis(interval_seconds=2.0, checkpoint_seconds=3.0)  # the old default interval
+    config = WatchConfig(axis=axis, memory_limit_bytes=int(1.5 * GiB), act=False, wait_seconds=1.0)
+    stop = threading.Event()
+    assert TickPerRead(config, ThisProcess(), lambda process: FastLeak(stop, 30), stop=stop).run() == 0
+    [said] = captured.named("leak_reach")
+    assert said["beyond_reach"] and said["level"] == "warning" and "may be signalled only at the limit" in said["note"]
+
+
+def test_what_a_process_does_with_a_signal_is_read_from_its_masks():
+    """Issue 63, item 3: a script without a SIGTERM handler is ended by the signal without a save;
+    the kernel says so (SigCgt, SigIgn), and the daemon tells the user before the signal."""
+    from watchdog.daemon.signalling import Disposition, disposition, unhandled_words
+
+    status = "Name:\tpython\nSigIgn:\t0000000001001000\nSigCgt:\t0000000180004002\n"  # INT, TERM caught; PIPE ignored
+    assert disposition(1, signal.SIGTERM, status) is Disposition.CAUGHT
+    assert disposition(1, signal.SIGINT, status) is Disposition.CAUGHT
+    assert disposition(1, signal.SIGPIPE, status) is Disposition.IGNORED
+    assert disposition(1, signal.SIGUSR1, status) is Disposition.DEFAULT
+    assert disposition(1, signal.SIGTERM, "Name:\tx\n") is Disposition.UNKNOWN
+    assert "does not handle SIGTERM: a signal ends it without a checkpoint" in unhandled_words(
+        7, signal.SIGTERM, Disposition.DEFAULT)
+    assert unhandled_words(7, signal.SIGTERM, Disposition.CAUGHT) is None
+    assert disposition(os.getpid(), signal.SIGINT) is Disposition.CAUGHT, "Python's own KeyboardInterrupt"

@@ -200,21 +200,49 @@ def test_the_child_holding_the_memory_is_watched_and_the_supervisor_never_is(tmp
         stop_tree(supervisor)
 
 
-def test_a_supervisor_met_before_its_child_hands_the_watch_down_to_it():
-    """At the first look the supervisor holds more than its just-started child (80 MiB of ballast),
-    so it is watched and the child is passed over; once the child grows past it, the watch moves."""
-    tag = f"handover-{os.getpid()}-{time.time_ns()}"
-    code = ("import subprocess, sys\nballast = b'x' * (80 << 20)\n"
-            "subprocess.Popen([sys.executable, sys.argv[1], '--mib-per-second', '40', '--tag', sys.argv[2]]).wait()"
+def test_a_launcher_holding_more_than_its_just_started_job_is_passed_over_at_once_and_handed_down_from():
+    """Issue 63, item 1: a pattern that matches a launcher and the job it started (a command line of
+    its own) watches the job at once, even while the launcher still holds more (80 MiB of ballast);
+    a launcher met before its job existed hands the watch down at the next look, whatever the sizes.
+    (Before: the launcher was watched until its child grew past it, 6 s in the issue's run.)"""
+    tag = f"launcher-{os.getpid()}-{time.time_ns()}"
+    code = ("import subprocess, sys, time\nballast = b'x' * (80 << 20)\ntime.sleep(float(sys.argv[3]))\n"
+            "subprocess.Popen([sys.executable, sys.argv[1], '--mib-per-second', '0', '--tag', sys.argv[2]]).wait()"
             "  # " + tag)
-    supervisor = subprocess.Popen([sys.executable, "-c", code, str(JOBS / "hog.py"), tag])
+    both = subprocess.Popen([sys.executable, "-c", code, str(JOBS / "hog.py"), tag + "-now", "0"])
+    early = None
     try:
-        finder = PatternFinder(re.escape(tag))
-        child = wait_for(lambda: psutil.Process(supervisor.pid).children(), what="the child")[0]
-        first = finder.find()
-        assert first.pid == supervisor.pid, "the supervisor holds more at first"
+        child = wait_for(lambda: psutil.Process(both.pid).children(), what="the child")[0]
+        assert psutil.Process(both.pid).memory_info().rss > child.memory_info().rss, "the launcher holds more"
+        assert PatternFinder(re.escape(tag + "-now")).find() == child, "the job, not its launcher"
+        early = subprocess.Popen([sys.executable, "-c", code, str(JOBS / "hog.py"), tag + "-early", "3"])
+        finder = PatternFinder(re.escape(tag + "-early"))
+        first = wait_for(finder.find, what="the launcher, alone so far")
+        assert first.pid == early.pid
         moved = wait_for(lambda: finder.handover(first), what="the handover")
-        assert moved == child and "hog.py" in " ".join(moved.cmdline())
+        assert moved.ppid() == early.pid and "hog.py" in " ".join(moved.cmdline())
+        assert moved.memory_info().rss < first.memory_info().rss, "handed down while still the smaller"
+    finally:
+        stop_tree(both)
+        if early is not None:
+            stop_tree(early)
+
+
+def test_the_watchdogs_own_supervise_is_never_a_target_though_its_command_line_matches(tmp_path):
+    """Issue 63, item 1: `hbm-watchdog supervise -- python job.py` carries the job's command line;
+    the pattern finds the job, and while the job is away (between runs) nothing at all."""
+    script = tmp_path / "job.py"  # its path is in both command lines, supervise's and the job's
+    script.write_text("import sys, time\nprint('up', flush=True)\ntime.sleep(float(sys.argv[1]))\nsys.exit(42)\n")
+    supervisor = subprocess.Popen([sys.executable, "-m", "watchdog", "--log-format", "json", "supervise",
+                                   "--max-restarts", "1", "--backoff", "3", "--", sys.executable, str(script), "2"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO, env=hbm_watchdog_env())
+    try:
+        assert supervisor.stdout.readline().strip() == b"up"
+        finder = PatternFinder(re.escape(str(script)))
+        found = finder.find()
+        assert found is not None and found.ppid() == supervisor.pid
+        found.wait(10)  # it exits 42; supervise waits 3 s before the restart
+        assert finder.find() is None, "never supervise itself, nor its guard"
     finally:
         stop_tree(supervisor)
 

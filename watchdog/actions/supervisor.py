@@ -20,6 +20,18 @@ Exit status of the supervisor:
 
 The child sees `HBMWATCH_RESTART_COUNT` = restarts so far (0 for the first run).
 
+A restart runs the same command, unless `restart_args` are given (`--on-restart-args '--resume'`):
+they are added to it on every restart once a checkpoint exists, for a script that starts from
+scratch unless told its resume flag. A checkpoint exists once `checkpoint` (a file, or a folder
+with something in it) does, or, without one named, once a run of the job exited 42 (which says it
+saved).
+
+Why a death by a signal is restarted: the kernel's OOM killer ends a job with SIGKILL, and `watch`
+ends one that has no handler for its SIGTERM (its log says so, `target_unprepared`): both are the
+memory's failures, which a new process fixes, from the job's newest checkpoint if it keeps one.
+A signal from someone else (a `kill` by hand) reads the same; stop the job through `supervise`
+(SIGTERM or Ctrl-C to it), which then ends it without a restart.
+
 The supervisor owns the job's process group (`job_group.py`): the child starts in a session of
 its own, so a shell child's commands, a trainer's workers, anything the job starts, are signalled
 with it; once the child has exited, what is left of its group is ended (SIGTERM, SIGKILL after the
@@ -43,6 +55,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
 from watchdog.actions.job_group import Guard, end_group, signal_group, start_guard
@@ -300,7 +313,8 @@ def check_options(max_restarts: int, backoff: float, max_backoff: float, grace_s
 def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float = 1.0,
               max_backoff: float = 60.0, grace_seconds: float = DEFAULT_GRACE_SECONDS,
               stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
-              on_exit: Callable[[ChildOutcome, int], None] | None = None) -> int:
+              on_exit: Callable[[ChildOutcome, int], None] | None = None,
+              restart_args: Sequence[str] = (), checkpoint: Path | None = None) -> int:
     """Run `command` until it finishes, restarting it as `decide` says; returns the supervisor's exit status.
 
     `on_exit(outcome, run)` is told of every exit of the child (run 0 is the first): the command
@@ -316,7 +330,7 @@ def supervise(command: Sequence[str], *, max_restarts: int = 3, backoff: float =
     guard = _start_guard(grace_seconds)
     try:
         return _supervise(command, max_restarts, backoff, max_backoff, grace_seconds, stdout, stderr, guard,
-                          on_exit)
+                          on_exit, Resume(list(restart_args), checkpoint))
     finally:
         if guard is not None:
             guard.close()
@@ -333,11 +347,14 @@ def _start_guard(grace_seconds: float) -> Guard | None:
 
 def _supervise(command: list[str], max_restarts: int, backoff: float, max_backoff: float, grace_seconds: float,
                stdout: BinaryIO, stderr: BinaryIO, guard: Guard | None,
-               on_exit: Callable[[ChildOutcome, int], None] | None = None) -> int:
+               on_exit: Callable[[ChildOutcome, int], None] | None = None, resume: "Resume | None" = None) -> int:
     restarts = 0
+    resume = resume or Resume([], None)
     with _StopRequest() as stop:
         while True:
-            outcome = _run_child(command, restarts, stop, stdout, stderr, grace_seconds, guard)
+            outcome = _run_child(resume.command(command, restarts), restarts, stop, stdout, stderr, grace_seconds,
+                                 guard)
+            resume.exited(outcome.returncode)
             if on_exit is not None:
                 try:
                     on_exit(outcome, restarts)
@@ -350,10 +367,40 @@ def _supervise(command: list[str], max_restarts: int, backoff: float, max_backof
             delay = backoff_seconds(restarts, backoff, max_backoff)
             restarts += 1
             log.warning("child_restarting", reason=decision.reason, child_status=describe(outcome.returncode),
-                        restart=restarts, max_restarts=max_restarts, delay_seconds=round(delay, 3))
+                        restart=restarts, max_restarts=max_restarts, delay_seconds=round(delay, 3),
+                        added_args=resume.added(restarts))
             if stop.sleep(delay):
                 log.info("supervision_stopped", signal=signal.Signals(stop.signal).name, during="backoff")
                 return exit_status_of(outcome.returncode)
+
+
+@dataclass
+class Resume:
+    """What a restart adds to the command (`--on-restart-args`), once a checkpoint exists: `checkpoint`
+    is there (a file, or a folder with something in it), or, with none named, a run exited 42."""
+
+    args: list[str]
+    checkpoint: Path | None
+    saved: bool = False  # a run of this job exited 42: it said it saved
+
+    def exited(self, returncode: int) -> None:
+        self.saved = self.saved or returncode == EXIT_RESTART_REQUESTED
+
+    def added(self, restarts: int) -> list[str]:
+        """The arguments run `restarts` (0: the first) gets on top of the command."""
+        if not self.args or restarts == 0:
+            return []
+        return self.args if (checkpoint_exists(self.checkpoint) if self.checkpoint else self.saved) else []
+
+    def command(self, command: list[str], restarts: int) -> list[str]:
+        return command + self.added(restarts)
+
+
+def checkpoint_exists(path: Path) -> bool:
+    try:
+        return path.is_file() or (path.is_dir() and any(path.iterdir()))
+    except OSError:
+        return False
 
 
 def _log_end(decision: Decision, outcome: ChildOutcome, restarts: int, max_restarts: int) -> None:

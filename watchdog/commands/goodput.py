@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     path = job_file_of(Path(args.path))
     records = goodput.read(path)
     if not any(r["event"] == "process" for r in records):
-        raise InputError(f"job file {path}: no process recorded in it")
+        raise InputError(f"job file {path}: no process recorded in it (a loop records itself through its "
+                         "Watchdog; a script that cannot change, through `hbm-watchdog watch` beside it)")
     account = goodput.account(records)
     print(strict_json.dumps(account.fields()) if args.json else account.block())
     return 0

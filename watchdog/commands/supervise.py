@@ -1,5 +1,7 @@
 """`hbm-watchdog supervise [--max-restarts N] [--backoff S] [--grace-seconds S] [--postmortem-dir DIR] -- CMD ...`:
-restart CMD on exit 42 or an OOM crash, and say why it crashed.
+restart CMD on exit 42, 43 or 44, an out-of-memory crash or a death by a signal, and say why it crashed.
+`--on-restart-args ARGS` adds ARGS (the script's resume flag) to CMD on a restart once a checkpoint
+exists (`--checkpoint-path`, else a run that exited 42).
 
 The loop itself, its decisions and its exit statuses are in `watchdog.actions.supervisor`; the
 job's process group (signalled whole, ended whatever happens to the supervisor) in
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -65,7 +68,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-file", metavar="FILE", type=Path,
                         help="keep the job's time accounting here (every process appends to it), for `hbm-watchdog "
                              f"goodput FILE`; default: ${JOB_FILE_ENV} if set, else a temporary file, printed and removed")
+    parser.add_argument("--on-restart-args", metavar="ARGS", type=_arguments,
+                        help="added to CMD on a restart once a checkpoint exists (a script's resume flag: "
+                             "--on-restart-args=--resume, with '=' as its value starts with '-'); split as a "
+                             "shell does")
+    parser.add_argument("--checkpoint-path", metavar="PATH", type=Path,
+                        help="with --on-restart-args: the checkpoint whose existence (a file, or a folder with "
+                             "something in it) says a restart can resume; default: once a run exited 42")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+
+
+def _arguments(text: str) -> list[str]:
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    if not words:
+        raise argparse.ArgumentTypeError("no arguments in it")
+    return words
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         job_file = _start_job_file(named or Path(folder_) / f"job{goodput.SUFFIX}")
         status = supervise(command, max_restarts=args.max_restarts, backoff=args.backoff,
                            max_backoff=args.max_backoff, grace_seconds=args.grace_seconds,
-                           on_exit=lambda outcome, run: _after_exit(outcome, run, folder))
+                           on_exit=lambda outcome, run: _after_exit(outcome, run, folder),
+                           restart_args=args.on_restart_args or (), checkpoint=args.checkpoint_path)
         _print_goodput(job_file)
         return status
 
@@ -93,6 +114,8 @@ def _check_inputs(args: argparse.Namespace, command: list[str], job_file: Path |
     if not command:
         raise InputError("no command to supervise: hbm-watchdog supervise [options] -- CMD ...")
     check_options(args.max_restarts, args.backoff, args.max_backoff, args.grace_seconds)
+    if args.checkpoint_path is not None and not args.on_restart_args:
+        raise InputError("--checkpoint-path says when --on-restart-args apply: give them too")
     if job_file is not None:
         try:
             existing_records(job_file)

@@ -17,6 +17,7 @@ import signal
 from watchdog.core.errors import InputError
 from watchdog.core.numbers import option, parse_interval, parse_pid, parse_seconds
 from watchdog.core.units import positive_size
+from watchdog.daemon.timeaxis import DEFAULT_INTERVAL_SECONDS, DEFAULT_WARMUP_SECONDS
 from watchdog.station.endpoint import add_metrics_options
 
 TPU_CHIPS = ("V2", "V3", "V4", "V5E", "V5P", "V6E", "V7X")  # tpu_info.device.TpuChip, listed without importing it
@@ -48,14 +49,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(a container without /sys/bus/pci)")
 
     timing = parser.add_argument_group("time axis")
-    timing.add_argument("--interval", type=option(parse_interval), default=2.0, metavar="S", help="seconds between samples (default 2)")
+    timing.add_argument("--interval", type=option(parse_interval), default=DEFAULT_INTERVAL_SECONDS, metavar="S",
+                        help=f"seconds between samples (default {DEFAULT_INTERVAL_SECONDS:g}: a leak that fills the "
+                             "headroom in 2 s or more is signalled before the limit)")
     timing.add_argument("--checkpoint-seconds", type=option(parse_seconds), default=60.0, metavar="S",
                         help="how long the job takes to save and exit on the signal (default 60)")
     timing.add_argument("--safety-seconds", type=option(parse_seconds), metavar="S",
                         help="added to the checkpoint time (default: two intervals)")
-    timing.add_argument("--warmup-seconds", type=option(parse_seconds), default=30.0, metavar="S",
-                        help="a new process's start-up, not judged for a trend (default 30; memory over the "
-                             "limit is acted on even then)")
+    timing.add_argument("--warmup-seconds", type=option(parse_seconds), default=DEFAULT_WARMUP_SECONDS, metavar="S",
+                        help=f"a new process's start-up, not judged for a trend (default {DEFAULT_WARMUP_SECONDS:g}; "
+                             "memory at the limit, or whose pace would take it there, is acted on even then)")
     budgets = parser.add_argument_group("budgets")
     budgets.add_argument("--memory-limit", type=option(positive_size), metavar="SIZE",
                         help="memory budget, e.g. 30GiB (default: the host's memory)")
@@ -180,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
                  signal=config.signal.name, signal_group=config.signal_group,
                  escalate=config.escalate_to.name if config.escalate_to else None, act=config.act,
                  trace_file=str(config.trace_file) if config.trace_file else None)
+        reach = config.axis.reach
+        log.info("watch_reach", only_at_limit_below_seconds=reach.only_at_limit_below,
+                 before_limit_from_seconds=reach.before_limit_from, trend_after_seconds=reach.trend_after,
+                 note=reach.words())
         status = daemon.run()
     finally:
         if server is not None:

@@ -86,10 +86,14 @@ class Account:
     reinits: int
     actions: tuple[ActionEstimate, ...] = ()
     ended: str | None = None  # how the newest process said it ended; None: it did not say (killed, running)
+    outside_processes: int = 0  # processes recorded by `watch` from outside: their steps are not known
 
     @property
     def goodput(self) -> float | None:
-        return self.productive_seconds / self.elapsed_seconds if self.elapsed_seconds > 0 else None
+        """None where nothing can say it: no time yet, or every process watched from outside."""
+        if self.elapsed_seconds <= 0 or (self.processes and self.outside_processes == self.processes):
+            return None
+        return self.productive_seconds / self.elapsed_seconds
 
     @property
     def restarts(self) -> int:
@@ -115,6 +119,7 @@ class Account:
                 "badput_seconds": {cause: _round(s) for cause, s in self.badput_seconds.items()},
                 "steps_kept": self.steps_kept, "steps_redone": self.steps_redone, "processes": self.processes,
                 "restarts": self.restarts, "reinits": self.reinits, "ended": self.ended,
+                "outside_processes": self.outside_processes,
                 "actions": [a.fields() for a in self.actions],
                 "watchdog_cost_seconds": _round(self.watchdog_cost_seconds),
                 "crash_cost_avoided_seconds_estimate": _round(self.crash_cost_avoided_seconds),
@@ -124,9 +129,12 @@ class Account:
         """The account for a terminal: goodput, then each cause with a bar of its share."""
         elapsed = self.elapsed_seconds
         share = (lambda s: s / elapsed) if elapsed > 0 else (lambda s: 0.0)
+        outside = (f"; {self.outside_processes} watched from outside by `watch`, which sees no steps"
+                   if self.outside_processes else "")
         lines = [f"goodput: {_percent(self.goodput)} of {_duration(elapsed)} elapsed "
                  f"({self.processes} process{'es' if self.processes != 1 else ''}, {self.reinits} reinit"
-                 f"{'s' if self.reinits != 1 else ''}; {self.steps_kept} steps kept, {self.steps_redone} redone)",
+                 f"{'s' if self.reinits != 1 else ''}; {self.steps_kept} steps kept, {self.steps_redone} redone"
+                 f"{outside})",
                  f"  {'training steps kept':<42} {_bar(share(self.productive_seconds), width)} "
                  f"{_duration(self.productive_seconds):>9}"]
         for cause, seconds in self.badput_seconds.items():
@@ -203,7 +211,7 @@ _COUNT = "a whole number from 0 to 2**52 - 1"
 _WORD = "a string"
 FIELDS = {
     "t": _TIME,
-    "process": {"started": _TIME, "step": _COUNT, "checkpoint_every": _COUNT, "pid": _COUNT},
+    "process": {"started": _TIME, "step": _COUNT, "checkpoint_every": _COUNT, "pid": _COUNT, "by": _WORD},
     "span": {"cause": _WORD, "seconds": _TIME, "step": _COUNT},
     "steps": {"first": _COUNT, "last": _COUNT, "seconds": _TIME, "compile_seconds": _TIME},
     "action": {"kind": _WORD, "step": _COUNT, "projected_oom_step": _COUNT},
@@ -277,6 +285,7 @@ class _Process:
     startup: float = 0.0
     restore: float = 0.0
     gap_before: float = 0.0
+    outside: bool = False  # recorded by `watch` (`by`: "watch"): its time is not split into steps and spans
     compile_cause: str = "startup"  # what the next stretch's compile time is: the first graphs, a reinit's, or recompilation
     saves: list[int] = field(default_factory=list)  # steps checkpointed in this process, not for an action
 
@@ -323,7 +332,8 @@ def account(records: Iterable[dict[str, Any]]) -> Account:
             if started is None:
                 started = processes[-1].last_t if processes else (job_start if job_start is not None else 0.0)
             process = _Process(started=started, last_t=started, first_step=_count(record.get("step")),
-                               checkpoint_every=_count(record.get("checkpoint_every")))
+                               checkpoint_every=_count(record.get("checkpoint_every")),
+                               outside=record.get("by") == "watch")
             if processes:  # the time since the previous process's last line
                 process.gap_before = max(0.0, started - processes[-1].last_t)
                 badput["disruption"] += process.gap_before
@@ -398,7 +408,8 @@ def account(records: Iterable[dict[str, Any]]) -> Account:
     estimates = _estimates(actions, processes, kept, finished_at)
     return Account(elapsed_seconds=elapsed, productive_seconds=productive, badput_seconds=badput,
                    steps_kept=sum(c.last - c.first for c in kept), steps_redone=steps_redone,
-                   processes=len(processes), reinits=reinits, actions=estimates, ended=ended)
+                   processes=len(processes), reinits=reinits, actions=estimates, ended=ended,
+                   outside_processes=sum(p.outside for p in processes))
 
 
 def _redo_past_resumes(kept: list[_Chunk], resumed_from: list[int],

@@ -126,6 +126,13 @@ class Judge:
         return self.detector.limit_bytes
 
     @property
+    def newest_rise_bytes_per_second(self) -> float:
+        """How fast the newest readings (up to the pace's twelve) rose, per second: what was seen, for
+        words, never a reason to act (0 without a rise or a clock)."""
+        rise, per_step = self._pace.rise(), self._pace.seconds_per_step
+        return rise / per_step if per_step > 0 else 0.0
+
+    @property
     def restarts_so_far(self) -> int:
         return self.policy.restarts_so_far
 

@@ -35,12 +35,13 @@ from typing import Callable, Sequence
 import psutil
 
 from watchdog.core.errors import InputError
-from watchdog.core.judge import Judge
+from watchdog.core.judge import Judge, effective_limit
 from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
+from watchdog.daemon.job_file import TargetAccount
 from watchdog.daemon.metrics import WatchState
 from watchdog.daemon.readers import DeviceReader, DeviceReading, PartialReading, ProcessTreeReader
-from watchdog.daemon.signalling import Escalation, Step, send
+from watchdog.daemon.signalling import Escalation, Step, disposition, send, unhandled_words
 from watchdog.daemon.stopping import StopFlag
 from watchdog.daemon.targets import Finder, WatchedProcess, running
 from watchdog.daemon.timeaxis import TimeAxis
@@ -52,7 +53,7 @@ from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
-HANDOVER_CHECK_SECONDS = 5.0  # how often a pattern's watched process is checked for a larger matching child
+HANDOVER_CHECK_SECONDS = 1.0  # how often a pattern's target is checked for a job it launched (or a larger child)
 WAIT_POLL_SECONDS = 1.0  # at most this long between looks for the target while it is away
 TRACE_RETRY_SECONDS = 30.0  # after a trace I/O error, the daemon goes on and reopens the file this much later
 
@@ -113,6 +114,8 @@ class Daemon:
         self._restart_after_signal = False  # the current target replaced one the daemon had signalled
         self._error_log = OncePerKind(log, "watch_error")  # each kind once; the counter has them all
         self._exited: tuple[int, float] | None = None  # the process watched last, gone: never attached again
+        self._leak_seen = False  # the first leak seen is measured against what the time axis can protect
+        self._account: TargetAccount | None = None  # the watched target's share of the job file
 
     # -- the life of the daemon ---------------------------------------------------------------
 
@@ -209,6 +212,8 @@ class Daemon:
                 device.station.judge.restarted()
             device.settle_pending = restart
         self._escalation.reset()
+        self._handler_checked = False  # whether it saves on the signal: asked once it has started up
+        self._account = TargetAccount.of(target.process)  # the job file its supervise named, if any
         return self.make_reader(target.process)
 
     def _watch(self, target: WatchedProcess) -> None:
@@ -238,6 +243,9 @@ class Daemon:
                     self._judge_all(target, reader.source, tick, readings)
                 tick = self._sleep_until_next_tick(start, tick)
         finally:
+            if self._account is not None:  # what the daemon knows of it, for the job's goodput
+                self._account.record(signalled=self._signalled_at is not None, exited=not target.alive())
+                self._account = None
             target.close()
             self.state.watched_pid = 0  # while waiting for it to come back, no PID is watched
 
@@ -295,8 +303,12 @@ class Daemon:
         only = len(readings) == 1 and readings[0].device != HOST_DEVICE
         for reading in readings:
             device = self._device(reading.device, source, only_device=only, pid=target.pid)
-            sample = Sample(tick, now, reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used)
+            # the limit judged, in the trace too: the reader's (the host's budget, a chip's) lowered by --memory-limit
+            limit = effective_limit(reading.bytes_limit, self.config.memory_limit_bytes)
+            sample = Sample(tick, now, reading.bytes_used, limit, reading.peak_bytes_used)
             verdict, action = device.station.observe(sample)
+            if not self._leak_seen and (verdict.leak_detected or verdict.oom_projected) and limit:
+                self._say_reach(reading.device, device.station.judge, verdict, limit - sample.bytes_used)
             telemetry = device.telemetry
             telemetry.training_step, telemetry.last_step_monotonic = tick, time.monotonic()
             if device.settle_pending and tick >= self._warmup:
@@ -305,12 +317,37 @@ class Daemon:
             if action.needs_checkpoint:  # WARN: the station's line says it all
                 asking = asking or (reading.device, verdict, action)
         total = sum(r.bytes_used for r in readings)
+        if not self._handler_checked and (tick >= self._warmup or asking is not None):
+            self._check_handler(target)
         if asking is not None:
             self._signal(target, *asking, total)
         self._escalate(target, total)
 
+    def _check_handler(self, target: WatchedProcess) -> None:
+        """Whether the target saves on the signal, as far as the kernel can say (a handler of its own),
+        asked once it has started up (a trainer installs its handler with its imports, or at `fit`) or
+        before a signal that comes sooner: one that does not is told now, not after its checkpoint is lost."""
+        self._handler_checked = True
+        found = disposition(target.pid, self.config.signal)
+        words = unhandled_words(target.pid, self.config.signal, found)
+        if words is not None:
+            log.warning("target_unprepared", pid=target.pid, signal=self.config.signal.name,
+                        disposition=found.value, note=words)
+
+    def _say_reach(self, device: str, judge: Judge, verdict: Verdict, left_bytes: float) -> None:
+        """The first leak seen, at the rate it rises, against what this watch's interval can protect:
+        a warning when it is too fast for it (the user learns it now, not after an OOM)."""
+        self._leak_seen = True
+        rate = verdict.slope_bytes_per_second if verdict.slope_bytes_per_second > 0 else \
+            judge.newest_rise_bytes_per_second
+        beyond, words = self.config.axis.reach.seen(rate, left_bytes)
+        (log.warning if beyond else log.info)("leak_reach", device=device, step=verdict.step,
+                                              rate_bytes_per_second=round(rate), left_bytes=round(left_bytes),
+                                              beyond_reach=beyond, note=words)
+
     def _signal(self, target: WatchedProcess, device: str, verdict: Verdict, action: Action, total: int) -> None:
-        fields = dict(pid=target.pid, device=device, action=action.value, explanation=verdict.explanation,
+        fields = dict(pid=target.pid, device=device, step=verdict.step, action=action.value,
+                      explanation=verdict.explanation,
                       bytes_used=total, limit_bytes=verdict.limit_bytes, floor_bytes=verdict.floor_bytes,
                       slope_bytes_per_second=verdict.slope_bytes_per_second,
                       projected_oom_seconds=_seconds(verdict.projected_oom_seconds),

@@ -45,6 +45,53 @@ def parse_escalation(text: str) -> signal.Signals | None:
     return None if text.strip().lower() == "none" else parse_signal(text, "--escalate")
 
 
+class Disposition(enum.Enum):
+    """What a process does with a signal, as the kernel says (`/proc/PID/status`)."""
+
+    CAUGHT = "caught"  # a handler of its own: a trainer's save-on-SIGTERM, Python's KeyboardInterrupt
+    IGNORED = "ignored"
+    DEFAULT = "default"  # the default action: for TERM, INT, HUP, USR1, death where it stands
+    UNKNOWN = "unknown"  # not Linux, or the file could not be read
+
+
+def disposition(pid: int, signum: int, status_text: str | None = None) -> Disposition:
+    """Read from `SigCgt` and `SigIgn` (hexadecimal masks, bit N-1 for signal N)."""
+    if status_text is None:
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+                status_text = handle.read(65536)
+        except OSError:
+            return Disposition.UNKNOWN
+    masks = {}
+    for line in status_text.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("SigCgt", "SigIgn"):
+            try:
+                masks[name] = int(value.strip()[:16], 16)
+            except ValueError:
+                return Disposition.UNKNOWN
+    if len(masks) != 2:
+        return Disposition.UNKNOWN
+    bit = 1 << (signum - 1)
+    if masks["SigCgt"] & bit:
+        return Disposition.CAUGHT
+    return Disposition.IGNORED if masks["SigIgn"] & bit else Disposition.DEFAULT
+
+
+def unhandled_words(pid: int, signum: signal.Signals, found: Disposition) -> str | None:
+    """What to tell the user of a target that will not save on the signal (None: it may)."""
+    name = signum.name
+    if found is Disposition.DEFAULT:
+        return (f"pid {pid} does not handle {name}: a signal ends it without a checkpoint. Give it a handler "
+                f"that saves and exits 42 (most trainers have one), or --signal one it saves on (INT, for a "
+                f"script that saves on KeyboardInterrupt); under supervise it is restarted from its newest "
+                f"checkpoint, if it keeps one (--on-restart-args adds its resume flag)")
+    if found is Disposition.IGNORED:
+        return (f"pid {pid} ignores {name}: the signal does nothing, and the escalation (--escalate) ends it "
+                f"without a checkpoint after --grace-seconds")
+    return None
+
+
 class Step(enum.Enum):
     WAIT = "wait"  # nothing pending, or still inside the grace period
     ESCALATE = "escalate"  # send the escalation signal now

@@ -6,11 +6,15 @@ the identified process is also held by a pidfd, which keeps naming that process 
 a signal sent through it can never reach a newcomer with the same PID.
 
 With a pattern, several processes often match: a supervisor and its child (`supervise -- python
-train.py` carries the child's command line), a trainer and its forked data-loader workers. The
-one that holds the memory is watched (the largest resident set); the others are remembered as
-passed over, so that while the child restarts, the supervisor, still matching, is not mistaken
-for it. A watched process that later starts a matching child larger than itself (a supervisor
-the daemon met before its child existed) hands the watch down to that child.
+train.py` carries the child's command line), a launcher and its job (`bash -c 'python train.py'`,
+`torchrun train.py`), a trainer and its forked data-loader workers. The watchdog's own commands
+(`hbm-watchdog supervise`, `watch`, supervise's guard) are never targets. A matching process with a
+matching descendant whose command line is not its own (not a fork of it) is a launcher: the job is
+the descendant, which holds the memory, and it is chosen at once, however small it still is while
+it starts. Among the rest, the one holding the most memory is watched (a trainer, not its workers).
+The others are remembered as passed over, so that while the child restarts, its launcher, still
+matching, is not mistaken for it. A watched process that later starts a matching child that is not
+its fork, or one larger than itself, hands the watch down to that child.
 """
 
 from __future__ import annotations
@@ -179,7 +183,7 @@ class PatternFinder:
         me = psutil.Process()
         self._never = {me.pid, *(p.pid for p in me.parents())}  # the daemon and whoever started it
         self._passed_over: set[psutil.Process] = set()  # matched, but not the one holding the memory
-        self._descendants: dict[psutil.Process, bool] = {}  # descendant of the watched one -> matches?
+        self._descendants: dict[psutil.Process, str] = {}  # descendant of the watched one -> _OTHER, _FORK, _LAUNCHED
 
     def _matches(self, process: psutil.Process, cmdline: list[str] | None = None) -> bool:
         if cmdline is None:
@@ -191,23 +195,30 @@ class PatternFinder:
 
     def find(self) -> psutil.Process | None:
         matching: list[tuple[int, psutil.Process]] = []
+        commands: dict[psutil.Process, list[str]] = {}
         for process in psutil.process_iter(["cmdline"]):
-            if process.pid in self._never or not self._matches(process, process.info["cmdline"]):
+            cmdline = process.info["cmdline"]
+            if process.pid in self._never or not self._matches(process, cmdline) or is_ours(cmdline):
                 continue
             try:
                 matching.append((process.memory_info().rss, process))
             except psutil.Error:
                 continue
+            commands[process] = cmdline
         self._passed_over &= {p for _, p in matching}  # forget the ones that are gone: the set stays small
+        self._passed_over |= _launchers(commands)
         candidates = [(rss, p) for rss, p in matching if p not in self._passed_over]
         if not candidates:
             return None
         rss, chosen = max(candidates, key=lambda c: c[0])
         others = [p for _, p in candidates if p != chosen]
         self._passed_over.update(others)
-        if others:
+        launchers = sorted(p.pid for p in self._passed_over if p in commands and p not in others)
+        if others or launchers:
             log.info("target_chosen", pid=chosen.pid, rss_bytes=rss, passed_over=sorted(p.pid for p in others),
-                     note="several processes match: watching the one holding the most memory")
+                     launchers=launchers,
+                     note="several processes match: watching the job a launcher started, else the one holding "
+                          "the most memory")
         return chosen
 
     def why_not_found(self) -> str:
@@ -215,7 +226,8 @@ class PatternFinder:
             f" besides {len(self._passed_over)} passed over" if self._passed_over else "")
 
     def handover(self, watched: psutil.Process) -> psutil.Process | None:
-        """A matching descendant that holds more memory than `watched` itself, or None.
+        """A matching descendant with a command line of its own (the job `watched` launched), else a
+        matching one that holds more memory than `watched` itself, or None.
 
         Each descendant's command line is read once; the cache keeps only live descendants.
         """
@@ -225,19 +237,96 @@ class PatternFinder:
         except psutil.Error:
             return None
         known = self._descendants
-        self._descendants = {p: known[p] if p in known else self._matches(p) for p in descendants}
+        self._descendants = {p: known[p] if p in known else self._kind(p, watched) for p in descendants}
         best, best_rss = None, own
-        for process, matches in self._descendants.items():
-            if matches:  # passed over at the first look (a child smaller than its supervisor then) or not
-                try:
-                    rss = process.memory_info().rss
-                except psutil.Error:
-                    continue
-                if rss > best_rss:
-                    best, best_rss = process, rss
+        for process, kind in self._descendants.items():
+            if kind == _OTHER:
+                continue
+            try:
+                rss = process.memory_info().rss
+            except psutil.Error:
+                continue
+            if kind == _LAUNCHED:  # the job a launcher started: the target, however small it still is
+                rss += _LAUNCHED_FIRST
+            if rss > best_rss:
+                best, best_rss = process, rss
         if best is not None:
             self._passed_over.add(watched)
         return best
+
+    def _kind(self, descendant: psutil.Process, watched: psutil.Process) -> str:
+        """What a descendant of the watched process is to the pattern (read once per descendant)."""
+        try:
+            cmdline = descendant.cmdline()
+            own = watched.cmdline()
+        except psutil.Error:
+            return _OTHER
+        if not self._matches(descendant, cmdline) or is_ours(cmdline):
+            return _OTHER
+        return _FORK if cmdline == own else _LAUNCHED
+
+
+# What a descendant of the watched process is to a pattern: no match, a matching fork (a worker with
+# its parent's command line), or a matching process with a command line of its own (the job it launched).
+_OTHER, _FORK, _LAUNCHED = "other", "fork", "launched"
+_LAUNCHED_FIRST = 1 << 62  # added to a launched job's memory: it is handed the watch before any fork
+_PYTHON_OPTIONS_WITH_VALUE = frozenset({"-X", "-W", "-Q"})
+_OUR_MODULES = frozenset({"watchdog", "watchdog.commands.cli"})  # `python -m watchdog ...` is `hbm-watchdog ...`
+_NEVER_TARGETS = frozenset({"supervise", "watch"})  # our subcommands that run beside a job (`train` is one)
+_GLOBAL_OPTIONS_WITH_VALUE = frozenset({"--log-format", "--log-level", "--log-file"})
+
+
+def is_ours(cmdline: list[str] | None) -> bool:
+    """Whether a command line is one of the watchdog's own commands that run beside a job
+    (`hbm-watchdog supervise ...`, `python -m watchdog watch ...`, supervise's guard): never a
+    target, whatever it carries of the job's command line. The instrumented trainer
+    (`hbm-watchdog train`) is a job like any other."""
+    if not cmdline:
+        return False
+    program = os.path.basename(cmdline[0])
+    if program == "hbm-watchdog":
+        return _subcommand(cmdline[1:]) in _NEVER_TARGETS
+    if not program.startswith("python"):
+        return False
+    arguments = iter(cmdline[1:])
+    for argument in arguments:
+        if argument == "-m":
+            return next(arguments, "") in _OUR_MODULES and _subcommand(list(arguments)) in _NEVER_TARGETS
+        if argument in _PYTHON_OPTIONS_WITH_VALUE:
+            next(arguments, None)
+        elif argument == "-c" or argument == "-":
+            return False
+        elif not argument.startswith("-"):  # the script
+            path = Path(argument)
+            if path.parts[-3:] == ("watchdog", "actions", "job_group.py"):
+                return True
+            return path.name == "hbm-watchdog" and _subcommand(list(arguments)) in _NEVER_TARGETS
+    return False
+
+
+def _subcommand(arguments: list[str]) -> str | None:
+    """The subcommand of `hbm-watchdog [global options] SUBCOMMAND ...`."""
+    words = iter(arguments)
+    for word in words:
+        if word in _GLOBAL_OPTIONS_WITH_VALUE:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _launchers(commands: dict[psutil.Process, list[str]]) -> set[psutil.Process]:
+    """The matching processes that started another matching one with a command line of their own:
+    launchers (a supervisor, a shell, torchrun), whose job is the descendant. A fork that keeps its
+    parent's command line (a data-loader worker) makes no launcher of its parent."""
+    launchers = set()
+    for process, cmdline in commands.items():
+        try:
+            ancestors = process.parents()
+        except psutil.Error:
+            continue
+        launchers.update(a for a in ancestors if a in commands and commands[a] != cmdline)
+    return launchers
 
 
 class PidfileFinder:

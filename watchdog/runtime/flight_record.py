@@ -10,7 +10,8 @@ the training thread:
 - the newest `leak_suspects` (and whether creation sites were known), and those at the newest
   checkpoint action (`action_suspects`: after a reinit the newest census counts only what grew since);
 - XLA's compile counter and the newest recompilation finding;
-- `ended`: null while running, "clean" once the watchdog stopped in order;
+- `ended`: null while running (and after a SIGKILL), "clean" once the watchdog stopped in order
+  (`sys.exit(42)` included), "unclean" once it saw a way out that was not (an exception, a signal);
 - `stall`: null; while a stall watch with an exit bound runs, its deadline in C, "armed" (`armed`,
   `step` at start, `seconds`, `exit_code`, `training_thread`: the thread id faulthandler's dump on
   stderr names, `stacks`), since a loop that holds the GIL is ended from C, writing nothing of ours;
@@ -246,10 +247,12 @@ class FlightRecorder:
             self._write(now)
 
     def ended(self, clean: bool = True) -> None:
-        """The watchdog stopped: the last state written at once, and marked as a clean end unless an
-        exception was on its way out of the training loop (an OutOfMemoryError, say)."""
-        if clean:
-            self._state["ended"] = "clean"
+        """The watchdog stopped, or its process is leaving (`runtime/exit_watch.py`): the last state
+        written at once, marked "clean" for an end in order (the loop's end, `stop()`, any
+        `sys.exit`, a KeyboardInterrupt), "unclean" for one that was not (an exception on its way out
+        of the loop, a signal's default death). A record still null was left by a process that
+        could not say: killed (SIGKILL, an abort), or still running."""
+        self._state["ended"] = "clean" if clean else "unclean"
         self._write(time.monotonic())
 
     @property

@@ -2,7 +2,10 @@
 
 Every process of a job (each one a supervisor starts, and the reinits inside them) appends to one
 file: `HBMWATCH_JOB_FILE` (supervise sets it), else `<trace>.job.jsonl` beside the trace. The
-records and their accounting are `core/goodput.py`'s; this module only measures and writes:
+records and their accounting are `core/goodput.py`'s; this module only measures and writes. The
+instrumented trainer keeps its own `JobLedger` (training steps, restores, periodic saves); any
+other loop gets one from its `Watchdog` (`LoopAccount`, below). One process writes one account
+to a file: the first ledger to `begin` there claims it for the process (`claimed_here`).
 
 - `begin`: the process's start (its creation time, so imports and the runtime's start count),
   the step it starts from, the checkpoint restore it did, and its start-up;
@@ -30,7 +33,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
@@ -47,6 +50,13 @@ log = get_logger(__name__)
 
 JOB_FILE_ENV = "HBMWATCH_JOB_FILE"
 FLUSH_SECONDS = 30.0
+_BEGUN: set[tuple[int, str]] = set()  # (pid, job file) where a ledger of this process began: one account each
+
+
+def claimed_here(path: Path) -> bool:
+    """Whether a ledger of this process already keeps its account in `path` (the trainer's, when its
+    `Watchdog` comes to open one): a process is one `process` record, never two."""
+    return (os.getpid(), os.path.abspath(path)) in _BEGUN
 
 
 def path_for(trace_file: str | os.PathLike | None) -> Path | None:
@@ -57,15 +67,16 @@ def path_for(trace_file: str | os.PathLike | None) -> Path | None:
     return Path(goodput.path_beside(trace_file)) if trace_file is not None else None
 
 
-def process_started() -> float:
-    """This process's creation time (Unix seconds): start-up counts from there, imports included.
+def process_started(pid: int | str = "self") -> float:
+    """A process's creation time (Unix seconds; this one's by default): start-up counts from there,
+    imports included.
 
     Read as the kernel's seconds since boot at the process's start against the seconds since boot
     now, both to 10 ms. Not psutil's create_time: it adds the boot time, which the kernel gives in
     whole seconds, so a restarted process could seem to start up to a second before the one it
     replaced wrote its last line (seen here: 0.06 s before it), and the job's disruption read 0."""
     try:
-        with open("/proc/self/stat", "rb") as handle:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
             fields = handle.read().rsplit(b")", 1)[1].split()
         with open("/proc/uptime", "rb") as handle:
             uptime = float(handle.read().split()[0])
@@ -129,6 +140,14 @@ def _open_to_append(path: Path) -> IO[bytes]:
         raise
 
 
+def append_records(path: Path, records: list[dict]) -> None:
+    """Append whole records (`{"event": ..., "t": ..., ...}`) to a job file of ours, created if absent
+    (`watch`, for a target that keeps no account of its own); OSError or InputError as they come."""
+    lines = [strict_json.dumps({"v": goodput.VERSION, **record}) + "\n" for record in records]
+    with _open_to_append(path) as handle:
+        handle.write("".join(lines).encode("utf-8"))
+
+
 def start_job(path: Path) -> None:
     """Mark a new job in `path` (supervise, at its start): the account reads from the newest mark."""
     with _open_to_append(path) as handle:
@@ -185,6 +204,7 @@ class JobLedger:
     def begin(self, step: int, *, restore_seconds: float = 0.0) -> None:
         """The process is ready to train from `step` (after restoring a checkpoint in `restore_seconds`)."""
         now = time.time()
+        _BEGUN.add((os.getpid(), os.path.abspath(self.path)))
         self._write("process", pid=os.getpid(), started=self._started, step=step,
                     checkpoint_every=self.checkpoint_every)
         if restore_seconds > 0:
@@ -207,6 +227,20 @@ class JobLedger:
         finally:
             self._write("span", cause=cause, seconds=time.perf_counter() - started, step=step)
             self._restart_clock(self._last)
+
+    def due(self) -> bool:
+        """A stretch of steps is due to be written (any thread may ask: one float read)."""
+        return time.perf_counter() - self._mark >= self.flush_seconds
+
+    def pause(self, steps_completed: int) -> None:
+        """Steps stop at `steps_completed` for a span its caller times (an evaluation): written now."""
+        self._last = max(self._last, steps_completed)
+        self._flush_steps()
+
+    def spent(self, cause: str, seconds: float, resume_at: int) -> None:
+        """A span its caller timed, ended now (after `pause`); steps go on from `resume_at`."""
+        self._write("span", cause=cause, seconds=seconds, step=resume_at)
+        self._restart_clock(resume_at)
 
     def action(self, kind: str, step: int, projected_oom_step: int | None) -> None:
         self._flush_steps()
@@ -262,3 +296,80 @@ class JobLedger:
             self._broken = True
             log.error("job_file_write_failed", path=str(self.path), error=str(exc),
                       note="training goes on; goodput for this process stays in memory and on /metrics")
+
+
+class LoopAccount:
+    """A loop's share of the job file, kept by its `Watchdog` for any loop that drives one (a loop of
+    one's own, Lightning, Hugging Face), on the training thread.
+
+    The process begins at the loop's first `step()`: what came before (imports, the runtime, the
+    loop's own restore) is its start-up. Its steps are the watchdog's counter, `step(n)` meaning n + 1
+    steps done; a bounded phase (an evaluation) is an `eval` span, whose batches are no training
+    steps; a checkpoint action is recorded when handed over, with the OOM it was decided against,
+    and its save and rebuild (`carry_out`) are spans; `end` says how the process left (`stop()`, or
+    any way out the `ExitWatch` sees). A stretch of steps is written when the sidecar finds one due
+    (`due`, every 30 s) and before every other record. A loop that saves or rebuilds without
+    `carry_out` has that time counted with its steps.
+    """
+
+    def __init__(self, ledger: JobLedger):
+        self.ledger = ledger
+        self._begun = False
+        self._phase_started: float | None = None  # a bounded phase's start (perf_counter), while one runs
+        self._ended = False  # ended, or the job file is kept by another ledger of this process (the trainer's)
+
+    @classmethod
+    def open(cls, path: Path | None, **ledger_options: Any) -> "LoopAccount | None":
+        """The account for `path` (None: no job file named); a file that is not a job file is an
+        InputError now, before anything is written."""
+        return None if path is None else cls(JobLedger(path, **ledger_options))
+
+    def between_steps(self, step: int) -> None:
+        """`step(step)` was the newest: the process begins at the first (unless a ledger of this
+        process keeps the file already: then this account writes nothing), and a stretch of steps
+        up to it is written when one is due."""
+        if not self._begun:
+            self._begun = True
+            if claimed_here(self.ledger.path):
+                self._ended = True
+            else:
+                self.ledger.begin(step)
+        elif self._phase_started is None and not self._ended:
+            self.ledger.step_done(step + 1)
+
+    def due(self) -> bool:
+        return self._begun and self._phase_started is None and not self._ended and self.ledger.due()
+
+    def phase(self, bounded: bool, step: int) -> None:
+        """The loop's phase changed after `step(step)`: a bounded one starts an `eval` span, its end
+        closes it (the next training step is `step + 1`)."""
+        if self._ended or not self._begun:
+            return
+        if bounded and self._phase_started is None:
+            self.ledger.pause(step + 1)
+            self._phase_started = time.perf_counter()
+        elif not bounded and self._phase_started is not None:
+            self.ledger.spent("eval", time.perf_counter() - self._phase_started, step + 1)
+            self._phase_started = None
+
+    def timed(self, cause: str, step: int):
+        """A span the action path times (`checkpoint_save`, `reinit`) after `step(step)`."""
+        if self._ended or not self._begun:
+            return nullcontext()
+        self.between_steps(step)
+        return self.ledger.span(cause, step + 1)
+
+    def action(self, kind: str, step: int, projected_oom_step: int | None) -> None:
+        if self._begun and not self._ended:
+            self.between_steps(step)
+            self.ledger.action(kind, step + 1, projected_oom_step)
+
+    def end(self, how: str, step: int) -> None:
+        """How the process left, after `step(step)`: written once (nothing before its first step)."""
+        if self._ended or not self._begun:
+            self._ended = True
+            return
+        self.phase(False, step)
+        self.between_steps(step)
+        self._ended = True
+        self.ledger.end(how, step + 1)

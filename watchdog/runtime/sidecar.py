@@ -47,17 +47,20 @@ input pipeline), and past `stall_exit_after_seconds` its stacks are recorded and
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import queue
 import sys
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from typing import Any
 
 from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.cycles import futile
-from watchdog.core.errors import InputError
+from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import STEADY_LABELS, parse_label, phase_label
 from watchdog.core.readings import HostReading
@@ -66,15 +69,17 @@ from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import OncePerKind, ensure_readable_output, exception_text, get_logger
-from watchdog.runtime import agreement, xla_stats
+from watchdog.runtime import agreement, job_ledger, xla_stats
 from watchdog.runtime.action_path import (DEVICE, FORCED, HANDED_OVER, REINITIALISED, RESTART_REQUESTED, UNSAVED,
                                           ActionPath, HandedOver)
 from watchdog.runtime.agreement import Agreement, severity
 from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileWatch
+from watchdog.runtime.exit_watch import ExitWatch
 from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
+from watchdog.runtime.job_ledger import LoopAccount
 from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, fresh_reading,
                                       release_host_memory, select_source)
 from watchdog.runtime.stall import StallWatch
@@ -108,7 +113,7 @@ class Watchdog(ActionPath):
         config = config or WatchdogConfig()
         self.config = config
         self.telemetry = telemetry or Telemetry(rank=self.config.rank)
-        self.checkpoint_figures = self.telemetry.part(CheckpointFigures)  # served from the first scrape
+        self.telemetry.part(CheckpointFigures)  # served from the first scrape
         self.station = Station(Judge(self.config.detector, self.config.policy,
                                      memory_limit_bytes=self.config.memory_limit_bytes), self.telemetry, memory=DEVICE)
         self._run_state = RunState.from_environment(os.environ)  # the restart engine's count, until a checkpoint's
@@ -122,7 +127,8 @@ class Watchdog(ActionPath):
         self._requested = (0, "")  # the newest sampling step, and the phase the loop was in then
         self._sample_posted = False
         self._phase = ""  # the loop's phase label; read by the sidecar with each sample
-        self._labels: dict[tuple[str, int | None], str] = {}  # phase labels, validated once each
+        self._account: LoopAccount | None = None  # this process's share of the job file (rank 0, from start())
+        self._exit: ExitWatch | None = None  # every way out of the process ends the records (from start())
         # Kept together: an instance over 30 attributes loses CPython's shared-key dict, and step()
         # pays for every attribute it reads (tests/test_sidecar.py counts them).
         self._handed = HandedOver(logs_outcomes)
@@ -165,6 +171,7 @@ class Watchdog(ActionPath):
             self._ranks = self._joined = agreement.join(self.config.agreement_timeout_seconds)
         if self._ranks is not None:  # ranks out of step, or a peer lost: raised by the next step(), sampling or not
             self._ranks.report_to(self._chores.append)
+        self._open_account(device)
         if device_kind(device) == "xla":
             self._compile_watch = CompileWatch(self.config.recompilation, self.telemetry)
         if device_kind(device) == "cuda" and self._flight is not None:
@@ -180,6 +187,7 @@ class Watchdog(ActionPath):
                     station.judge.agree_with_ranks()
         self._thread = threading.Thread(target=self._run, name="hbm-watchdog", daemon=True)
         self._thread.start()
+        self._exit = ExitWatch(self._leave).arm()
         try:
             self._stall = self._stall_watch()
         except BaseException:  # a failed start leaves no thread behind
@@ -193,8 +201,18 @@ class Watchdog(ActionPath):
     def stop(self, *, clean: bool = True) -> None:
         """Idempotent. Processes what was already posted, then flushes the trace. `clean=False`:
         the loop is leaving on an exception, and the flight record must not call that a clean end."""
+        self._leave("done" if clean else "error", clean)
+
+    def _leave(self, how: str, clean: bool) -> None:
+        """`stop()`, or any other way out of the process (`ExitWatch`): the trace flushed, the flight
+        record ended, the job file told `how` ("restart" where the newest action asked for an exit)."""
         if self._thread is None:
             return
+        if self._exit is not None:
+            self._exit.disarm()
+        if self._account is not None:
+            asked = self._handed.last.exit_code if self._handed.last is not None else None
+            self._account.end("restart" if asked and how in ("done", "exit") else how, max(self._newest_step, 0))
         if self._stall is not None:
             self._stall.stop()
             self._stall = None
@@ -232,7 +250,24 @@ class Watchdog(ActionPath):
         OutOfMemoryError) is no clean end, and neither is `PeerLost` (exit 43: another rank died or
         stalled, nothing saved); SystemExit (`sys.exit(42)`, a restart asked for; Lightning's
         SIGTERM) and KeyboardInterrupt are the loop's own ways out."""
-        self.stop(clean=not isinstance(exception, (Exception, agreement.PeerLost)))
+        clean = not isinstance(exception, (Exception, agreement.PeerLost))
+        self._leave(_way_out(exception) if clean else "error", clean)
+
+    def _open_account(self, device: str) -> None:
+        """This process's share of the job file (`HBMWATCH_JOB_FILE`, which supervise sets, else beside
+        the trace), kept by rank 0 alone: the ranks run in step. It begins at the first `step()`."""
+        rank = self._ranks.rank if self._ranks is not None else self.config.rank
+        if rank != 0:
+            return
+        compile_seconds = xla_stats.compile_seconds if device_kind(device) == "xla" else (lambda: None)
+        self._account = LoopAccount.open(job_ledger.path_for(self.config.trace_file),
+                                         compile_seconds=compile_seconds, telemetry=self.telemetry)
+        if self._account is not None:
+            self._chores.append(_FOLLOW)  # the first step() begins it
+
+    def _timed(self, cause: str):
+        """A span of the job's time that is no training step (a save, a rebuild), for the job file."""
+        return self._account.timed(cause, self._newest_step) if self._account is not None else nullcontext()
 
     def _watch_the_host(self) -> None:
         """The host's series beside the device's, or one series where they are the same memory."""
@@ -268,6 +303,11 @@ class Watchdog(ActionPath):
         self._flight.observe_program([op.to_json() for op in ops])
         log.info("program_sites_recorded", ops=len(ops), with_user_lines=sum(1 for op in ops if op.user),
                  seconds=round(time.perf_counter() - started, 3))
+
+    @property
+    def checkpoint_figures(self) -> CheckpointFigures:
+        """The saves' figures (`hbmwatch_checkpoint_seconds`...), on the device series' telemetry."""
+        return self.telemetry.part(CheckpointFigures)
 
     @property
     def verdict(self) -> Verdict | None:
@@ -340,13 +380,10 @@ class Watchdog(ActionPath):
         (`watchdog.core.phase`). `step()` keeps counting through the phase. An attribute write on
         the training thread (a bad name raises ConfigError the first time it is used).
         """
-        key = (name, steps)
-        label = self._labels.get(key)
-        if label is None:
-            label = self._labels[key] = phase_label(name, steps)
+        label = _label(name, steps)
         scope = PhaseScope(self, self._phase)
         ended, self._phase = self._phase, label
-        if ended != label:  # the plain form's end: `wd.phase("train")` after `wd.phase("eval")`
+        if ended != label:  # the plain form's end too: `wd.phase("train")` after `wd.phase("eval")`
             self._phase_ended(ended)
         return scope
 
@@ -474,6 +511,8 @@ class Watchdog(ActionPath):
 
     def _between_steps(self, step: int) -> None:
         # Its marker was taken off before looking: a capture the sidecar arms meanwhile queues another.
+        if self._account is not None:
+            self._account.between_steps(step)
         if self._handed.unlogged is not None and not self._handed.logs_outcomes:  # its loop never said
             self.log_outcome(HANDED_OVER)
         if self._drives_follower:
@@ -490,6 +529,8 @@ class Watchdog(ActionPath):
         super()._hand_over(step, action, verdict, memory, origin, counts)
         if action is Action.CHECKPOINT_REINIT:  # what the rebuild will be measured against
             self._post((_REBUILD, self._read_between_steps("rebuild_read")))
+        if self._account is not None and counts and action.needs_checkpoint:  # the watchdog's, not a preemption
+            self._account.action(action.value, step, _projected_oom(step, verdict))
         if not self._handed.logs_outcomes:  # its block is logged at the next step, if the loop says nothing
             self._chores.append(_FOLLOW)
         return action
@@ -520,10 +561,12 @@ class Watchdog(ActionPath):
         return climbing
 
     def _phase_ended(self, label: str) -> None:
-        """A bounded phase ended on the training thread (its scope left, or another phase said): one
-        reading now, labelled with the phase that ended, whose peak since the previous reading is the
-        phase's last (an evaluation's end-of-pass copy of its predictions, a save's staging copy);
-        and a climbing phase's run is counted."""
+        """The loop's phase changed on the training thread (a scope left, or another phase said): the
+        job's account follows it; where a bounded phase ended, one reading now, labelled with it,
+        whose peak since the previous reading is the phase's last (an evaluation's end-of-pass copy of
+        its predictions, a save's staging copy), and a climbing phase's run is counted."""
+        if self._account is not None:  # an evaluation's time is no training step's
+            self._account.phase(_bounded(self._phase), self._newest_step)
         phase = parse_label(label)
         if not phase.bounded:
             return
@@ -608,6 +651,8 @@ class Watchdog(ActionPath):
         self._act_on(action, verdict, DEVICE)
         if self._drives_follower:  # an attribute write: the training thread reads it when a phase ends
             self._follower.phases_climbing = self._climbing_phases()
+        if self._account is not None and self._account.due():  # a stretch of steps for the job file
+            self._chores.append(_FOLLOW)
         if self._host_watch is not None and (every_memory or self._host_watch.due(step)):
             self._watch_host_at(step, phase)
         if self._flight is not None:
@@ -677,6 +722,34 @@ class Watchdog(ActionPath):
         return StallWatch(lambda: self._newest_step, self.telemetry, report_after=self.config.stall_after_seconds,
                           check_every=self.config.stall_check_seconds, exit_after=exit_after, flight=self._flight,
                           rank=rank, waiting=self._ranks.waiting_for if self._ranks is not None else None).start()
+
+
+@functools.lru_cache(maxsize=256)
+def _label(name: str, steps: int | None) -> str:
+    """A phase's label, validated once (a bad name raises ConfigError the first time, every time)."""
+    return phase_label(name, steps)
+
+
+def _bounded(label: str) -> bool:
+    return parse_label(label).bounded
+
+
+def _way_out(exception: BaseException | None) -> str:
+    """The job file's word for a loop's own way out of `with Watchdog(...)`: its end, or a SystemExit."""
+    if isinstance(exception, KeyboardInterrupt):
+        return "interrupted"
+    if not isinstance(exception, SystemExit) or exception.code in (None, 0):
+        return "done"
+    if exception.code in (EXIT_RESTART_REQUESTED, EXIT_UNSAVED):
+        return "restart"
+    return "interrupted" if exception.code == EXIT_INTERRUPTED else "error"
+
+
+def _projected_oom(step: int, verdict: Verdict | None) -> int | None:
+    """The OOM an action was decided against, in the job file's steps (done after `step(step)`)."""
+    if verdict is None or verdict.projected_oom_step is None or not math.isfinite(verdict.projected_oom_step):
+        return None
+    return step + 1 + max(0, round(verdict.projected_oom_step - verdict.step))
 
 
 class PhaseScope:

@@ -14,6 +14,7 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
+from watchdog.core.errors import EXIT_FUTILE, EXIT_RESTART_REQUESTED, EXIT_UNSAVED
 from watchdog.core.units import format_bytes, format_duration
 from watchdog.core.verdict import Action, Status, Verdict
 
@@ -27,6 +28,10 @@ def _title(text: str) -> str:
 def _rows(rows: list[tuple[str, str]]) -> list[str]:
     width = max(len(label) for label, _ in rows)
     return [f"  {label.ljust(width)}  {value}" for label, value in rows]
+
+
+def _words(action: Action) -> str:
+    return action.value.replace("_", " ")
 
 
 def rate_text(bytes_per_step: float) -> str:
@@ -74,6 +79,10 @@ class ActionOutcome:
             rows.append(("leaking" if index == 0 else "", suspect))
         if self.origin:
             rows.append(("decided", self.origin))
+        done_as = self.done_as()
+        if done_as is not self.action:  # the title names what was done; this row, what was asked
+            rows.append(("asked", f"{_words(self.action)}; with no rebuild given, the loop saves and exits "
+                                  f"{self.exit_code} to be restarted"))
         if self.futile:
             rows.append(("in vain", f"restarting will not save this job: {self.futile}"))
         done = [self.outcome or self.action.value]
@@ -85,8 +94,16 @@ class ActionOutcome:
             rows.append(("recovered", f"{format_bytes(self.recovered_bytes, 2)} given back{after}" if self.recovered_bytes > 0
                          else f"nothing given back{after}: the leak outlives a rebuild, the next action restarts"))
         memory = " (host memory)" if self.memory == "host" else ""
-        return "\n".join([_title(f"watchdog: {self.action.value.replace('_', ' ')} at step {self.step:,}{memory}"),
-                          *_rows(rows)])
+        title = {EXIT_UNSAVED: "checkpoint failed", EXIT_FUTILE: "checkpoint and stop"}.get(self.exit_code,
+                                                                                          _words(done_as))
+        return "\n".join([_title(f"watchdog: {title} at step {self.step:,}{memory}"), *_rows(rows)])
+
+    def done_as(self) -> Action:
+        """What the loop did with the action, which the block's title names: a reinit the loop carried
+        out as an exit 42 (no rebuild given: `carry_out(action, save=...)` alone) is a restart."""
+        if self.action is Action.CHECKPOINT_REINIT and self.exit_code == EXIT_RESTART_REQUESTED:
+            return Action.CHECKPOINT_RESTART
+        return self.action
 
     def fields(self) -> dict:
         """The raw fields for JSON logs (base units)."""
