@@ -12,9 +12,14 @@ set's loading does.
 `--watchdog=1`: the README's lines for a loop of one's own, added to it as a user adds them to a
 module-level loop: a Watchdog started without `with`, `carry_out(action, save=save)`, and
 `sys.exit(wd.last_action.exit_code)`, never `stop()`; `--memory-limit`, or `--headroom-mib` over
-its floor, is its budget.
+the job's memory now (each page once, as the watchdog counts it), is its budget. `--rebuild=1`
+passes a `rebuild()` that reloads the model and the optimizer from the checkpoint, as a user
+writes one: the global list is outside what it rebuilds. `--forensics=1` names what leaks.
+Prints `peak=B` at its end: the highest job memory read after any step.
 
-Prints `started iter=K pid=P rss=B`, `saved iter=K`, `preempted iter=K`, `finished iter=N`.
+Prints `started iter=K pid=P rss=B memory=M` (M: its anonymous and shared pages, each counted once,
+as the kernel and the watchdog count the job's memory), `saved iter=K`, `preempted iter=K`,
+`finished iter=N`.
 """
 
 import os
@@ -36,6 +41,8 @@ sample_every = 1
 block = 64
 leak = 1
 load_seconds = 0.0
+rebuild = 0
+forensics = 0
 for flag in sys.argv[1:]:  # nanoGPT's configurator: --key=value over the globals
     key, value = flag[2:].split("=", 1)
     key = key.replace("-", "_")
@@ -80,17 +87,38 @@ def rss() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def counted_once() -> int:
+    """This process's anonymous and shared pages, its share of each (smaps_rollup's Pss_Anon + Pss_Shmem)."""
+    with open("/proc/self/smaps_rollup") as handle:
+        kib = {line.split(":")[0]: int(line.split()[1]) for line in handle.read().splitlines()[1:]}
+    return (kib.get("Pss_Anon", 0) + kib.get("Pss_Shmem", 0)) * 1024
+
+
+def reload():
+    """The training state dropped and loaded back from the checkpoint (the global list is not in it)."""
+    global model, optimizer
+    state = torch.load(checkpoint, weights_only=True)
+    model = torch.nn.Sequential(torch.nn.Embedding(vocab, width), torch.nn.Linear(width, vocab))
+    model.load_state_dict(state["model"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer.load_state_dict(state["optimizer"])
+
+
 wd = None
 if watchdog:
     from watchdog import Watchdog, WatchdogConfig
 
-    if headroom_mib:  # an emulated budget: the floor now and this much headroom
-        memory_limit = rss() + headroom_mib * (1 << 20)
+    from watchdog.runtime.host_memory import job_memory
+
+    if headroom_mib:  # an emulated budget: the job's memory now and this much headroom
+        memory_limit = job_memory() + headroom_mib * (1 << 20)
     wd = Watchdog(WatchdogConfig(sample_every=sample_every, source="rss", trace_file=trace_file or None,
-                                 memory_limit_bytes=memory_limit or None, forensics=False)).start()
+                                 memory_limit_bytes=memory_limit or None, forensics=bool(forensics))).start()
+    print(f"budget={memory_limit}", flush=True)
+peak = 0
 
 time.sleep(load_seconds)  # the data's loading: memory flat before the first step
-print(f"started iter={iter_num} pid={os.getpid()} rss={rss()}", flush=True)
+print(f"started iter={iter_num} pid={os.getpid()} rss={rss()} memory={counted_once()}", flush=True)
 while True:
     started = time.perf_counter()
     x = torch.randint(0, vocab, (batch, block))
@@ -107,8 +135,10 @@ while True:
         save()
     time.sleep(max(0.0, step_seconds - (time.perf_counter() - started)))
     if wd is not None:
+        peak = max(peak, job_memory())
         action = wd.step(iter_num)
-        if action is not None and not wd.carry_out(action, save=save):
+        if action is not None and not wd.carry_out(action, save=save, rebuild=reload if rebuild else None):
+            print(f"peak={peak}", flush=True)
             sys.exit(wd.last_action.exit_code)  # 42: a restarter runs it again with its resume flag
     if preempted:
         save()
@@ -116,4 +146,5 @@ while True:
         sys.exit(42)
     if iter_num >= max_iters:
         break
+print(f"peak={peak}", flush=True)
 print(f"finished iter={iter_num}", flush=True)

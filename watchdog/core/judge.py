@@ -170,7 +170,7 @@ class Judge:
         self._unjudged = None
         fresh = self._pace.add(sample.step, sample.timestamp, sample.bytes_used)
         verdict = self._route(sample)  # the detector, or the watch on a bounded phase
-        if self._within_reach(sample.step, sample.bytes_used, fresh):
+        if self._within_reach(sample.step, sample.bytes_used, fresh, sample.peak_bytes_used):
             return self._at_limit(sample, verdict)
         if self._next_run is not None and self._episode is None:
             verdict = _climb_verdict(sample, verdict, *self._next_run, self.detector.limit_bytes)
@@ -195,7 +195,7 @@ class Judge:
         fresh = self._pace.add(step, sample.timestamp, sample.bytes_used)
         detector = self.detector
         detector.absorb(sample)
-        at_limit = self._within_reach(step, sample.bytes_used, fresh)
+        at_limit = self._within_reach(step, sample.bytes_used, fresh, sample.peak_bytes_used)
         if detector.status is not _OOM_PROJECTED and not at_limit:
             self._unjudged = sample
             self._observe(step)
@@ -215,11 +215,12 @@ class Judge:
         if self._cycle is None:
             self._cycle = Cycle(step, float(sample.bytes_used))
 
-    def _within_reach(self, step: float, used: float, fresh: bool) -> bool:
+    def _within_reach(self, step: float, used: float, fresh: bool, peak: float | None = None) -> bool:
         """The limit rule's test: at the line, within the checkpoint margin of it at the alarm's rate,
         within a checkpoint margin, a gap and a hand-over of it at the rate the cycle before measured
         (`core/cycles.py`), or close enough that the next sample could be past it at the newest
-        readings' pace (asked only when `fresh`: the pace's window is full and holds a new high)."""
+        readings' pace (asked only when `fresh`: the pace's window is full and holds a new high). The
+        lesson carries the reading's peak since the previous one forward (a step's own transient)."""
         line = self._line
         if used + self.detector.rising_bytes_per_step * self._margin_steps >= line:
             return True
@@ -227,7 +228,7 @@ class Judge:
         if lesson is not None:
             if not lesson.borne_out(step, used):
                 self._lesson = None  # this cycle does not rise as the one before did: no such leak now
-            elif lesson.reaches(used, line, self._lesson_reach()):
+            elif lesson.reaches(used if peak is None else max(used, peak), line, self._lesson_reach()):
                 return True
         return fresh and self._pace.reaches(line, self._phase_left())
 
@@ -360,15 +361,16 @@ class Judge:
         "recovered 217 MiB" while a global list still held every leaked tensor."""
         self._before_rebuild = float(bytes_before)
 
-    def reinit_finished(self, bytes_after: float, took_steps: float | None = None) -> Recovery | None:
+    def reinit_finished(self, bytes_after: float, took_steps: float | None = None, held: bool = False) -> Recovery | None:
         """Told after a checkpoint-and-reinit, with one reading taken between steps (freed pages handed
         back first, as before it), and how many steps the action took from its decision to the rebuilt
         state (`took_steps`: hand-over, save, rebuild), which the next cycle's lesson looks ahead by.
 
         If memory came back down, the old trend described the old process state: the detector
-        starts a new baseline, and the next cycle knows the rate this one measured. If not, the leak
-        lives outside what a reinit rebuilds; its history is kept, so the policy's escalation to a
-        restart comes quickly. "Before" is the reading `rebuild_starts` was told, else the floor the
+        starts a new baseline, and the next cycle knows the rate this one measured. If not, or where
+        the loop's census found what it named still held after the rebuild (`held`), the leak lives
+        outside what a reinit rebuilds: the next action is a restart, and where memory did not come
+        down its history is kept, so that restart comes quickly. "Before" is the reading `rebuild_starts` was told, else the floor the
         action was taken at, else the level it was taken at (an action in the detector's warm-up).
         None when nothing was known to compare against.
         """
@@ -382,7 +384,7 @@ class Judge:
         if took_steps is not None and took_steps >= 0:
             self._took_steps = float(took_steps)
         recovered = self.policy.reinit_finished(before, bytes_after)
-        if recovered and shrinking(self._cycles):  # each rebuild leaves more behind: a new process frees it
+        if held or (recovered and shrinking(self._cycles)):  # left behind: a new process frees it
             self.policy.escalate()
         self._pace.clear()  # the readings before the rebuild describe the state it dropped
         if recovered:
@@ -390,6 +392,8 @@ class Judge:
             self.policy.rearm()
             self._forget_peaks()
             self._new_cycle()
+        elif self._taught > 0:  # the leak goes on where the rebuild left it: its rate is known already
+            self._lesson = Lesson(self._taught, self._previous_step)
         return Recovery(before, float(bytes_after), recovered)
 
     def _new_cycle(self) -> None:
@@ -459,7 +463,8 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
         verdict = verdict._replace(slope_bytes_per_step=seen, slope_high_bytes_per_step=max(
             seen, verdict.slope_high_bytes_per_step), slope_bytes_per_second=per_second)
     rate = ""
-    taught = lesson is not None and lesson.reaches(used, line, lesson_reach)
+    high = used if sample.peak_bytes_used is None else max(used, sample.peak_bytes_used)
+    taught = lesson is not None and lesson.reaches(high, line, lesson_reach)
     if used >= line or (rising <= 0 and paced <= 0 and not taught):  # at the line (near 2**63 a float sum may reach it first)
         steps = 0.0
         headroom = "" if line == limit else f" less its headroom ({format_bytes(line)})"

@@ -252,6 +252,8 @@ class ActionPolicy:
         ratchet = previous is not None and recovered > 0 and \
             floor_after_bytes - previous >= self.config.min_recovery * recovered
         self._escalate = recovered <= 0 or recovered < needed or ratchet
+        if self._escalate:
+            self.escalate()
         # The effect is measured: watch as before the first action. A reinit that worked leaves a leak
         # still in the code to grow back into the next OOM, and one that did not leaves it growing into
         # this one: either is acted on as soon as it is seen again, by a restart where it did not work
@@ -260,9 +262,12 @@ class ActionPolicy:
         return not self._escalate
 
     def escalate(self) -> None:
-        """The next checkpoint action is a restart: the reinits' cycles shrink (`Judge`), each leaving
-        more behind, which a new process frees."""
+        """The next checkpoint action is a restart: the reinit did not free the leak (what came back,
+        or the loop's census), or the reinits' cycles shrink (`Judge`), each leaving more behind, which
+        a new process frees. The leak it survived is confirmation enough: the next verdict that
+        projects an OOM inside the horizon acts."""
         self._escalate = True
+        self._confirmed = max(self._confirmed, self.config.confirm_verdicts - 1)
 
     def _watch_again(self) -> None:
         """An action's effect is measured: nothing holds the next one back."""

@@ -77,11 +77,11 @@ class HostWatch:
         return self.station.observe(Sample(step, time.time(), reading.bytes_used, reading.bytes_limit,
                                            reading.peak_bytes_used, phase))
 
-    def reinit_finished(self, reading: HostReading | None, took_steps: int | None = None) -> None:
+    def reinit_finished(self, reading: HostReading | None, took_steps: int | None = None, held: bool = False) -> None:
         """After a reinit in process: what it gave back of the host's memory too (`reading`, taken
-        between steps after freed pages were handed back)."""
+        between steps after freed pages were handed back; `held`: the census found what it named still held)."""
         if self.station is not None and reading is not None:
-            self.station.reinit_finished(float(reading.bytes_used), took_steps)
+            self.station.reinit_finished(float(reading.bytes_used), took_steps, held)
 
     def close(self) -> None:
         if self.station is not None:

@@ -403,14 +403,18 @@ class Watchdog(ActionPath):
         """After checkpoint-and-reinit: one reading now (between steps, so no activations are live)
         tells the policy whether the rebuild brought memory back down or the leak survived it."""
         self.last_recovery = None
+        decided = self._handed.last
+        held: list[str] = []
         if self._drives_follower:  # the old state is gone: a new baseline, a new capture
             self._follower.rebuilt(capture=bool(self.telemetry.actions_total))
+            held = self._follower.not_freed(self._newest_step)  # the holder named before, looked at again
             self._chores.append(_FOLLOW)
-        decided = self._handed.last
         took = None
-        if decided is not None and decided.verdict is not None:
-            took = self._run_state.took_steps = max(0, self._newest_step - decided.verdict.step)  # decided -> rebuilt
-        self._post((_REINIT, (self._read_between_steps("reinit_read"), took)))
+        if decided is not None:
+            decided.not_freed = held
+            if decided.verdict is not None:
+                took = self._run_state.took_steps = max(0, self._newest_step - decided.verdict.step)  # decided -> rebuilt
+        self._post((_REINIT, (self._read_between_steps("reinit_read"), took, bool(held))))
 
     def _read_between_steps(self, kind: str) -> tuple[MemoryReading | None, HostReading | None]:
         """One reading of each memory between steps, on the training thread, freed heap pages handed
@@ -700,13 +704,13 @@ class Watchdog(ActionPath):
         if host is not None:
             self._host_watch.station.judge.rebuild_starts(host.bytes_used)  # type: ignore[union-attr]
 
-    def _after_reinit(self, readings: tuple, took: int | None) -> None:
+    def _after_reinit(self, readings: tuple, took: int | None, held: bool) -> None:
         device, host = readings
         if self._host_watch is not None:
-            self._host_watch.reinit_finished(host, took)
+            self._host_watch.reinit_finished(host, took, held)
         if device is None:
             return
-        self.last_recovery = self.station.reinit_finished(float(device.bytes_used), took)
+        self.last_recovery = self.station.reinit_finished(float(device.bytes_used), took, held)
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         self.telemetry.sample_errors_total += 1

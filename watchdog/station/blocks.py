@@ -67,6 +67,7 @@ class ActionOutcome:
     origin: str = ""  # who decided it, when not this rank's watchdog alone: "forced (a drill)", "asked by rank 0, ..."
     exit_code: int | None = None  # the status the process ends with for it (42, 44, 45); None: training went on
     futile: str | None = None  # why restarting will not save this job, where it will not (then: exit 45)
+    not_freed: list[str] = field(default_factory=list)  # after a reinit: what its census named, still held
 
     def block(self) -> str:
         rows = []
@@ -89,6 +90,8 @@ class ActionOutcome:
         if self.checkpoint:
             done.insert(0, f"checkpoint {self.checkpoint}")
         rows.append(("done", ", ".join(done)))
+        for index, line in enumerate(self.not_freed):
+            rows.append(("not freed" if index == 0 else "", f"the rebuild did not free it: {line}" if index == 0 else line))
         if self.recovered_bytes is not None:
             after = f" (memory now {format_bytes(self.memory_after_bytes, 2)})" if self.memory_after_bytes is not None else ""
             rows.append(("recovered", f"{format_bytes(self.recovered_bytes, 2)} given back{after}" if self.recovered_bytes > 0
@@ -110,7 +113,7 @@ class ActionOutcome:
         verdict = self.verdict
         return {"step": self.step, "action": self.action.value, "memory": self.memory, "suspects": self.suspects,
                 "checkpoint": self.checkpoint, "outcome": self.outcome, "origin": self.origin, "exit_code": self.exit_code,
-                "futile": self.futile,
+                "futile": self.futile, "not_freed": self.not_freed,
                 "recovered_bytes": self.recovered_bytes,
                 "slope_bytes_per_step": verdict.slope_bytes_per_step if verdict else None,
                 "projected_oom_step": verdict.projected_oom_step if verdict else None}

@@ -69,9 +69,9 @@ class Station:
             log_action(action, verdict, self.context)
         return verdict, action
 
-    def reinit_finished(self, bytes_now: float, took_steps: float | None = None) -> Recovery | None:
+    def reinit_finished(self, bytes_now: float, took_steps: float | None = None, held: bool = False) -> Recovery | None:
         """After a rebuild in process: what it gave back (None when the judge had nothing to compare)."""
-        recovery = self.judge.reinit_finished(bytes_now, took_steps)
+        recovery = self.judge.reinit_finished(bytes_now, took_steps, held)
         if recovery is not None:
             log.info("reinit_measured", **self.context, **_recovery_fields(recovery))
         return recovery
