@@ -424,3 +424,34 @@ def test_every_stall_watch_with_an_exit_bound_keeps_a_deadline_where_the_gil_doe
                                         host_memory=False))
     with unbounded:
         assert unbounded._stall._hard is None, "no exit bound (one process, none asked): no deadline"
+
+
+class SlowSource(ScriptedSource):
+    """A reading that takes a while: the loop runs ahead of the sidecar, as it does under load."""
+
+    def read(self) -> MemoryReading:
+        time.sleep(0.003)
+        return super().read()
+
+
+def test_a_phase_that_ends_while_the_sidecar_lags_never_sends_the_trace_back_in_steps(tmp_path):
+    """A sample asked for inside an evaluation, read after the loop has left it and asked for the next
+    step, read the newest step first; the phase's end reading then came with an older step, and steps
+    going back read as a new process (the detector and the policy start over)."""
+    trace = tmp_path / "trace.csv"
+    with Watchdog(WatchdogConfig(sample_every=1, trace_file=trace, forensics=False, host_memory=False),
+                  source=SlowSource()) as wd:
+        step = 0
+        for _ in range(20):
+            for _ in range(5):
+                step += 1
+                wd.step(step)
+            with wd.phase("eval", steps=3):
+                for _ in range(3):
+                    step += 1
+                    wd.step(step)
+        wd.drain()
+    samples = load_trace(trace)
+    steps = [s.step for s in samples]
+    assert steps == sorted(steps), steps
+    assert sum(1 for s in samples if s.phase == "eval/3") >= 20, "every evaluation's end was read"

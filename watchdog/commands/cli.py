@@ -23,7 +23,7 @@ COMMANDS = {
     "train": ("watchdog.trainer.cli", "run the instrumented trainer with the watchdog attached"),
     "analyze": ("watchdog.commands.analyze", "replay trace CSVs through the online detector and policy"),
     "supervise": ("watchdog.commands.supervise", "run a command, restarting it on exit 42, 43 or 44, an OOM "
-                                                 "or a death by a signal"),
+                                                 "or a death by a signal (never on 45: restarting in vain)"),
     "bench": ("watchdog.bench.cli", "detector quality and speed against the baselines"),
     "report": ("watchdog.commands.report", "draw a trace: usage, floor, trend, projection, limit, actions"),
     "watch": ("watchdog.commands.watch", "a daemon that signals a job before its OOM, from outside its process"),

@@ -1,5 +1,6 @@
 """`hbm-watchdog supervise [--max-restarts N] [--backoff S] [--grace-seconds S] [--postmortem-dir DIR] -- CMD ...`:
-restart CMD on exit 42, 43 or 44, an out-of-memory crash or a death by a signal, and say why it crashed.
+restart CMD on exit 42, 43 or 44, an out-of-memory crash or a death by a signal (never on 45: the
+watchdog saved and said restarting would be in vain), and say why it crashed.
 `--on-restart-args ARGS` adds ARGS (the script's resume flag) to CMD on a restart once a checkpoint
 exists (`--checkpoint-path`, else a run that exited 42).
 

@@ -60,7 +60,7 @@ from typing import Any
 
 from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.cycles import futile
-from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
+from watchdog.core.errors import EXIT_FUTILE, EXIT_INTERRUPTED, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.phase import STEADY_LABELS, parse_label, phase_label
 from watchdog.core.readings import HostReading
@@ -91,7 +91,8 @@ from watchdog.station.trace_sink import TraceSink
 log = get_logger(__name__)
 
 _SAMPLE, _PHASE_END, _REBUILD, _REINIT, _BARRIER, _STOP = "sample", "phase_end", "rebuild", "reinit", "barrier", "stop"
-_SAMPLE_REQUEST = (_SAMPLE, None)  # the step and phase to sample are read from `_requested` when handled
+_SAMPLE_REQUEST = (_SAMPLE, None)  # the step and phase to sample are read from `_asked` when handled
+_PHASE_END_REQUEST = (_PHASE_END, None)  # the phases that ended are read from `_asked.ends` when handled
 _FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
 __all__ = ["Watchdog", "PhaseScope", "DEVICE", "FORCED", "HANDED_OVER", "REINITIALISED", "RESTART_REQUESTED", "UNSAVED"]
 _NEVER = 1 << 62  # no forced action to come
@@ -124,8 +125,7 @@ class Watchdog(ActionPath):
         self._newest_step = -1
         self._mailbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._post = self._mailbox.put  # bound once: the hot path skips an attribute lookup
-        self._requested = (0, "")  # the newest sampling step, and the phase the loop was in then
-        self._sample_posted = False
+        self._asked = _Asked()  # what the training thread asked the sidecar to read
         self._phase = ""  # the loop's phase label; read by the sidecar with each sample
         self._account: LoopAccount | None = None  # this process's share of the job file (rank 0, from start())
         self._exit: ExitWatch | None = None  # every way out of the process ends the records (from start())
@@ -212,7 +212,9 @@ class Watchdog(ActionPath):
             self._exit.disarm()
         if self._account is not None:
             asked = self._handed.last.exit_code if self._handed.last is not None else None
-            self._account.end("restart" if asked and how in ("done", "exit") else how, max(self._newest_step, 0))
+            if asked and how in ("done", "exit"):  # the newest action asked for an exit
+                how = "futile" if asked == EXIT_FUTILE else "restart"
+            self._account.end(how, max(self._newest_step, 0))
         if self._stall is not None:
             self._stall.stop()
             self._stall = None
@@ -354,9 +356,10 @@ class Watchdog(ActionPath):
         if step >= self._forced_at:
             self._force(step)
         if step % self._every == 0:
-            self._requested = (step, self._phase)
-            if not self._sample_posted:  # one request in flight at most: the sidecar reads the newest step
-                self._sample_posted = True
+            asked = self._asked
+            asked.step, asked.phase = step, self._phase
+            if not asked.posted:  # one request in flight at most: the sidecar reads the newest step
+                asked.posted = True
                 self._post(_SAMPLE_REQUEST)
             if self._ranks is not None:
                 return self._agree(step)
@@ -575,7 +578,8 @@ class Watchdog(ActionPath):
         if not phase.bounded:
             return
         if self._thread is not None and self._newest_step >= 0:
-            self._post((_PHASE_END, (self._newest_step, label)))
+            self._asked.ends.append((self._newest_step, label))
+            self._post(_PHASE_END_REQUEST)
         if self._drives_follower and self._follower.phases_climbing:
             self._follower.phase_ended(phase.name, self._newest_step)
 
@@ -618,14 +622,16 @@ class Watchdog(ActionPath):
                     # Cleared before the step is read, so a step requested meanwhile is either read
                     # now or posted anew: never lost. Reading memory for a step long gone would
                     # mislabel it, so only the newest requested step is sampled.
-                    self._sample_posted = False
-                    step, asked_in = self._requested
+                    asked = self._asked
+                    asked.posted = False
+                    step, asked_in = asked.step, asked.phase
+                    self._phases_ended(before=step)  # its readings come first: steps never go back
                     # A reading belongs to a bounded phase the loop was in when it asked or is in
                     # now (a step asked just before an evaluation is read inside it): then the
                     # phase's end reading, posted after, is never followed by its own older reading.
                     self._sample_and_evaluate(step, asked_in if asked_in not in STEADY_LABELS else self._phase)
                 elif kind == _PHASE_END:
-                    self._sample_and_evaluate(*payload, every_memory=True)
+                    self._phases_ended()
                 elif kind == _REBUILD:
                     self._before_rebuild(*payload)
                 elif kind == _REINIT:
@@ -634,6 +640,16 @@ class Watchdog(ActionPath):
                     payload.set()
             except Exception as exc:  # noqa: BLE001 - the sidecar must outlive any single failure
                 self._count_error(kind, exc)
+
+    def _phases_ended(self, before: float = math.inf) -> None:
+        """One reading for each bounded phase that ended before step `before`, labelled with it, in
+        the order they ended. A sample asked for after a phase ended may be handled first (its step
+        is read when it is handled), so each takes the phase ends before its step, and leaves the
+        later ones: the trace's steps never go back, which would read as a new process."""
+        ends = self._asked.ends
+        while ends and ends[0][0] < before:
+            step, label = ends.popleft()
+            self._sample_and_evaluate(step, label, every_memory=True)
 
     def _sample_and_evaluate(self, step: int, phase: str, every_memory: bool = False) -> None:
         """One reading of memory at `step`, taken in `phase` (the loop's phase when the step asked for
@@ -746,6 +762,8 @@ def _way_out(exception: BaseException | None) -> str:
         return "done"
     if exception.code in (EXIT_RESTART_REQUESTED, EXIT_UNSAVED):
         return "restart"
+    if exception.code == EXIT_FUTILE:
+        return "futile"
     return "interrupted" if exception.code == EXIT_INTERRUPTED else "error"
 
 
@@ -754,6 +772,17 @@ def _projected_oom(step: int, verdict: Verdict | None) -> int | None:
     if verdict is None or verdict.projected_oom_step is None or not math.isfinite(verdict.projected_oom_step):
         return None
     return step + 1 + max(0, round(verdict.projected_oom_step - verdict.step))
+
+
+class _Asked:
+    """What the training thread asked the sidecar to read, in one object (the `Watchdog` stays within
+    CPython's shared-key dict): the newest sampling step and the phase the loop was in then, whether a
+    request is on its way, and the bounded phases that ended since, `(step, label)`."""
+
+    __slots__ = ("step", "phase", "posted", "ends")
+
+    def __init__(self) -> None:
+        self.step, self.phase, self.posted, self.ends = 0, "", False, deque()
 
 
 class PhaseScope:

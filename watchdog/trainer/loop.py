@@ -46,7 +46,7 @@ import torch
 
 from watchdog.actions.checkpoint import CheckpointManager, restore_rng_state
 from watchdog.core.config import WatchdogConfig
-from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
+from watchdog.core.errors import EXIT_FUTILE, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.restarts import RunState
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
@@ -453,7 +453,7 @@ class Trainer:
                 if exit_code == EXIT_OK and not self.checkpointer.save_at_end(self.state, first_step, self._payload()):
                     exit_code = EXIT_UNSAVED  # the finished state is not on disk: redo it from the last one
             finished = True
-            if exit_code in (EXIT_RESTART_REQUESTED, EXIT_UNSAVED):
+            if exit_code in (EXIT_RESTART_REQUESTED, EXIT_UNSAVED, EXIT_FUTILE):  # nothing lost
                 self.checkpointer.keep()
         finally:
             self._end(finished, exit_code, first_step, progress, footprint)
@@ -659,7 +659,7 @@ class Trainer:
             newest_checkpoint_step=self.checkpointer.checkpoints.latest_step())
 
 
-_ENDINGS = {EXIT_OK: "done", EXIT_INTERRUPTED: "interrupted"}  # else a restart was asked for (exit 42 or 44)
+_ENDINGS = {EXIT_OK: "done", EXIT_INTERRUPTED: "interrupted", EXIT_FUTILE: "futile"}  # else a restart (42, 44)
 
 
 def train(config: TrainConfig, **kwargs) -> TrainResult:
