@@ -426,7 +426,7 @@ def test_every_stall_watch_with_an_exit_bound_keeps_a_deadline_where_the_gil_doe
         assert unbounded._stall._hard is None, "no exit bound (one process, none asked): no deadline"
 
 
-class SlowSource(ScriptedSource):
+class LaggingSource(ScriptedSource):
     """A reading that takes a while: the loop runs ahead of the sidecar, as it does under load."""
 
     def read(self) -> MemoryReading:
@@ -440,7 +440,7 @@ def test_a_phase_that_ends_while_the_sidecar_lags_never_sends_the_trace_back_in_
     going back read as a new process (the detector and the policy start over)."""
     trace = tmp_path / "trace.csv"
     with Watchdog(WatchdogConfig(sample_every=1, trace_file=trace, forensics=False, host_memory=False),
-                  source=SlowSource()) as wd:
+                  source=LaggingSource()) as wd:
         step = 0
         for _ in range(20):
             for _ in range(5):

@@ -413,11 +413,17 @@ class Watchdog(ActionPath):
             held = self._follower.not_freed(self._newest_step)  # the holder named before, looked at again
             self._chores.append(_FOLLOW)
         took = None
-        if decided is not None:
+        readings = self._read_between_steps("reinit_read")
+        if decided is not None:  # what it freed, like with like, measured here: nothing waits for the sidecar
             decided.not_freed = held
+            after, before = _bytes_of(readings, decided.memory), decided.memory_before_bytes
+            if after is not None:
+                decided.memory_after_bytes = after
+                if before is not None:
+                    decided.recovered_bytes = before - after
             if decided.verdict is not None:
                 took = self._run_state.took_steps = max(0, self._newest_step - decided.verdict.step)  # decided -> rebuilt
-        self._post((_REINIT, (self._read_between_steps("reinit_read"), took, bool(held))))
+        self._post((_REINIT, (readings, took, bool(held))))
 
     def _read_between_steps(self, kind: str) -> tuple[MemoryReading | None, HostReading | None]:
         """One reading of each memory between steps, on the training thread, freed heap pages handed
@@ -535,7 +541,9 @@ class Watchdog(ActionPath):
                    counts: bool = True) -> Action:
         super()._hand_over(step, action, verdict, memory, origin, counts)
         if action is Action.CHECKPOINT_REINIT:  # what the rebuild will be measured against
-            self._post((_REBUILD, self._read_between_steps("rebuild_read")))
+            readings = self._read_between_steps("rebuild_read")
+            self._handed.last.memory_before_bytes = _bytes_of(readings, memory)
+            self._post((_REBUILD, readings))
         if self._account is not None and counts and action.needs_checkpoint:  # the watchdog's, not a preemption
             self._account.action(action.value, step, _projected_oom(step, verdict))
         if not self._handed.logs_outcomes:  # its block is logged at the next step, if the loop says nothing
@@ -595,14 +603,9 @@ class Watchdog(ActionPath):
             station.telemetry.restarts_total = run.restarts_so_far
 
     def _measure(self, decided: ActionOutcome) -> None:
-        """Into the flight record; after a reinit, what the sidecar measured it gave back."""
+        """Into the flight record (what a reinit gave back is on the record already: `reinit_finished`)."""
         if decided.suspects and self._flight is not None:  # every loop's outcome comes through here
             self._flight.observe_action(decided.step, decided.suspects)
-        if decided.action is Action.CHECKPOINT_REINIT and decided.outcome == REINITIALISED:
-            self.drain(timeout=10)
-            recovery = self.last_recovery
-            if recovery is not None:
-                decided.recovered_bytes, decided.memory_after_bytes = recovery.recovered_bytes, recovery.bytes_after
 
     # ---- the sidecar thread --------------------------------------------------------------------
 
@@ -748,6 +751,12 @@ class Watchdog(ActionPath):
 def _label(name: str, steps: int | None) -> str:
     """A phase's label, validated once (a bad name raises ConfigError the first time, every time)."""
     return phase_label(name, steps)
+
+
+def _bytes_of(readings: tuple, memory: str) -> float | None:
+    """The reading of the memory that asked for an action, of a `_read_between_steps` pair."""
+    reading = readings[1] if memory == HOST else readings[0]
+    return None if reading is None else float(reading.bytes_used)
 
 
 def _bounded(label: str) -> bool:
