@@ -117,14 +117,25 @@ class ActionPath:
     # ---- the run's state ---------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """What a loop keeps in its checkpoint so the job's restarts, and the watchdog's restart budget
-        and its window, span processes: give it back with `load_state_dict`. Read it when saving: a
-        restart handed over counts at once."""
+        """What a loop keeps in its checkpoint so the job's restarts, the watchdog's restart budget and
+        its window, and what each restart bought, span processes. Read it when saving: a restart
+        handed over counts at once.
+
+        Returns:
+            A small dict of plain ints and lists (JSON-safe), to keep as one entry of the checkpoint
+            (`{"watchdog": wd.state_dict()}`) and give back with `load_state_dict`.
+        """
         return self._run_state.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """A resumed process: what `state_dict()` returned in the process that saved the checkpoint.
-        Before `start()`. A bad state raises ConfigError (`saved_state` checks one first)."""
+        Before `start()`.
+
+        Args:
+            state: that dict (older checkpoints' subsets load too).
+        Raises:
+            ConfigError: a value of the wrong kind (`saved_state` checks one without raising).
+        """
         self._run_state.load_state_dict(state)
         self._apply_run_state()
 
@@ -174,10 +185,21 @@ class ActionPath:
             if action is not None and not wd.carry_out(action, save=save, rebuild=rebuild):
                 sys.exit(wd.last_action.exit_code)   # 42: a restart (44: the save failed; 45: in vain)
 
-        Times the save, measures what a rebuild gave back and logs the action's block. Returns True
-        when training goes on in this process (no action, a WARN, a reinit), False when the process
-        should exit with `last_action.exit_code`. A framework that saves by itself after the step
-        (Hugging Face's Trainer) passes no `save`, and says where with `checkpoint`."""
+        Times the save, measures what a rebuild gave back and logs the action's block.
+
+        Args:
+            action: what `step()` returned (None and WARN are nothing to do).
+            save: writes the checkpoint; returns its path, None/True (saved, no path named), or
+                False (it could not save: exit 44). Where restarting would be in vain, the checkpoint
+                is still saved, then exit 45.
+            rebuild: drops the training state and loads it back; without one a reinit is carried
+                out as a restart (exit 42).
+            checkpoint: where a framework that saves by itself after the step (Hugging Face's
+                Trainer) saves, when it passes no `save`.
+        Returns:
+            True when training goes on in this process (no action, a WARN, a reinit), False when the
+            process should exit with `last_action.exit_code` (42, 44 or 45).
+        """
         if action is None or not action.needs_checkpoint:
             return True
         if save is not None:

@@ -348,10 +348,16 @@ class Watchdog(ActionPath):
     # ---- the training thread's side ------------------------------------------------------------
 
     def step(self, step: int) -> Action | None:
-        """Call once per training step, after the step is dispatched. Returns an action to carry out.
+        """Call once per training step, after the step is dispatched: O(1), no lock, no I/O, no tensor read.
 
         With several ranks, every rank must call it with the same step numbers (the global step):
-        on sampling steps the ranks agree, and every rank gets the same action at the same step."""
+        on sampling steps the ranks agree, and every rank gets the same action at the same step.
+
+        Args:
+            step: the loop's step counter (monotonic; going back means a new process).
+        Returns:
+            None, or the `Action` to carry out now (`carry_out`); `last_action` is its record.
+        """
         self._newest_step = step
         if step >= self._forced_at:
             self._force(step)
@@ -380,8 +386,17 @@ class Watchdog(ActionPath):
         a bounded phase: it ends, and what it allocates goes when it ends, so its growth is judged
         against the peak it reaches by its end (`steps`, if known: how many `step()` calls it
         lasts; else as long as it ran last time), not extrapolated past it
-        (`watchdog.core.phase`). `step()` keeps counting through the phase. An attribute write on
-        the training thread (a bad name raises ConfigError the first time it is used).
+        (`watchdog.core.phase`). `step()` keeps counting through the phase. A bounded phase's end
+        (the `with` left, or the next `phase()` said) takes one reading labelled with it, whose peak
+        is what the phase's last moments held (an evaluation's end-of-pass copy, a save's staging copy).
+
+        Args:
+            name: a letter, then up to 31 of [A-Za-z0-9_.-] ("eval", "save"; "train": training).
+            steps: how many `step()` calls the phase lasts, where known.
+        Returns:
+            A `PhaseScope`: leaving it (`with`, or `.end()`) puts the phase it replaced back.
+        Raises:
+            ConfigError: a bad name or length, the first time it is used (then an attribute write).
         """
         label = _label(name, steps)
         scope = PhaseScope(self, self._phase)
@@ -391,9 +406,14 @@ class Watchdog(ActionPath):
         return scope
 
     def propose(self, action: Action, origin: str) -> None:
-        """Ask for a checkpoint action on the loop's own account (`origin` says why: "preempted"):
-        handed back by the next `step()`, or with several ranks at the next sampling step, agreed
-        like the watchdog's own. Call on the training thread."""
+        """Ask for a checkpoint action on the loop's own account: handed back by the next `step()`, or
+        with several ranks at the next sampling step, agreed like the watchdog's own. Call on the
+        training thread (a signal handler on it is fine: it only appends).
+
+        Args:
+            action: `Action.CHECKPOINT_RESTART` (save, exit 42) or `CHECKPOINT_REINIT`; others are ignored.
+            origin: why, for the action's block ("preempted", "stop signal").
+        """
         if action.needs_checkpoint:
             self._chores.append((action, self.verdict, DEVICE, origin, False))  # not the watchdog's restart to count
 
