@@ -124,15 +124,17 @@ def kernel_count(pid: int | None = None) -> int:
     import psutil
 
     root = psutil.Process(pid)
-    total = 0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            text = Path(f"/proc/{process.pid}/smaps_rollup").read_text()
-        except OSError:
-            continue
-        kib = dict((line.split(":")[0], int(line.split()[1])) for line in text.splitlines()[1:] if line.strip())
-        total += (kib.get("Pss_Anon", 0) + kib.get("Pss_Shmem", 0)) * 1024
-    return total
+    return sum(own_count(process.pid) for process in [root, *root.children(recursive=True)])
+
+
+def own_count(pid: int) -> int:
+    """One process's share of its anonymous and shared pages (`Pss_Anon + Pss_Shmem`); 0 once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    kib = dict((line.split(":")[0], int(line.split()[1])) for line in text.splitlines()[1:] if line.strip())
+    return (kib.get("Pss_Anon", 0) + kib.get("Pss_Shmem", 0)) * 1024
 
 
 def hbm_watchdog_env(**extra: str) -> dict[str, str]:
@@ -463,21 +465,22 @@ def run_on_a_pty(args: list[str], timeout: float = 600, columns: int = 160, rows
     return child.wait(timeout=30), bytes(output)
 
 
-LEAK_CAUGHT_LIMIT = 2816 << 20  # 2.75 GiB: about 1 GiB of torch_xla process plus ~450 steps of a 4 MiB/step leak
+LEAK_CAUGHT_LIMIT = 2304 << 20  # 2.25 GiB: about 0.5 GiB of torch_xla's job memory plus ~440 steps of 4 MiB/step
 
 
 @pytest.fixture(scope="session")
 def leak_caught_on_a_terminal(tmp_path_factory) -> tuple[Path, dict]:
     """The quick start's run, as a person watches it: `train` with a 4 MiB/step `tensors` leak under
-    a 2.75 GiB budget, 600 steps, on a pseudo-terminal, with its JSON log, trace, checkpoints and a
+    a 2.25 GiB budget, 600 steps, on a pseudo-terminal, with its JSON log, trace, checkpoints and a
     metrics endpoint. Its folder holds `log.jsonl`, `trace.csv`, `ckpt/`; the dict, its exit status
     and its terminal output (`screen`, decoded bytes). Read by test_terminal.py (the screen) and
     test_trainer_e2e.py (the log and the trace).
 
     The run must outlast its OOM, or the watchdog rightly only warns (the run ends first): from
-    about 0.97 GB of resident memory, 4 MiB a step fills the budget near step 465, and at 420 steps
-    one loaded run was warned and never checkpointed. At 600 steps the OOM falls inside the run for
-    any start above 0.7 GB, and the next one, after the reinit, past its end."""
+    about 0.5 GiB of job memory (each page once; its resident set near 1 GB counts torch_xla's
+    libraries too), 4 MiB a step fills the budget near step 440 (the quick start's two blocks: 423),
+    and at 420 steps one loaded run was warned and never checkpointed. At 600 steps the OOM falls
+    inside the run for any start above 0.2 GiB, and the next one, after the reinit, past its end."""
 
     def run(folder: Path) -> dict:
         code, output = run_on_a_pty([

@@ -486,5 +486,7 @@ def test_an_exit_43_in_order_takes_the_armed_record_back_so_it_is_never_read_as_
     out = python(["-c", LEAVES_WITH_43_IN_ORDER], timeout=120, env=env)
     assert out.returncode == 43, out.stderr[-2000:]
     record = flight_record.read(tmp_path / f"trace.csv{flight_record.SUFFIX}")
-    assert record["stall"] is None and record["ended"] is None, record
+    # atexit cannot see the status: a bare sys.exit is a clean end to it (a PeerLost the watchdog itself
+    # raised is not: runtime/exit_watch.py's `failed`), and the armed record is taken back either way
+    assert record["stall"] is None and record["ended"] == "clean", record
     assert diagnose([], record=record, exit_description="exit 43").diagnosis != "stalled"

@@ -17,8 +17,8 @@ passes a `rebuild()` that reloads the model and the optimizer from the checkpoin
 writes one: the global list is outside what it rebuilds. `--forensics=1` names what leaks.
 Prints `peak=B` at its end: the highest job memory read after any step.
 
-Prints `started iter=K pid=P rss=B memory=M` (M: its anonymous and shared pages, each counted once,
-as the kernel and the watchdog count the job's memory), `saved iter=K`, `preempted iter=K`,
+Prints `started iter=K pid=P rss=B memory=M budget=L` (M: its anonymous and shared pages, each counted
+once, as the kernel and the watchdog count the job's memory; L: the watchdog's budget, 0 for none), `saved iter=K`, `preempted iter=K`,
 `finished iter=N`.
 """
 
@@ -114,11 +114,10 @@ if watchdog:
         memory_limit = job_memory() + headroom_mib * (1 << 20)
     wd = Watchdog(WatchdogConfig(sample_every=sample_every, source="rss", trace_file=trace_file or None,
                                  memory_limit_bytes=memory_limit or None, forensics=bool(forensics))).start()
-    print(f"budget={memory_limit}", flush=True)
 peak = 0
 
 time.sleep(load_seconds)  # the data's loading: memory flat before the first step
-print(f"started iter={iter_num} pid={os.getpid()} rss={rss()} memory={counted_once()}", flush=True)
+print(f"started iter={iter_num} pid={os.getpid()} rss={rss()} memory={counted_once()} budget={memory_limit}", flush=True)
 while True:
     started = time.perf_counter()
     x = torch.randint(0, vocab, (batch, block))

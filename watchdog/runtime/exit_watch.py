@@ -9,8 +9,8 @@ and calls `leave(how, clean)`, which ends them as `stop()` does:
 
 - atexit, when the interpreter exits: `sys.exit(...)` and a script's end are clean ("exit": the
   status is not known here), an uncaught exception is not ("error": the interpreter printed it
-  and left it in `sys.last_value` first), a KeyboardInterrupt is the loop's own way out
-  ("interrupted");
+  and left it in `sys.last_value` first), nor a `PeerLost` the watchdog raised (exit 43: `failed`),
+  a KeyboardInterrupt is the loop's own way out ("interrupted");
 - SIGTERM and SIGHUP, where the program left them at their default action, on the main thread
   (where Python runs handlers): the records end unclean ("killed"), the default action is put
   back and the signal sent again, so the process still dies by it (supervise sees the same status).
@@ -42,6 +42,7 @@ class ExitWatch:
         self._pid = os.getpid()
         self._installed: list[signal.Signals] = []
         self._seen = False  # a way out was seen, or the loop stopped the watchdog itself
+        self.failed = False  # the watchdog raised what ends the process in failure (PeerLost's exit 43)
 
     def arm(self) -> "ExitWatch":
         atexit.register(self._at_exit)
@@ -78,7 +79,7 @@ class ExitWatch:
         died = getattr(sys, "last_value", None)
         if isinstance(died, KeyboardInterrupt):
             self._leave("interrupted", True)
-        elif died is not None:
+        elif died is not None or self.failed:
             self._leave("error", False)
         else:
             self._leave("exit", True)

@@ -494,6 +494,8 @@ class Watchdog(ActionPath):
             if chore is _FOLLOW:
                 follow = True
             elif isinstance(chore, BaseException):  # from the agreement's thread: ranks out of step, a peer lost
+                if self._exit is not None and isinstance(chore, agreement.PeerLost):
+                    self._exit.failed = True  # exit 43, whatever catches it: no clean end
                 raise chore
             elif action is None or severity(chore[0]) > severity(action[0]):
                 action = chore
