@@ -8,7 +8,9 @@ that (a leak half outside the rebuilt state leaves less of it; a large `sample_e
 samples in it) crossed the limit on its second cycle, while the first one had measured the
 leak's rate.
 
-So the rate the cycle before measured (`Lesson`) carries over: from the first reading after the
+So the rate the cycle before measured (`Lesson`) carries over a rebuild in process (not a restart:
+a new process climbs as it starts up, at a rate no leak has, and the `watch` daemon's lesson from
+one cycle signalled the next in its start-up, each faster): from the first reading after the
 rebuild, memory that the known rate would bring to the line within the checkpoint margin, a
 gap between samples and the action's hand-over is acted on (`Judge`'s limit rule, which gains
 this rate beside the detector's). The lesson holds while the readings bear it out: a cycle whose

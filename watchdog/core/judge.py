@@ -425,7 +425,7 @@ class Judge:
         self.detector.reset()
         self._pace.clear()
         self._forget_peaks()
-        self._new_cycle()
+        self._cycle = self._lesson = None  # a new process climbs as it starts up: no rate carries into that
         self._use_policy(self._fresh_policy())
 
     def restart_settled(self, bytes_after: float) -> Recovery | None:
