@@ -77,7 +77,7 @@ class MemoryCgroup:
     def working_set(self) -> int:
         """Usage less the inactive file cache: what the kernel cannot take back before it kills."""
         return max(0, self._bytes("memory.current" if self.version == 2 else "memory.usage_in_bytes")
-                   - self._inactive_file())
+                   - self.inactive_file())
 
     def peak_usage(self) -> int | None:
         """The highest usage the kernel saw (v2 `memory.peak`, v1 `memory.max_usage_in_bytes`), None
@@ -96,7 +96,8 @@ class MemoryCgroup:
             raise ValueError(f"{self.path / name}: not a byte count")  # a failed reading, counted
         return usage
 
-    def _inactive_file(self) -> int:
+    def inactive_file(self) -> int:
+        """The inactive file cache: what the kernel reclaims before it kills."""
         stat = _read_keyed(self.path / "memory.stat")
         return stat.get("inactive_file" if self.version == 2 else "total_inactive_file", stat.get("inactive_file", 0))
 
@@ -225,7 +226,7 @@ class HostMemory:
             lifetime, self._cgroup_peak = self._cgroup_peak, group.peak_usage()
             peak = used
             if lifetime is not None and self._cgroup_peak is not None and self._cgroup_peak > lifetime:
-                peak = max(used, self._cgroup_peak - group._inactive_file())  # a new high since the last reading
+                peak = max(used, self._cgroup_peak - group.inactive_file())  # a new high since the last reading
             bounds.append(Bound("cgroup", used, limit, peak))
         for domain, limit in self._rlimits.items():
             used = tree.address_space if domain == "address_space" else tree.data_segment
