@@ -85,9 +85,11 @@ def test_a_first_evaluation_without_phase_information_gets_no_checkpoint(tmp_pat
     checkpoint back. The climb's pessimistic projection lands near 190-380 steps from run to run
     (resident memory grows a little faster or slower); with a 50-step margin the imminent bound was
     205 steps, and one run in CI at 172 was rightly acted on as imminent."""
-    # 12% of the budget above the peak: about 90 MiB, as 8% was when the budget was sized from the
-    # resident set (about 1.2 GB, the libraries' pages counted; the job's memory is about 0.7 GB)
-    out = evaluate_once(tmp_path, "plain", 0.12, checkpoint_margin_steps=25)
+    # 16% of the budget above the peak: about 140 MiB, the climb's projection some 230 steps out (its
+    # pessimistic edge less): past the imminent bound even when the suite's load widens the gaps between
+    # readings, inside the horizon. (8% was the share when the budget was sized from the resident set,
+    # about 1.2 GB with the libraries' pages; the job's memory, each page once, is about 0.55 GiB.)
+    out = evaluate_once(tmp_path, "plain", 0.16, checkpoint_margin_steps=25)
     assert out["checkpoints"] == [], out
     assert out["phases"] == {""}
 
