@@ -218,11 +218,13 @@ class Daemon:
 
     def _watch(self, target: WatchedProcess) -> None:
         """Until the target exits or the daemon is stopped; closes the target (its pidfd) either way."""
+        gone = False  # seen gone: it may still be tearing down (its memory is, its process not yet)
         try:
             reader = self._attach(target)
             start, tick = time.monotonic(), 0
             while not self.stop.is_set():
                 if not target.alive():
+                    gone = True
                     log.info("target_exited", pid=target.pid, signalled=self._signalled_at is not None)
                     return
                 if tick and tick % self._handover_every == 0:
@@ -237,6 +239,7 @@ class Daemon:
                         continue
                 readings = self._read(reader)
                 if readings is None:
+                    gone = True
                     log.info("target_exited", pid=target.pid, signalled=self._signalled_at is not None, during="read")
                     return
                 if readings:
@@ -244,7 +247,7 @@ class Daemon:
                 tick = self._sleep_until_next_tick(start, tick)
         finally:
             if self._account is not None:  # what the daemon knows of it, for the job's goodput
-                self._account.record(signalled=self._signalled_at is not None, exited=not target.alive())
+                self._account.record(signalled=self._signalled_at is not None, exited=gone or not target.alive())
                 self._account = None
             target.close()
             self.state.watched_pid = 0  # while waiting for it to come back, no PID is watched
