@@ -85,6 +85,7 @@ from watchdog.core.trend import (
     Trend,
     crossing,
     excursion_at,
+    faster_evidence,
     fit_trend,
     largest_excursion,
     newest_evidence,
@@ -307,6 +308,7 @@ class LeakDetector:
         self.status = Status.WARMING_UP  # the status of every verdict until the next analysis
         self.leak_detected = False  # the leak report of every verdict until the next analysis
         self.rising_bytes_per_step = 0.0  # the projection's pessimistic rate while an OOM is projected, else 0 (the limit rule's)
+        self.floor_noise = 0.0  # the robust scale of the floors about the newest analysis's line (0: none yet)
         self._projection: _Projection | None = None  # what verdicts share until the next close or limit change
 
     # -- per sample: a couple of comparisons --------------------------------------------------
@@ -420,6 +422,7 @@ class LeakDetector:
         self.leak_detected = analysis.leak_detected
         # Only a rise the projection believes: a suspect one may be a compile cache or a ramp that stops.
         self.rising_bytes_per_step = analysis.trend.high if analysis.status is Status.OOM_PROJECTED else 0.0
+        self.floor_noise = analysis.trend.sigma if analysis.trend is not None else 0.0
         self._projection = None
 
     def _recent_active(self) -> bool:
@@ -464,6 +467,8 @@ class LeakDetector:
                     # The fitted line may run above the floor measured now: the projection starts from
                     # what was measured (a line through fast-then-slower growth overshoots it).
                     candidate = newest._replace(level=min(newest.level, max(window.ys[-3:])))
+                    if newest is trend:  # not slower: perhaps faster, and its upper edge then is the newest rate
+                        candidate = faster_evidence(candidate, window, cfg.interval_z, fine)
                     break
                 if newest.low <= 0 and stopped is None:
                     stopped = newest

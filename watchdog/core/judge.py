@@ -38,10 +38,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from watchdog.core.action_time import ActionTime, reach
 from watchdog.core.cycles import Cycle, Lesson, shrinking
 from watchdog.core.detector import DetectorConfig, LeakDetector
-from watchdog.core.pace import HANDOVER_STEPS, Pace
-from watchdog.core.phase import (CLIMB_RUNS, NewestPhases, NextRun, PeakClimb, PhaseEpisode, PhaseForecast,
+from watchdog.core.pace import Pace
+from watchdog.core.phase import (CLIMB_RUNS, SAVE, NewestPhases, NextRun, PeakClimb, PhaseEpisode, PhaseForecast,
                                  parse_label)
 from watchdog.core.policy import ActionPolicy, PolicyConfig
 from watchdog.core.sample import Sample
@@ -52,6 +53,7 @@ _NO_LIMIT_SEEN = -1  # sentinel: no sample's bytes_limit has been seen yet (None
 _NO_LINE = math.inf  # no limit known: the limit rule never acts
 _NO_ACTION = Action.NONE
 _OOM_PROJECTED = Status.OOM_PROJECTED
+FALLEN_SIGMAS = 4.0  # a reading this many floor noises under the projected floor: the projection no longer holds
 
 
 def effective_limit(device_limit_bytes: int | None, budget_bytes: int | None) -> int | None:
@@ -87,7 +89,8 @@ class Judge:
                  *, memory_limit_bytes: int | None = None, restarts_so_far: int = 0):
         self.memory_limit_bytes = memory_limit_bytes
         self.detector = LeakDetector(detector_config, effective_limit(None, memory_limit_bytes))
-        self._use_policy(ActionPolicy(policy_config, restarts_so_far=restarts_so_far))
+        self.action_time = ActionTime()  # what the actions and saves measured: the latest safe moment's figures
+        self._use_policy(ActionPolicy(policy_config, restarts_so_far=restarts_so_far, action_time=self.action_time))
         self._latest: Verdict | None = None
         self._unjudged: Sample | None = None  # the newest sample, when judge_quietly built no verdict for it
         self._device_limit: int | None = _NO_LIMIT_SEEN
@@ -110,15 +113,19 @@ class Judge:
         self._cycles: list[float] = []  # this process's cycles' lengths, in steps, to their actions
         self._lesson: Lesson | None = None  # that rate, carried into the cycle after a rebuild (core/cycles.py)
         self._gap = 0.0  # steps between the newest two readings
-        self._took_steps: float | None = None  # steps the newest reinit took from its decision to the rebuilt state
         self._level_at_action: float | None = None  # the floor (or, in warm-up, the reading) the newest action came at
         self._before_rebuild: float | None = None  # a reading when the newest reinit was handed over
         self._set_limit(effective_limit(None, memory_limit_bytes))
 
     def agree_with_ranks(self) -> None:
         """Actions are agreed across ranks, and reach the loop one sampling period later: the limit
-        rule looks that much further ahead."""
-        self._pace.agreement_gaps = 1
+        rule and the policy's horizon look that much further ahead."""
+        self._pace.agreement_gaps = self.policy.agreement_gaps = 1
+
+    def saved(self, seconds: float) -> None:
+        """Told of every save the loop timed (`Watchdog.observe_checkpoint`): what an action takes, from
+        now on the policy's horizon and the limit rule's margin (`core/action_time.py`)."""
+        self.action_time.saved(seconds)
 
     @property
     def limit_bytes(self) -> int | None:
@@ -149,8 +156,9 @@ class Judge:
 
     def _fresh_policy(self) -> ActionPolicy:
         """A policy starting over, keeping the restarts so far and the run's end."""
-        policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far)
-        policy.last_step = self.policy.last_step
+        policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far,
+                              action_time=self.action_time)
+        policy.last_step, policy.agreement_gaps = self.policy.last_step, self.policy.agreement_gaps
         return policy
 
     @property
@@ -175,7 +183,7 @@ class Judge:
         if self._next_run is not None and self._episode is None:
             verdict = _climb_verdict(sample, verdict, *self._next_run, self.detector.limit_bytes)
         self._latest = verdict
-        return verdict, self._act(verdict)
+        return verdict, self._act(verdict, sample.bytes_used)
 
     def judge_quietly(self, sample: Sample) -> tuple[Verdict, Action] | None:
         """`judge`, except that a sample judged while no OOM is projected returns None and builds no verdict.
@@ -205,7 +213,7 @@ class Judge:
         if at_limit:
             return self._at_limit(sample, verdict)
         self._latest = verdict
-        return verdict, self._act(verdict)
+        return verdict, self._act(verdict, sample.bytes_used)
 
     def _begin(self, sample: Sample) -> None:
         """The reading's place in its cycle: the first of a fresh state starts one; steps between readings."""
@@ -221,7 +229,8 @@ class Judge:
         (`core/cycles.py`), or close enough that the next sample could be past it at the newest
         readings' pace (asked only when `fresh`: the pace's window is full and holds a new high)."""
         line = self._line
-        if used + self.detector.rising_bytes_per_step * self._margin_steps >= line:
+        rising = self.detector.rising_bytes_per_step
+        if used >= line or (rising and used + rising * self._margin() >= line):
             return True
         lesson = self._lesson
         if lesson is not None:
@@ -232,11 +241,20 @@ class Judge:
         return fresh and self._pace.reaches(line, self._phase_left())
 
     def _lesson_reach(self) -> float:
-        """Steps the lesson looks ahead: what the newest reinit took from its decision to the rebuilt
-        state (else a checkpoint's margin), a gap between readings (two where ranks agree), and the
-        hand-over once more for what that measure did not see."""
-        took = self._took_steps if self._took_steps is not None else self._margin_steps
-        return took + (1 + self._pace.agreement_gaps) * self._gap + HANDOVER_STEPS
+        """Steps the lesson looks ahead: what an action takes (`core/action_time.py`: the newest
+        reinit from its decision to the rebuilt state, or a save where that is longer; else a
+        checkpoint's margin), a gap between readings (two where ranks agree), and the hand-over once
+        more for what that measure did not see."""
+        took = self.action_time.steps(self._pace.seconds_per_step)
+        return reach(self._margin_steps if took is None else took, self._gap, self._pace.agreement_gaps)
+
+    def _margin(self) -> float:
+        """Steps the limit rule's margin looks ahead at the alarm's rate: the latest safe moment
+        (`safety_factor` times the lesson's reach) once a save has been measured, else the checkpoint
+        margin the user configured."""
+        if self.action_time.saves and self._pace.seconds_per_step > 0:
+            return self.policy.config.safety_factor * self._lesson_reach()
+        return self._margin_steps
 
     def _phase_left(self) -> float:
         """Steps until the bounded phase running now ends, where known (its growth stops there)."""
@@ -245,11 +263,22 @@ class Judge:
             return math.inf
         return episode.first_step + episode.expected_steps - episode.last_step
 
-    def _act(self, verdict: Verdict) -> Action:
+    def _act(self, verdict: Verdict, used: float) -> Action:
+        if verdict.status is _OOM_PROJECTED and self._fallen(verdict, used):
+            self._observe(verdict.step)  # the projection no longer holds: its confirmation starts over
+            return _NO_ACTION
         action = self._decide(verdict)
         if action is not _NO_ACTION and action.needs_checkpoint:
             self._acted_at(verdict, verdict.floor_bytes)
         return action
+
+    def _fallen(self, verdict: Verdict, used: float) -> bool:
+        """The reading is under the floor the projection counts down from, by more than the floors'
+        noise: memory fell since the analysis (an evaluation the loop did not announce ended, a cache
+        was cleared), and the projection, which holds until the next one, no longer does. A floor is
+        a minimum, so no reading of a floor that rises as projected is ever that far below it."""
+        floor = verdict.floor_bytes
+        return floor is not None and used < floor - FALLEN_SIGMAS * self.detector.floor_noise
 
     def _acted_at(self, verdict: Verdict, level: float | None) -> None:
         """A checkpoint action ends this cycle: its floor, and the rate it measured (the detector's,
@@ -273,7 +302,7 @@ class Judge:
         of it at the newest readings' pace."""
         lesson = self._lesson
         verdict = _limit_verdict(sample, verdict, self._line, self.detector.rising_bytes_per_step,
-                                 self._margin_steps, self._pace, lesson, self._lesson_reach())
+                                 self._margin(), self._pace, lesson, self._lesson_reach())
         action = self.policy.limit_reached(verdict)
         if action.needs_checkpoint:
             self._acted_at(verdict, verdict.floor_bytes if verdict.floor_bytes is not None else sample.bytes_used)
@@ -315,6 +344,8 @@ class Judge:
         episode = self._episode
         if episode is not None and episode.n:
             name = episode.phase.name
+            if name == SAVE:  # what a save holds beside what is there: the room an action needs
+                self.action_time.staged(episode.staged)
             self._phase_steps[name] = episode.span
             climb = self._climbs.get(name) or PeakClimb()
             self._climbs[name] = climb  # the newest phase named: bounded memory, bounded work below
@@ -379,8 +410,8 @@ class Judge:
                 else self._level_at_action
         if before is None:
             return None
-        if took_steps is not None and took_steps >= 0:
-            self._took_steps = float(took_steps)
+        if took_steps is not None:
+            self.action_time.took(took_steps)
         recovered = self.policy.reinit_finished(before, bytes_after)
         if recovered and shrinking(self._cycles):  # each rebuild leaves more behind: a new process frees it
             self.policy.escalate()
@@ -435,7 +466,7 @@ class Judge:
         return Recovery(before, float(bytes_after), bytes_after < before)
 
 
-def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float, margin_steps: int,
+def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float, margin_steps: float,
                    pace: Pace, lesson: Lesson | None = None, lesson_reach: float = 0.0) -> Verdict:
     """OOM_PROJECTED: the limit rule's verdict on `sample`, from the detector's (or the phase's) `verdict`.
 
@@ -469,7 +500,7 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
                        "the limit rule needs no trend")
     elif rising > 0 and used + rising * margin_steps >= line:
         steps = (line - used) / rising
-        explanation = (f"memory {format_bytes(used)} within the {margin_steps:,}-step checkpoint margin of the "
+        explanation = (f"memory {format_bytes(used)} within the {margin_steps:,.0f}-step checkpoint margin of the "
                        f"{format_limit(limit)} limit: {format_bytes(line - used)} left, rising up to "
                        f"{format_bytes(rising)}/step")
     elif taught and not (paced > 0 and pace.reaches(line)):

@@ -91,6 +91,7 @@ from watchdog.station.trace_sink import TraceSink
 log = get_logger(__name__)
 
 _SAMPLE, _PHASE_END, _REBUILD, _REINIT, _BARRIER, _STOP = "sample", "phase_end", "rebuild", "reinit", "barrier", "stop"
+_SAVED = "saved"  # a save the loop timed: what an action takes, for every station's judge
 _SAMPLE_REQUEST = (_SAMPLE, None)  # the step and phase to sample are read from `_requested` when handled
 _FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
 __all__ = ["Watchdog", "PhaseScope", "DEVICE", "FORCED", "HANDED_OVER", "REINITIALISED", "RESTART_REQUESTED", "UNSAVED"]
@@ -436,8 +437,12 @@ class Watchdog(ActionPath):
         return [descendant.line() for descendant in tree.grown()] if tree is not None else []
 
     def observe_checkpoint(self, seconds: float) -> None:
-        """A save the loop made, timed (`hbmwatch_checkpoint_seconds`)."""
+        """A save the loop made, timed (`hbmwatch_checkpoint_seconds`). The judges learn from it what an
+        action takes: from the first one on, actions come at the latest safe moment (`core/action_time.py`).
+        `carry_out` times the saves it makes; a loop that saves on its own (every N steps) calls it
+        with what its save took, so that the first action already knows."""
         self.checkpoint_figures.observe_save(seconds)
+        self._post((_SAVED, seconds))
 
     @property
     def suspects(self) -> Suspects | None:
@@ -626,6 +631,9 @@ class Watchdog(ActionPath):
                     self._before_rebuild(*payload)
                 elif kind == _REINIT:
                     self._after_reinit(*payload)
+                elif kind == _SAVED:
+                    for station in self._stations():
+                        station.judge.saved(payload)
                 elif kind == _BARRIER:
                     payload.set()
             except Exception as exc:  # noqa: BLE001 - the sidecar must outlive any single failure
