@@ -295,6 +295,7 @@ class LeakDetector:
         self._peaks: list[float] = []
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=self.config.recent_buckets)  # (x, floor, peak)
         self._history_trends: list[tuple] | None = None  # (fit, window) of the history since it last changed
+        self._fill_rest: float | None = None  # the history's `saturation_rise` since it last changed
         self._settled_excursion = -INF  # largest excursion of the buckets before the newest
         self._pending: _PendingBucket | None = None  # closed buckets not yet a whole-run bucket
         self._end: float = -INF  # the open bucket takes samples until this step (-INF: none open yet)
@@ -410,7 +411,7 @@ class LeakDetector:
             elif len(self._xs) >= 2:  # the bucket before the new one has both neighbours now
                 self._settled_excursion = max(self._settled_excursion,
                                               excursion_at(self._floors, self._peaks, len(self._xs) - 2))
-            self._history_trends = None
+            self._history_trends = self._fill_rest = None
         elif not self._recent_active():
             return  # nothing new to look at
         if self._end < self._next_analysis:
@@ -547,15 +548,20 @@ class LeakDetector:
         return self._streak.held(trend, self.config, hold)
 
     def _levelling(self, candidate: Trend, excursion: float) -> str:
-        """'' unless the whole history since the baseline rises ever more slowly and, at that slowdown,
-        stops short of the limit: a cache filling towards its size seen over its whole ramp, which a
-        shorter window's line would project to the limit (issue 54)."""
-        rest = saturation_rise(self._floors)
+        """'' unless the whole history since the baseline is a fill levelling off and, at the highest
+        plateau its floors allow, stops short of the limit (`trend.saturation_rise`, judged by the
+        likelihood of a saturating curve against a line: issue 62): a cache filling towards its size
+        seen over its whole ramp, which a shorter window's line would project to the limit (issue 54).
+        Then the action waits, as for a bounded phase whose end is known; the limit rule still acts
+        at the line and at the pace."""
+        if self._fill_rest is None:
+            self._fill_rest = saturation_rise(self._xs, self._floors)
+        rest = self._fill_rest
         room = self._room(candidate.level, excursion)
         if rest >= room:
             return ""
-        return (f"growth slowing throughout: about {format_bytes(rest)} more at its slowdown, "
-                f"levelling off {format_bytes(room - rest)} below the limit")
+        return (f"growth slowing throughout: a fill levelling off about {format_bytes(rest)} higher at most, "
+                f"{format_bytes(room - rest)} below the limit")
 
     def _leak_report(self, trend: Trend) -> bool:
         """The other signal: a candidate that held as a projection's would, however far its OOM.

@@ -21,7 +21,7 @@ Why these estimators:
 from __future__ import annotations
 
 import math
-from operator import sub
+from operator import mul, sub
 from typing import NamedTuple
 
 INF = math.inf
@@ -124,36 +124,149 @@ def plateau_rise(trend: Trend) -> float:
     return newest * q / (1 - q)
 
 
-SATURATION_SEGMENTS = 6  # a window's rise split six ways: five increments to fit a slowdown to
+SATURATION_TAUS = 28  # time constants tried, geometrically from a 64th of the window's span to 8 spans
+SATURATION_LR = 13.8  # a fill's curve must explain the floors this much better than a line (2 ln 1000) ...
+INTERVAL_LR = 3.84  # ... and its plateau is read at the highest of the fits within this of the best (95%)
+RESOLUTION = 1e-3  # residuals under this share of the floors' range are below what memory readings resolve
 
 
-def saturation_rise(ys: list[float], segments: int = SATURATION_SEGMENTS) -> float:
-    """Growth still to come if the window's whole rise keeps slowing geometrically (inf when it does
-    not clearly slow): a cache filling towards its size, seen over the whole of its ramp.
+def saturation_rise(xs: list[float], ys: list[float]) -> float:
+    """Growth still to come where the floors are a fill levelling off (inf where they are not): a
+    cache filling towards its size, seen over its ramp.
 
-    Each segment's median floor rises by less than the one before, by a factor q, so the rest adds
-    up to d * q / (1 - q) after the newest increment d (the larger of the measured and the fitted
-    one). q is fitted to the logarithms of all the segments' increments at once (a median of pairwise
-    slopes, robust to one noisy segment), and only where even the upper quartile of those slopes says
-    slowing: growth that slows only at first (a warm-up before a steady leak, whose later segments'
-    pairs are flat) is never called a plateau. Unlike `plateau_rise`, which reads the newest two
-    quarters alone, it needs the slowdown throughout.
+    Judged by likelihood, not by counting segments that slow (each of which noise can undo): the
+    floors are fitted by least squares with a saturating curve, `a - b e^(-(x - x_last)/tau)` (its
+    plateau `a`, `b` still to come from the newest bucket), for each of `SATURATION_TAUS` time
+    constants (the best refined between its neighbours), and with a line. The fill is believed where
+
+    - the best curve explains the floors better than the line by a likelihood ratio of
+      `SATURATION_LR` (2 ln LR, Gaussian residuals: n ln(RSS_line / RSS_curve)); a steady leak is the
+      curve's own limit as tau grows, so it never does;
+    - a line added to the curve (`a - b e^(...) + c x`, c rising) does not explain them better by as
+      much: growth that slows at first and then goes on steadily (a warm-up, a cache that fills, then
+      a leak) is the curve's fill plus a leak, and no plateau;
+    - nor does a line of their own explain the newest half by as much better than the curve does
+      there: a curve over a whole window can be bent by what happened at its start (a level shift
+      before a steady leak, which no smooth curve follows) while its newest half is a line, and a
+      fill slows throughout;
+
+    and the growth still to come is then the largest `b` among the curves within `INTERVAL_LR` of
+    the best (a profile-likelihood interval of 95%): a plateau only as low as the floors allow.
+    Unlike `plateau_rise`, which reads the newest two quarters alone, it reads the whole window.
+    O(n) per time constant; the detector asks it at most once per change of its history.
     """
-    size = len(ys) // segments
-    if size < 2:
+    n = len(xs)
+    if n < 8 or xs[-1] <= xs[0]:
         return INF
-    levels = [median(ys[j * size:(j + 1) * size]) for j in range(segments)]
-    increments = [b - a for a, b in zip(levels, levels[1:])]
-    if min(increments) <= 0:
+    mean = sum(ys) / n
+    scale = max(abs(y - mean) for y in ys)
+    if scale <= 0:
         return INF
-    logs = [math.log(d) for d in increments]
-    slopes = sorted((logs[j] - logs[i]) / (j - i) for i in range(len(logs)) for j in range(i + 1, len(logs)))
-    if slopes[(3 * len(slopes)) // 4] >= 0:  # not slowing at every pace the pairs allow
+    y = [(v - mean) / scale for v in ys]
+    span, last = xs[-1] - xs[0], xs[-1]
+    t = [(x - last) / span for x in xs]  # -1 .. 0
+    line = _least_squares(y, [t])
+    if line is None:
         return INF
-    central = median(slopes)
-    newest = max(increments[-1], math.exp(median([y - central * i for i, y in enumerate(logs)]) + central * (len(logs) - 1)))
-    q = math.exp(central)
-    return newest * q / (1 - q)
+    taus = [2.0 ** (-6 + 9 * k / (SATURATION_TAUS - 1)) for k in range(SATURATION_TAUS)]  # in spans
+    curves = [fit for fit in (_curve(y, t, tau) for tau in taus) if fit is not None]  # (rss, b, tau)
+    if not curves:
+        return INF
+    curves.append(_refined(min(curves)[2], taus, lambda tau: _curve(y, t, tau)))
+    with_line = [fit for fit in (_curve(y, t, tau, with_line=True) for tau in taus) if fit is not None]
+    if with_line:
+        with_line.append(_refined(min(with_line)[2], taus, lambda tau: _curve(y, t, tau, with_line=True)))
+    floor = RESOLUTION ** 2 * n  # residuals below this share of the rise are no evidence either way
+    best = min(curves)
+    rss = max(best[0], floor)
+    if n * math.log(max(line[0], floor) / rss) < SATURATION_LR:
+        return INF  # no better than a line
+    steady = min((fit[0] for fit in with_line), default=INF)
+    if steady < INF and n * math.log(rss / max(steady, floor)) >= SATURATION_LR:
+        return INF  # a fill, and a steady rise beside it
+    half = n // 2
+    bent = sum(r * r for r in _curve(y, t, best[2], residuals=True)[half:])
+    straight = _least_squares(y[half:], [t[half:]])
+    floor_half = RESOLUTION ** 2 * (n - half)
+    if straight is not None and (n - half) * math.log(max(bent, floor_half) / max(straight[0], floor_half)) \
+            >= SATURATION_LR:
+        return INF  # the newest half is a line: the curve was bent by the window's start
+    rest = max(b for r, b, _ in curves if n * math.log(max(r, floor) / rss) <= INTERVAL_LR)
+    return rest * scale
+
+
+def _curve(y: list[float], t: list[float], tau: float, with_line: bool = False, residuals: bool = False):
+    """(residual sum of squares, growth still to come at the newest point, tau) of the saturating
+    curve with time constant `tau` (in spans; `t` runs from -1 to 0) through `y`, with a line beside
+    it where `with_line` (then only where the line rises); None where the curve does not rise.
+    `residuals`: the residuals themselves instead."""
+    top = math.exp(1.0 / tau)
+    v = [math.exp(-u / tau) / top for u in t]  # 1 at the oldest point, 1/top at the newest
+    fit = _least_squares(y, [v, t] if with_line else [v], residuals)
+    if residuals:
+        return fit[1]
+    if fit is None or fit[1][0] >= 0 or (with_line and fit[1][1] <= 0):
+        return None
+    return fit[0], -fit[1][0] / top, tau
+
+
+def _refined(tau: float, taus: list[float], curve) -> tuple[float, float, float]:
+    """The best fit near `tau`, a point of the grid `taus`: a golden-section search between its
+    neighbours on the grid (the residuals of a fill are smooth in tau)."""
+    ratio = taus[1] / taus[0]
+    low, high = math.log(tau / ratio), math.log(tau * ratio)
+    best = curve(tau)
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(16):
+        a, b = high - golden * (high - low), low + golden * (high - low)
+        fa, fb = curve(math.exp(a)), curve(math.exp(b))
+        ra, rb = fa[0] if fa else INF, fb[0] if fb else INF
+        for fit in (fa, fb):
+            if fit is not None and (best is None or fit[0] < best[0]):
+                best = fit
+        if ra < rb:
+            high = b
+        else:
+            low = a
+    return best
+
+
+def _least_squares(y: list[float], columns: list[list[float]], residuals: bool = False):
+    """(residual sum of squares, coefficients) of `y` on a constant and `columns` (one or two), or
+    None where they are collinear; `residuals`: (residual sum of squares, the residuals)."""
+    n = len(y)
+    cols = [[1.0] * n, *columns]
+    k = len(cols)
+    gram = [[float(n) if i == j == 0 else math.fsum(map(mul, cols[i], cols[j])) for j in range(k)] for i in range(k)]
+    rhs = [math.fsum(map(mul, col, y)) for col in cols]
+    solution = _solve(gram, rhs)
+    if solution is None:
+        return None
+    if residuals:
+        errors = [yi - sum(c * col[i] for c, col in zip(solution, cols)) for i, yi in enumerate(y)]
+        return math.fsum(e * e for e in errors), errors
+    # The residuals' sum of squares of a least-squares fit, without a pass over them.
+    rss = math.fsum(map(mul, y, y)) - math.fsum(map(mul, solution, rhs))
+    return max(rss, 0.0), solution[1:]
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting on a small system; None when it is singular."""
+    k = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12 * max(1.0, max(abs(x) for x in m[col][:k])):
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, k):
+            f = m[r][col] / m[col][col]
+            for c in range(col, k + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * k
+    for r in range(k - 1, -1, -1):
+        x[r] = (m[r][k] - sum(m[r][c] * x[c] for c in range(r + 1, k))) / m[r][r]
+    return x
 
 
 LUMP_SIDE = 4  # floors on each side of a lump that measure its height
