@@ -334,6 +334,7 @@ def staircase_rise(trend: Trend, window: Series) -> float:
 
 
 FASTER_Z = 3.0  # a faster tail must stand out by this many times the interval's z: every analysis compares many tails
+FASTER_SHARE = 1.1  # ... and be this much faster than the upper edge: a hair's breadth (rounding, on a noiseless line) moves no action
 TAIL_BUCKETS = 4  # the shortest tail of newest buckets compared with its window; then 6, 9, 14, ...
 
 
@@ -482,7 +483,7 @@ def _faster_tail(trend: Trend, allowance: "_Allowance", series: Series, z: float
         first, last = median(head), median(end)
         rise = last - first
         noise = FASTER_Z * z * MEDIAN_EFFICIENCY * series.noise / math.sqrt(m)
-        if rise - allowance.lump - noise > trend.high * span:
+        if rise - allowance.lump - noise > FASTER_SHARE * trend.high * span:
             return rise / span
     return None
 
