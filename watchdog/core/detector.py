@@ -377,6 +377,13 @@ class LeakDetector:
     def limit_bytes(self) -> int | None:
         return self._limit
 
+    @property
+    def seconds_per_step(self) -> float:
+        """The pace over the whole history, as of the newest analysis (0 before one): steady where
+        one gap between readings is not (a reading the sidecar took late, the next one early)."""
+        analysis = self._analysis
+        return analysis.seconds_per_step if analysis is not None else 0.0
+
     def set_limit(self, limit_bytes: int | None) -> None:
         """The limit projections aim at (the judge owns the rule that picks it); None: unknown."""
         self._limit = limit_bytes

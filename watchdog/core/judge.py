@@ -245,14 +245,18 @@ class Judge:
         reinit from its decision to the rebuilt state, or a save where that is longer; else a
         checkpoint's margin), a gap between readings (two where ranks agree), and the hand-over once
         more for what that measure did not see."""
-        took = self.action_time.steps(self._pace.seconds_per_step)
+        took = self.action_time.steps(self._seconds_per_step())
         return reach(self._margin_steps if took is None else took, self._gap, self._pace.agreement_gaps)
+
+    def _seconds_per_step(self) -> float:
+        """The loop's pace: the detector's over its history, else the newest readings' (0: unknown)."""
+        return self.detector.seconds_per_step or self._pace.seconds_per_step
 
     def _margin(self) -> float:
         """Steps the limit rule's margin looks ahead at the alarm's rate: the latest safe moment
         (`safety_factor` times the lesson's reach) once a save has been measured, else the checkpoint
         margin the user configured."""
-        if self.action_time.saves and self._pace.seconds_per_step > 0:
+        if self.action_time.saves and self._seconds_per_step() > 0:
             return self.policy.config.safety_factor * self._lesson_reach()
         return self._margin_steps
 

@@ -62,7 +62,7 @@ from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.cycles import futile
 from watchdog.core.errors import EXIT_INTERRUPTED, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.judge import Judge, Recovery
-from watchdog.core.phase import STEADY_LABELS, parse_label, phase_label
+from watchdog.core.phase import SAVE, STEADY_LABELS, parse_label, phase_label
 from watchdog.core.readings import HostReading
 from watchdog.core.restarts import RunState
 from watchdog.core.sample import Sample
@@ -571,7 +571,8 @@ class Watchdog(ActionPath):
         whose peak since the previous reading is the phase's last (an evaluation's end-of-pass copy of
         its predictions, a save's staging copy), and a climbing phase's run is counted."""
         if self._account is not None:  # an evaluation's time is no training step's
-            self._account.phase(_bounded(self._phase), self._newest_step)
+            self._account.phase(_bounded(self._phase), self._newest_step,
+                                "checkpoint_save" if parse_label(self._phase).name == SAVE else "eval")
         phase = parse_label(label)
         if not phase.bounded:
             return
