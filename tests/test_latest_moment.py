@@ -250,13 +250,33 @@ def test_the_horizon_is_what_the_action_needs_times_the_safety_factor_once_a_sav
 
 
 def test_a_save_told_to_the_judge_tightens_the_limit_rules_margin_too():
-    """The limit rule's margin at the alarm's rate is the same latest safe moment once a save is measured."""
+    """The limit rule's margin at the alarm's rate is the same latest safe moment once a save is
+    measured, with the steps that rate takes to fill what an action holds beside memory."""
     judge = Judge(memory_limit_bytes=LIMIT)
     for step in range(40):
         judge.judge(Sample(step, 1.7e9 + 0.01 * step, BASE + step * MiB, None))
-    assert judge._margin() == judge.policy.config.checkpoint_margin_steps
+    assert judge._margin(MiB) == judge.policy.config.checkpoint_margin_steps
     judge.saved(0.01)
-    assert judge._margin() == pytest.approx(2.0 * reach(1, 1))
+    assert judge._margin(MiB) == pytest.approx(2.0 * reach(1, 1))
+    judge.staged(3 * MiB)
+    assert judge._margin(MiB) == pytest.approx(2.0 * (reach(1, 1) + 3))
+
+
+def test_what_an_action_holds_beside_memory_is_measured_from_its_decision_to_its_rebuild():
+    """The 80k-step job: the census that names the leak at a hand-over lifted the trainer's memory
+    2.6 MiB past a budget the action had been asked 0.95 MiB under. The judge keeps the highest reading
+    from an action's decision to its rebuilt state, over the level it was decided at."""
+    judge = Judge(memory_limit_bytes=LIMIT)
+    judge.saved(0.01)
+    step, acted = 0, None
+    while acted is None:
+        verdict, action = judge.judge(Sample(step, 1.7e9 + 0.01 * step, BASE + step * 64 * 1024, None))
+        acted = step if action.needs_checkpoint else None
+        step += 1
+    level = judge._level_at_action
+    judge.judge(Sample(step, 1.7e9 + 0.01 * step, int(level + 5 * MiB), None))  # the census at the hand-over
+    judge.reinit_finished(BASE, took_steps=3)
+    assert judge.action_time.own_bytes == pytest.approx(5 * MiB, abs=64 * 1024)
 
 
 def test_a_projection_memory_fell_away_from_is_not_acted_on():
@@ -306,4 +326,36 @@ def test_the_loops_saves_reach_every_judge_and_a_saves_staging_copy_is_measured_
         assert wd.drain()
         times = wd.judge.action_time
         assert times.saves == 2 and times.save_seconds() == 0.02
-        assert times.save_rise_bytes == 64 * MiB
+        assert times.own_bytes == 64 * MiB
+
+
+def test_the_baseline_census_is_measured_as_what_an_actions_census_holds_beside_memory():
+    """Before any action, what the census that names a leak costs memory is measured around the
+    baseline census (readings between steps, peak since the one before): the first action already
+    leaves room for it."""
+    import threading
+
+    from watchdog.core.config import WatchdogConfig
+    from watchdog.runtime.sidecar import Watchdog
+
+    class Counted(Scripted):
+        def read(self):  # the training thread's readings around the census see its peak
+            if threading.current_thread() is threading.main_thread() and self.census:
+                self.peak = BASE + 3 * MiB
+            return super().read()
+
+    source = Counted(BASE)
+    source.census = False
+    config = WatchdogConfig(sample_every=1, forensics=True, host_memory=False, stall_after_seconds=3600)
+    wd = Watchdog(config, source=source)
+    taken = wd._follower.take_baseline
+
+    def census(step=None):
+        source.census = True
+        taken(step)
+
+    wd._follower.take_baseline = census
+    with wd:
+        wd.step(1)
+        assert wd.drain()
+        assert wd.judge.action_time.own_bytes == 3 * MiB

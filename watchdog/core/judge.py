@@ -115,6 +115,7 @@ class Judge:
         self._gap = 0.0  # steps between the newest two readings
         self._level_at_action: float | None = None  # the floor (or, in warm-up, the reading) the newest action came at
         self._before_rebuild: float | None = None  # a reading when the newest reinit was handed over
+        self._action_peak: float | None = None  # the highest reading since the newest action, until its rebuild
         self._set_limit(effective_limit(None, memory_limit_bytes))
 
     def agree_with_ranks(self) -> None:
@@ -126,6 +127,11 @@ class Judge:
         """Told of every save the loop timed (`Watchdog.observe_checkpoint`): what an action takes, from
         now on the policy's horizon and the limit rule's margin (`core/action_time.py`)."""
         self.action_time.saved(seconds)
+
+    def staged(self, rise_bytes: float) -> None:
+        """Told what an action's work held beside memory, measured around it (the census that names a
+        leak, taken for the baseline): room the next action needs (`core/action_time.py`)."""
+        self.action_time.staged(rise_bytes)
 
     @property
     def limit_bytes(self) -> int | None:
@@ -176,6 +182,8 @@ class Judge:
             self._transition(sample)
         self._begin(sample)
         self._unjudged = None
+        if self._action_peak is not None:  # an action is being carried out: what it holds beside memory
+            self._action_peak = max(self._action_peak, sample.bytes_used, sample.peak_bytes_used or 0)
         fresh = self._pace.add(sample.step, sample.timestamp, sample.bytes_used)
         verdict = self._route(sample)  # the detector, or the watch on a bounded phase
         if self._within_reach(sample.step, sample.bytes_used, fresh):
@@ -197,7 +205,7 @@ class Judge:
         step = sample.step
         if (sample.bytes_limit != self._device_limit or sample.phase != self._label or step < self._previous_step
                 or self._episode is not None or self._next_run is not None or self._cycle is None
-                or self._lesson is not None):
+                or self._lesson is not None or self._action_peak is not None):
             return self.judge(sample)  # a limit, a phase, a process or a cycle changed: the whole way
         self._gap, self._previous_step = step - self._previous_step, step
         fresh = self._pace.add(step, sample.timestamp, sample.bytes_used)
@@ -230,7 +238,7 @@ class Judge:
         readings' pace (asked only when `fresh`: the pace's window is full and holds a new high)."""
         line = self._line
         rising = self.detector.rising_bytes_per_step
-        if used >= line or (rising and used + rising * self._margin() >= line):
+        if used >= line or (rising and used + rising * self._margin(rising) >= line):
             return True
         lesson = self._lesson
         if lesson is not None:
@@ -252,12 +260,13 @@ class Judge:
         """The loop's pace: the detector's over its history, else the newest readings' (0: unknown)."""
         return self.detector.seconds_per_step or self._pace.seconds_per_step
 
-    def _margin(self) -> float:
-        """Steps the limit rule's margin looks ahead at the alarm's rate: the latest safe moment
-        (`safety_factor` times the lesson's reach) once a save has been measured, else the checkpoint
-        margin the user configured."""
-        if self.action_time.saves and self._seconds_per_step() > 0:
-            return self.policy.config.safety_factor * self._lesson_reach()
+    def _margin(self, rising: float) -> float:
+        """Steps the limit rule's margin looks ahead at the alarm's `rising` rate: the latest safe
+        moment once a save has been measured (`safety_factor` times the lesson's reach and the steps
+        the action's own memory takes at that rate), else the checkpoint margin the user configured."""
+        if self.action_time.saves and self._seconds_per_step() > 0 and rising > 0:
+            own = self.action_time.own_bytes / rising
+            return self.policy.config.safety_factor * (self._lesson_reach() + own)
         return self._margin_steps
 
     def _phase_left(self) -> float:
@@ -288,6 +297,8 @@ class Judge:
         """A checkpoint action ends this cycle: its floor, and the rate it measured (the detector's,
         else the cycle's rise from its first reading), for the next cycle."""
         self._floor_at_action, self._level_at_action = verdict.floor_bytes, level
+        if level is not None:
+            self._action_peak = level
         cycle = self._cycle
         rate = verdict.slope_bytes_per_step
         if rate <= 0 and cycle is not None and level is not None:
@@ -306,7 +317,8 @@ class Judge:
         of it at the newest readings' pace."""
         lesson = self._lesson
         verdict = _limit_verdict(sample, verdict, self._line, self.detector.rising_bytes_per_step,
-                                 self._margin(), self._pace, lesson, self._lesson_reach())
+                                 self._margin(self.detector.rising_bytes_per_step), self._pace, lesson,
+                                 self._lesson_reach())
         action = self.policy.limit_reached(verdict)
         if action.needs_checkpoint:
             self._acted_at(verdict, verdict.floor_bytes if verdict.floor_bytes is not None else sample.bytes_used)
@@ -332,7 +344,7 @@ class Judge:
         from scratch (the detector sees the same and resets itself), so a replay does too; only
         the restart count carries over, as it does through the supervisor."""
         self._use_policy(self._fresh_policy())
-        self._floor_at_action = None
+        self._floor_at_action = self._action_peak = None
         self._cycle, self._previous_step = None, -math.inf  # the new process's first reading starts a cycle
         self._label, self._episode, self._phase_steps = "", None, NewestPhases()
         self._pace.clear()
@@ -408,6 +420,9 @@ class Judge:
         None when nothing was known to compare against.
         """
         before, self._before_rebuild = self._before_rebuild, None
+        peak, self._action_peak = self._action_peak, None
+        if peak is not None and self._level_at_action is not None:  # its census, its save's copy, beside memory
+            self.action_time.staged(peak - self._level_at_action)
         if before is None:
             verdict = self.latest
             before = verdict.floor_bytes if verdict is not None and verdict.floor_bytes is not None \
@@ -451,7 +466,7 @@ class Judge:
         before = self._floor_at_action
         if before is None and verdict is not None:
             before = verdict.floor_bytes
-        self._floor_before_restart, self._floor_at_action = before, None
+        self._floor_before_restart, self._floor_at_action, self._action_peak = before, None, None
         self._latest = self._unjudged = None
         self.detector.reset()
         self._pace.clear()

@@ -45,10 +45,10 @@ the pessimistic projection, at the upper edge of its interval, leaves no more th
 times what the action needs: the save's time with its spread (as if the leak went on meanwhile),
 or what the newest action took from its decision to the rebuilt state where that is longer; the
 gap to the next reading (one more where the ranks agree on actions); the hand-over; and the steps
-the leak takes to fill the room the save's own memory needs beyond the excursion the projection
-already adds (its staging copy, measured at the end of the saves before). Anything earlier gains no
-safety against a projection that holds: it only gives growth that stops less time to show it
-stops, and shortens every cycle of a leak that does not. What the projection may get wrong is the
+the leak takes to fill the room the action's own memory needs beyond the excursion the projection
+already adds (a save's staging copy, the census that names the leak: measured before). Anything
+earlier gains no safety against a projection that holds: it only gives growth that stops less time
+to show it stops, and shortens every cycle of a leak that does not. What the projection may get wrong is the
 interval's and the limit rule's to cover, not an early action's: acceleration widens the upper edge
 (the detector's newest evidence), and a step of a staircase or a fast refill is the limit rule's
 (its margin at the alarm's rate, and the pace's look-ahead to the next reading).
@@ -107,7 +107,7 @@ class PolicyConfig:
     safety_factor: float = 2.0
     """Once a save has been measured: act when the pessimistic steps to OOM fall to this many times
     what the action needs (`core/action_time.py`: the save with its spread, the gap to the next reading,
-    the hand-over, the save's own memory). Twice: over the accelerating leaks, stairs and fast refills
+    the hand-over, the action's own memory). Twice: over the accelerating leaks, stairs and fast refills
     of tests/test_latest_moment.py (144 runs, three seeds), once let 6 cross the limit by up to 0.1%,
     one and a half 2, twice none (the highest at 0.9997 of it)."""
     lead_factor: float = 4.0
@@ -193,7 +193,7 @@ class ActionPolicy:
         if steps is None:
             return None
         high = verdict.slope_high_bytes_per_step
-        staging = max(0.0, times.save_rise_bytes - verdict.excursion_bytes) / high if high > 0 else 0.0
+        staging = max(0.0, times.own_bytes - verdict.excursion_bytes) / high if high > 0 else 0.0
         return self.config.safety_factor * (reach(steps, self._largest_gap, self.agreement_gaps) + staging)
 
     def horizon(self, verdict: Verdict) -> float:

@@ -92,6 +92,7 @@ log = get_logger(__name__)
 
 _SAMPLE, _PHASE_END, _REBUILD, _REINIT, _BARRIER, _STOP = "sample", "phase_end", "rebuild", "reinit", "barrier", "stop"
 _SAVED = "saved"  # a save the loop timed: what an action takes, for every station's judge
+_STAGED = "staged"  # readings around a baseline census: what an action's census holds beside memory
 _SAMPLE_REQUEST = (_SAMPLE, None)  # the step and phase to sample are read from `_requested` when handled
 _FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
 __all__ = ["Watchdog", "PhaseScope", "DEVICE", "FORCED", "HANDED_OVER", "REINITIALISED", "RESTART_REQUESTED", "UNSAVED"]
@@ -521,7 +522,10 @@ class Watchdog(ActionPath):
         if self._handed.unlogged is not None and not self._handed.logs_outcomes:  # its loop never said
             self.log_outcome(HANDED_OVER)
         if self._drives_follower:
+            around = self._read_between_steps("source_read") if self._follower.baseline_due else None
             self._follower.between_steps(step)
+            if around is not None:  # the census an action takes holds this much beside memory, at least
+                self._post((_STAGED, (around, self._read_between_steps("source_read"))))
             if self._follower.pending:
                 self._chores.append(_FOLLOW)
 
@@ -635,6 +639,8 @@ class Watchdog(ActionPath):
                 elif kind == _SAVED:
                     for station in self._stations():
                         station.judge.saved(payload)
+                elif kind == _STAGED:
+                    self._census_held(*payload)
                 elif kind == _BARRIER:
                     payload.set()
             except Exception as exc:  # noqa: BLE001 - the sidecar must outlive any single failure
@@ -708,6 +714,15 @@ class Watchdog(ActionPath):
             self.station.judge.rebuild_starts(device.bytes_used)
         if host is not None:
             self._host_watch.station.judge.rebuild_starts(host.bytes_used)  # type: ignore[union-attr]
+
+    def _census_held(self, before: tuple, after: tuple) -> None:
+        """Readings between steps around a baseline census (each memory's, freed pages handed back
+        first): how far its peak rose is what the census an action takes holds beside memory."""
+        host = self._host_watch.station if self._host_watch is not None else None
+        for station, start, end in ((self.station, before[0], after[0]), (host, before[1], after[1])):
+            if station is not None and start is not None and end is not None:
+                peak = end.peak_bytes_used if end.peak_bytes_used is not None else end.bytes_used
+                station.judge.staged(max(peak, end.bytes_used) - start.bytes_used)
 
     def _after_reinit(self, readings: tuple, took: int | None) -> None:
         device, host = readings
