@@ -26,10 +26,12 @@ How it reads memory (and why):
    and it is not levelling off (the newest quarters, extrapolated as a geometric slowdown, would
    not stop short of the limit: a cache that fills and stops; nor would a staircase whose lumps
    come further and further apart, `staircase_rise`). A candidate is also held back (suspect,
-   never projected) while the whole history since the baseline rises ever more slowly and, at
-   that slowdown, would stop short of the limit (`saturation_rise`: a cache filling towards its
-   size, whose newest windows are near enough to straight that a line through them reaches the
-   limit). A suffix window that begins after
+   never projected) while the whole history since the baseline is a fill levelling off short of
+   the limit, judged by likelihood (`saturation_rise`: a saturating curve explains its floors far
+   better than a line, with no steady rise beside it; a cache filling towards its size, whose
+   newest windows are near enough to straight that a line through them reaches the limit). Its
+   upper edge follows a newest tail that rises clearly faster than the window (`faster_evidence`:
+   acceleration, which a window's median of slopes is too slow for). A suffix window that begins after
    a level shift is its new baseline. The OOM projection (status `oom_projected`) also needs it within
    `max_extrapolation` times the span the growth was seen over (a line is not extrapolated far
    beyond its evidence), and the candidate must hold for `confirm_closes` closes and

@@ -20,7 +20,9 @@ of it, is acted on from the first sample, whatever the detector says, warm-up in
 over the budget is the one case that needs no trend. "Within the checkpoint margin" in bytes is
 what the floor could add in `checkpoint_margin_steps` at the pessimistic rate of the detector's
 OOM projection while one is up (`LeakDetector.rising_bytes_per_step`): a reading that close to the line may
-not leave a checkpoint asked for now the time to finish. Any other rate is zero (warm-up, no
+not leave a checkpoint asked for now the time to finish. Once a save has been measured (`saved`),
+the margin is the latest safe moment's instead (`core/action_time.py`: what the action takes and
+holds, twice over), the same figure the policy's horizon and the lesson look ahead by. Any other rate is zero (warm-up, no
 growth, and growth the detector still doubts: a compile cache or a first ramp measured over a
 margin of hundreds of steps would put a healthy job at 60% of its limit "within reach" of it, six
 false actions on the bench), so then only a reading at the line acts, or one whose next sample
