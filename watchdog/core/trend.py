@@ -128,6 +128,7 @@ SATURATION_TAUS = 28  # time constants tried, geometrically from a 64th of the w
 SATURATION_LR = 13.8  # a fill's curve must explain the floors this much better than a line (2 ln 1000) ...
 INTERVAL_LR = 3.84  # ... and its plateau is read at the highest of the fits within this of the best (95%)
 RESOLUTION = 1e-3  # residuals under this share of the floors' range are below what memory readings resolve
+REFINE_STEPS = 12  # golden-section steps refining the best time constant between its grid neighbours
 
 
 def saturation_rise(xs: list[float], ys: list[float]) -> float:
@@ -168,25 +169,33 @@ def saturation_rise(xs: list[float], ys: list[float]) -> float:
     line = _least_squares(y, [t])
     if line is None:
         return INF
+    floor = RESOLUTION ** 2 * n  # residuals below this share of the rise are no evidence either way
+    # No curve leaves less than about the floors' own noise: a line already that close to them (most
+    # windows a detector asks about: a leak's) cannot be beaten by the ratio asked, and costs one pass.
+    noise = 0.5 * (n - 3) * (neighbour_noise(y) ** 2 / 2.0)
+    if n * math.log(max(line[0], floor) / max(noise, floor)) < SATURATION_LR:
+        return INF
+    half = n // 2
+    older, newer = _least_squares(y[:half], [t[:half]]), _least_squares(y[half:], [t[half:]])
+    if older is None or newer is None or newer[1][0] >= older[1][0]:
+        return INF  # not slowing: no fill's curve, whatever the likelihood of one
     taus = [2.0 ** (-6 + 9 * k / (SATURATION_TAUS - 1)) for k in range(SATURATION_TAUS)]  # in spans
     curves = [fit for fit in (_curve(y, t, tau) for tau in taus) if fit is not None]  # (rss, b, tau)
     if not curves:
         return INF
     curves.append(_refined(min(curves)[2], taus, lambda tau: _curve(y, t, tau)))
-    with_line = [fit for fit in (_curve(y, t, tau, with_line=True) for tau in taus) if fit is not None]
-    if with_line:
-        with_line.append(_refined(min(with_line)[2], taus, lambda tau: _curve(y, t, tau, with_line=True)))
-    floor = RESOLUTION ** 2 * n  # residuals below this share of the rise are no evidence either way
     best = min(curves)
     rss = max(best[0], floor)
     if n * math.log(max(line[0], floor) / rss) < SATURATION_LR:
         return INF  # no better than a line
+    with_line = [fit for fit in (_curve(y, t, tau, with_line=True) for tau in taus) if fit is not None]
+    if with_line:
+        with_line.append(_refined(min(with_line)[2], taus, lambda tau: _curve(y, t, tau, with_line=True)))
     steady = min((fit[0] for fit in with_line), default=INF)
     if steady < INF and n * math.log(rss / max(steady, floor)) >= SATURATION_LR:
         return INF  # a fill, and a steady rise beside it
-    half = n // 2
     bent = sum(r * r for r in _curve(y, t, best[2], residuals=True)[half:])
-    straight = _least_squares(y[half:], [t[half:]])
+    straight = newer
     floor_half = RESOLUTION ** 2 * (n - half)
     if straight is not None and (n - half) * math.log(max(bent, floor_half) / max(straight[0], floor_half)) \
             >= SATURATION_LR:
@@ -201,13 +210,33 @@ def _curve(y: list[float], t: list[float], tau: float, with_line: bool = False, 
     it where `with_line` (then only where the line rises); None where the curve does not rise.
     `residuals`: the residuals themselves instead."""
     top = math.exp(1.0 / tau)
-    v = [math.exp(-u / tau) / top for u in t]  # 1 at the oldest point, 1/top at the newest
-    fit = _least_squares(y, [v, t] if with_line else [v], residuals)
+    v = [math.exp(-(u + 1.0) / tau) for u in t]  # 1 at the oldest point, 1/top at the newest
     if residuals:
-        return fit[1]
-    if fit is None or fit[1][0] >= 0 or (with_line and fit[1][1] <= 0):
+        return _least_squares(y, [v, t] if with_line else [v], True)[1]
+    fit = _fit(y, t, v, with_line)
+    if fit is None or fit[1] >= 0 or (with_line and fit[2] <= 0):
         return None
-    return fit[0], -fit[1][0] / top, tau
+    return fit[0], -fit[1] / top, tau
+
+
+def _fit(y: list[float], t: list[float], v: list[float], with_line: bool):
+    """(rss, coefficient of v[, of t]) of `y` on a constant, `v` and (`with_line`) `t`, from sums
+    alone: the hot path of `saturation_rise`. None where they are collinear."""
+    n = len(y)
+    sv, svv, svy = sum(v), sum(map(mul, v, v)), sum(map(mul, v, y))
+    sy, syy = sum(y), sum(map(mul, y, y))
+    if not with_line:
+        det = n * svv - sv * sv
+        if det <= 1e-12 * max(1.0, n * svv):
+            return None
+        c = (n * svy - sv * sy) / det
+        a = (sy - c * sv) / n
+        return max(syy - a * sy - c * svy, 0.0), c
+    st, stt, sty, svt = sum(t), sum(map(mul, t, t)), sum(map(mul, t, y)), sum(map(mul, v, t))
+    solution = _solve([[n, sv, st], [sv, svv, svt], [st, svt, stt]], [sy, svy, sty])
+    if solution is None:
+        return None
+    return max(syy - solution[0] * sy - solution[1] * svy - solution[2] * sty, 0.0), solution[1], solution[2]
 
 
 def _refined(tau: float, taus: list[float], curve) -> tuple[float, float, float]:
@@ -217,7 +246,7 @@ def _refined(tau: float, taus: list[float], curve) -> tuple[float, float, float]
     low, high = math.log(tau / ratio), math.log(tau * ratio)
     best = curve(tau)
     golden = (math.sqrt(5) - 1) / 2
-    for _ in range(16):
+    for _ in range(REFINE_STEPS):
         a, b = high - golden * (high - low), low + golden * (high - low)
         fa, fb = curve(math.exp(a)), curve(math.exp(b))
         ra, rb = fa[0] if fa else INF, fb[0] if fb else INF
