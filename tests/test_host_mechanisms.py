@@ -418,14 +418,18 @@ def test_a_cache_that_fills_ever_more_slowly_and_levels_off_is_left_alone(tmp_pa
 
 
 @ON
-def test_a_cache_levelling_off_at_94_percent_of_its_headroom_is_left_alone_once_a_save_is_timed(tmp_path, on):
-    """Issue 62: its plateau 12 MiB under the budget. The loop saves every 100 steps and says what each
-    save took: an action is then due only when what is left would not cover the save, a gap between
-    readings and the hand-over, twice over (the latest safe moment), and the fill is seen to level off
-    first. Its twin, which keeps every record, is acted on before the budget all the same."""
-    result = run_loop(FILLING_CACHE, tmp_path, "bounded", "200", "saves", on=on)
+def test_a_cache_levelling_off_at_90_to_94_percent_of_its_headroom_is_left_alone_once_a_save_is_timed(tmp_path, on):
+    """Issue 62: its plateau 12 MiB under the budget (on PJRT CPU, whose memory moves a dozen MiB by
+    itself, 22 MiB: at 12 the bounded loop reached the budget with no leak at all). The loop saves every
+    100 steps and says what each save took: an action is then due only when what is left would not
+    cover the save, a gap between readings and the hand-over, twice over (the latest safe moment), and
+    the fill is seen to level off first. Without the saves timed, the same loop on CPU was acted on at
+    step 517 (169 of its 188 records). Its twin, which keeps every record, is acted on before the budget
+    all the same."""
+    headroom = "200" if on == "cpu" else "210"
+    result = run_loop(FILLING_CACHE, tmp_path, "bounded", headroom, "saves", on=on)
     assert "acted" not in result and result["records"] == 188, result
-    twin = run_loop(FILLING_CACHE, tmp_path, "leaking", "200", "saves", on=on)
+    twin = run_loop(FILLING_CACHE, tmp_path, "leaking", headroom, "saves", on=on)
     assert "acted" in twin and twin["highest"] < twin["budget"], twin
 
 
