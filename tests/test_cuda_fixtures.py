@@ -172,6 +172,11 @@ def test_the_allocator_model_gives_the_h100s_own_figures():
 
 
 CHECK_STEPS = {"leak": 1600, "clean": 600, "fragmentation": 900, "cache": 600}  # cuda_check.py's
+# Where the code judges differently from the code the H100's run was judged by, the model's first
+# action moved, and says why. Issue 62: the fragmentation case keeps a block a step that grows by 8 KiB
+# each step (it accelerates), and the projection's upper edge now follows the tail that rises faster
+# than the window (`trend.faster_evidence`): acted on at step 856, 35 steps before the H100's 891.
+FIRST_ACTION_SINCE = {"fragmentation": 856}
 
 
 @pytest.mark.parametrize("sample_every", [1, 5, 10])
@@ -199,7 +204,8 @@ def test_the_checks_cases_watched_are_judged_as_with_a_breakdown_every_sample(na
     else:
         assert not planned["actions"] and not planned["leak_steps"], "a clean loop, a growing cache: no leak"
     if sample_every == 5 and planned["actions"]:
-        assert planned["actions"][0] == h100[name]["action_step"], "the H100 acted at this step"
+        assert planned["actions"][0] == FIRST_ACTION_SINCE.get(name, h100[name]["action_step"]), \
+            "the H100 acted at this step"
     breakdowns = sum(taken for _, _, taken, _ in planned["samples"])
     if name in ("clean", "cache") and sample_every < 10:  # samples 5 and 25 ms apart (ten: 50 ms, every other)
         assert breakdowns < len(planned["samples"]) / 2, "a steady job is carried at most samples"

@@ -399,11 +399,15 @@ def test_a_loop_of_ones_own_keeps_its_share_of_the_job_file_through_its_watchdog
                         time.sleep(0.02)
                         counter += 1
                         wd.step(counter)
+            if counter == 55:  # the loop's own save, under the phase a save runs in
+                with wd.phase("save"):
+                    time.sleep(0.05)
             counter += 1
     records = goodput.read(path)
     assert [r["event"] for r in records if r["event"] != "steps"] == [
-        "process", "span", "action", "span", "span", "span", "end"], records
-    process, startup, action, save, reinit, evaluation, end = (r for r in records if r["event"] != "steps")
+        "process", "span", "action", "span", "span", "span", "span", "end"], records
+    process, startup, action, save, reinit, evaluation, own_save, end = (r for r in records if r["event"] != "steps")
+    assert own_save["cause"] == "checkpoint_save" and own_save["seconds"] >= 0.05, "a save's phase is no evaluation"
     assert process["step"] == 10 and startup["cause"] == "startup"
     assert (action["kind"], action["step"], save["cause"], reinit["cause"]) == ("checkpoint_reinit", 31,
                                                                               "checkpoint_save", "reinit")
@@ -413,6 +417,7 @@ def test_a_loop_of_ones_own_keeps_its_share_of_the_job_file_through_its_watchdog
     account = goodput.account(records)
     assert account.processes == 1 and account.reinits == 1 and account.ended == "done"
     assert account.steps_kept == (41 - 10) + (61 - 46), "the evaluation's five batches are no training steps"
+    assert account.badput_seconds["checkpoint_save"] >= 0.1
     assert [a.kind for a in account.actions] == ["checkpoint_reinit"]
     assert account.productive_seconds + sum(account.badput_seconds.values()) == pytest.approx(account.elapsed_seconds)
 

@@ -8,10 +8,12 @@ The loop is simulated through the one `Judge` every loop drives (the sidecar's, 
 detector and policy): memory per step is a base, what the leak kept since the last rebuild, and
 activations (a random share of the sawtooth); an action decided at a sample is carried out
 `HANDOVER_STEPS` later (the sidecar judges while the loop trains on) and its effect told to the
-judge, as `Watchdog.carry_out` does. Each row prints, over the cycles: the warning the first action
-gave (steps before the step the leak would have reached the limit, and in samples), the least
-warning of any cycle, the highest memory any step reached as a share of the limit, and the rule
-that acted first (the detector's projection, or the limit rule's margin).
+judge, as `Watchdog.carry_out` does, with the time its save took (`SAVE_SECONDS`: from then on the
+action comes at the latest safe moment, `core/action_time.py`). Each row prints, over the cycles: the
+warning the first action gave (steps before the step the leak would have reached the limit, and in
+samples), the least warning of any cycle, the highest memory any step reached as a share of the
+limit, the rule that acted first (the detector's projection, or the limit rule's margin), and how
+long each cycle lasted (from the start, or its rebuild, to its action).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ BASE, LIMIT = 2 * GiB, 3 * GiB
 HEADROOM_MIB = (LIMIT - BASE) // MiB  # what the leak fills; the activations' sawtooth takes its share
 SAMPLE_EVERY = (1, 10, 50)
 SAMPLES_TO_FILL = (10, 20, 40, 100, 400)
+STEP_SECONDS = 0.5  # the simulated loop's pace
+SAVE_SECONDS = 1.0  # what each action's save takes, timed as `carry_out` times it
 
 
 class Row(NamedTuple):
@@ -41,6 +45,7 @@ class Row(NamedTuple):
     least_warning_steps: int  # the same, the least of any cycle
     highest_share: float  # the highest memory any step reached, over the limit
     first_rule: str  # "projection" or "limit rule"
+    cycle_steps: tuple[int, ...] = ()  # each cycle's length, from its start (the run's, or a rebuild) to its action
 
 
 def run(sample_every: int, samples_to_fill: int, *, cycles: int = 3, sawtooth: float = 0.0, seed: int = 0) -> Row:
@@ -51,7 +56,7 @@ def run(sample_every: int, samples_to_fill: int, *, cycles: int = 3, sawtooth: f
     rate = (LIMIT - BASE - sawtooth) / (samples_to_fill * sample_every)
     fill_steps = (LIMIT - BASE - sawtooth) / rate
     kept, born, rebuild_at = 0.0, 0, None
-    warnings, highest, first_rule = [], 0.0, ""
+    warnings, highest, first_rule, lengths = [], 0.0, "", []
     step = 0
     while len(warnings) < cycles and step < 100 * fill_steps:
         if step == rebuild_at:
@@ -61,16 +66,19 @@ def run(sample_every: int, samples_to_fill: int, *, cycles: int = 3, sawtooth: f
         highest = max(highest, BASE + kept + sawtooth)
         if step % sample_every == 0 and rebuild_at is None:
             used = BASE + kept + sawtooth * rng.random()
-            verdict, action = judge.judge(Sample(step, 1.7e9 + 0.5 * step, int(used), None))
+            verdict, action = judge.judge(Sample(step, 1.7e9 + STEP_SECONDS * step, int(used), None))
             if action.needs_checkpoint:
+                judge.saved(SAVE_SECONDS)  # the action's save, timed
                 warnings.append(int(born + fill_steps - step))
+                lengths.append(step - born)
                 first_rule = first_rule or ("limit rule" if verdict.explanation.startswith("memory ")
                                             else "projection")
                 rebuild_at = step + HANDOVER_STEPS
         step += 1
     if not warnings:
         return Row(sample_every, samples_to_fill, 0, 0, 0, highest / LIMIT, "none")
-    return Row(sample_every, samples_to_fill, len(warnings), warnings[0], min(warnings), highest / LIMIT, first_rule)
+    return Row(sample_every, samples_to_fill, len(warnings), warnings[0], min(warnings), highest / LIMIT, first_rule,
+               tuple(lengths))
 
 
 def table(cycles: int = 3, sawtooth: float = 0.0) -> list[Row]:
@@ -94,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     print(f"limit 3 GiB, 1 GiB of headroom; {args.cycles} cycles; sawtooth {args.sawtooth_mib:g} MiB")
     print("| sample_every | samples to fill | actions | first warning (steps, samples) | least warning | "
-          "highest / limit | first acted by |")
-    print("|---|---|---|---|---|---|---|")
+          "highest / limit | first acted by | each cycle (steps) |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in table(args.cycles, args.sawtooth_mib * MiB):
         print(f"| {row.sample_every} | {row.samples_to_fill} | {row.actions} | {row.first_warning_steps:,} "
               f"({row.first_warning_steps / row.sample_every:.1f}) | {row.least_warning_steps:,} | "
-              f"{row.highest_share:.3f} | {row.first_rule} |")
+              f"{row.highest_share:.3f} | {row.first_rule} | {', '.join(f'{n:,}' for n in row.cycle_steps) or '-'} |")
     return 0
 
 

@@ -26,10 +26,12 @@ How it reads memory (and why):
    and it is not levelling off (the newest quarters, extrapolated as a geometric slowdown, would
    not stop short of the limit: a cache that fills and stops; nor would a staircase whose lumps
    come further and further apart, `staircase_rise`). A candidate is also held back (suspect,
-   never projected) while the whole history since the baseline rises ever more slowly and, at
-   that slowdown, would stop short of the limit (`saturation_rise`: a cache filling towards its
-   size, whose newest windows are near enough to straight that a line through them reaches the
-   limit). A suffix window that begins after
+   never projected) while the whole history since the baseline is a fill levelling off short of
+   the limit, judged by likelihood (`saturation_rise`: a saturating curve explains its floors far
+   better than a line, with no steady rise beside it; a cache filling towards its size, whose
+   newest windows are near enough to straight that a line through them reaches the limit). Its
+   upper edge follows a newest tail that rises clearly faster than the window (`faster_evidence`:
+   acceleration, which a window's median of slopes is too slow for). A suffix window that begins after
    a level shift is its new baseline. The OOM projection (status `oom_projected`) also needs it within
    `max_extrapolation` times the span the growth was seen over (a line is not extrapolated far
    beyond its evidence), and the candidate must hold for `confirm_closes` closes and
@@ -85,6 +87,7 @@ from watchdog.core.trend import (
     Trend,
     crossing,
     excursion_at,
+    faster_evidence,
     fit_trend,
     largest_excursion,
     newest_evidence,
@@ -294,6 +297,7 @@ class LeakDetector:
         self._peaks: list[float] = []
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=self.config.recent_buckets)  # (x, floor, peak)
         self._history_trends: list[tuple] | None = None  # (fit, window) of the history since it last changed
+        self._fill_rest: float | None = None  # the history's `saturation_rise` since it last changed
         self._settled_excursion = -INF  # largest excursion of the buckets before the newest
         self._pending: _PendingBucket | None = None  # closed buckets not yet a whole-run bucket
         self._end: float = -INF  # the open bucket takes samples until this step (-INF: none open yet)
@@ -307,6 +311,7 @@ class LeakDetector:
         self.status = Status.WARMING_UP  # the status of every verdict until the next analysis
         self.leak_detected = False  # the leak report of every verdict until the next analysis
         self.rising_bytes_per_step = 0.0  # the projection's pessimistic rate while an OOM is projected, else 0 (the limit rule's)
+        self.floor_noise = 0.0  # the robust scale of the floors about the newest analysis's line (0: none yet)
         self._projection: _Projection | None = None  # what verdicts share until the next close or limit change
 
     # -- per sample: a couple of comparisons --------------------------------------------------
@@ -374,6 +379,13 @@ class LeakDetector:
     def limit_bytes(self) -> int | None:
         return self._limit
 
+    @property
+    def seconds_per_step(self) -> float:
+        """The pace over the whole history, as of the newest analysis (0 before one): steady where
+        one gap between readings is not (a reading the sidecar took late, the next one early)."""
+        analysis = self._analysis
+        return analysis.seconds_per_step if analysis is not None else 0.0
+
     def set_limit(self, limit_bytes: int | None) -> None:
         """The limit projections aim at (the judge owns the rule that picks it); None: unknown."""
         self._limit = limit_bytes
@@ -408,7 +420,7 @@ class LeakDetector:
             elif len(self._xs) >= 2:  # the bucket before the new one has both neighbours now
                 self._settled_excursion = max(self._settled_excursion,
                                               excursion_at(self._floors, self._peaks, len(self._xs) - 2))
-            self._history_trends = None
+            self._history_trends = self._fill_rest = None
         elif not self._recent_active():
             return  # nothing new to look at
         if self._end < self._next_analysis:
@@ -420,6 +432,7 @@ class LeakDetector:
         self.leak_detected = analysis.leak_detected
         # Only a rise the projection believes: a suspect one may be a compile cache or a ramp that stops.
         self.rising_bytes_per_step = analysis.trend.high if analysis.status is Status.OOM_PROJECTED else 0.0
+        self.floor_noise = analysis.trend.sigma if analysis.trend is not None else 0.0
         self._projection = None
 
     def _recent_active(self) -> bool:
@@ -464,6 +477,8 @@ class LeakDetector:
                     # The fitted line may run above the floor measured now: the projection starts from
                     # what was measured (a line through fast-then-slower growth overshoots it).
                     candidate = newest._replace(level=min(newest.level, max(window.ys[-3:])))
+                    if newest is trend:  # not slower: perhaps faster, and its upper edge then is the newest rate
+                        candidate = faster_evidence(candidate, window, cfg.interval_z, fine)
                     break
                 if newest.low <= 0 and stopped is None:
                     stopped = newest
@@ -542,15 +557,20 @@ class LeakDetector:
         return self._streak.held(trend, self.config, hold)
 
     def _levelling(self, candidate: Trend, excursion: float) -> str:
-        """'' unless the whole history since the baseline rises ever more slowly and, at that slowdown,
-        stops short of the limit: a cache filling towards its size seen over its whole ramp, which a
-        shorter window's line would project to the limit (issue 54)."""
-        rest = saturation_rise(self._floors)
+        """'' unless the whole history since the baseline is a fill levelling off and, at the highest
+        plateau its floors allow, stops short of the limit (`trend.saturation_rise`, judged by the
+        likelihood of a saturating curve against a line: issue 62): a cache filling towards its size
+        seen over its whole ramp, which a shorter window's line would project to the limit (issue 54).
+        Then the action waits, as for a bounded phase whose end is known; the limit rule still acts
+        at the line and at the pace."""
+        if self._fill_rest is None:
+            self._fill_rest = saturation_rise(self._xs, self._floors)
+        rest = self._fill_rest
         room = self._room(candidate.level, excursion)
         if rest >= room:
             return ""
-        return (f"growth slowing throughout: about {format_bytes(rest)} more at its slowdown, "
-                f"levelling off {format_bytes(room - rest)} below the limit")
+        return (f"growth slowing throughout: a fill levelling off about {format_bytes(rest)} higher at most, "
+                f"{format_bytes(room - rest)} below the limit")
 
     def _leak_report(self, trend: Trend) -> bool:
         """The other signal: a candidate that held as a projection's would, however far its OOM.

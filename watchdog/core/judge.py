@@ -20,7 +20,9 @@ of it, is acted on from the first sample, whatever the detector says, warm-up in
 over the budget is the one case that needs no trend. "Within the checkpoint margin" in bytes is
 what the floor could add in `checkpoint_margin_steps` at the pessimistic rate of the detector's
 OOM projection while one is up (`LeakDetector.rising_bytes_per_step`): a reading that close to the line may
-not leave a checkpoint asked for now the time to finish. Any other rate is zero (warm-up, no
+not leave a checkpoint asked for now the time to finish. Once a save has been measured (`saved`),
+the margin is the latest safe moment's instead (`core/action_time.py`: what the action takes and
+holds, twice over), the same figure the policy's horizon and the lesson look ahead by. Any other rate is zero (warm-up, no
 growth, and growth the detector still doubts: a compile cache or a first ramp measured over a
 margin of hundreds of steps would put a healthy job at 60% of its limit "within reach" of it, six
 false actions on the bench), so then only a reading at the line acts, or one whose next sample
@@ -38,10 +40,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from watchdog.core.action_time import ActionTime, reach
 from watchdog.core.cycles import Cycle, Lesson, shrinking
 from watchdog.core.detector import DetectorConfig, LeakDetector
-from watchdog.core.pace import HANDOVER_STEPS, Pace
-from watchdog.core.phase import (CLIMB_RUNS, NewestPhases, NextRun, PeakClimb, PhaseEpisode, PhaseForecast,
+from watchdog.core.pace import Pace
+from watchdog.core.phase import (CLIMB_RUNS, SAVE, NewestPhases, NextRun, PeakClimb, PhaseEpisode, PhaseForecast,
                                  parse_label)
 from watchdog.core.policy import ActionPolicy, PolicyConfig
 from watchdog.core.sample import Sample
@@ -52,6 +55,7 @@ _NO_LIMIT_SEEN = -1  # sentinel: no sample's bytes_limit has been seen yet (None
 _NO_LINE = math.inf  # no limit known: the limit rule never acts
 _NO_ACTION = Action.NONE
 _OOM_PROJECTED = Status.OOM_PROJECTED
+FALLEN_SIGMAS = 4.0  # a reading this many floor noises under the projected floor: the projection no longer holds
 
 
 def effective_limit(device_limit_bytes: int | None, budget_bytes: int | None) -> int | None:
@@ -87,7 +91,8 @@ class Judge:
                  *, memory_limit_bytes: int | None = None, restarts_so_far: int = 0):
         self.memory_limit_bytes = memory_limit_bytes
         self.detector = LeakDetector(detector_config, effective_limit(None, memory_limit_bytes))
-        self._use_policy(ActionPolicy(policy_config, restarts_so_far=restarts_so_far))
+        self.action_time = ActionTime()  # what the actions and saves measured: the latest safe moment's figures
+        self._use_policy(ActionPolicy(policy_config, restarts_so_far=restarts_so_far, action_time=self.action_time))
         self._latest: Verdict | None = None
         self._unjudged: Sample | None = None  # the newest sample, when judge_quietly built no verdict for it
         self._device_limit: int | None = _NO_LIMIT_SEEN
@@ -110,15 +115,25 @@ class Judge:
         self._cycles: list[float] = []  # this process's cycles' lengths, in steps, to their actions
         self._lesson: Lesson | None = None  # that rate, carried into the cycle after a rebuild (core/cycles.py)
         self._gap = 0.0  # steps between the newest two readings
-        self._took_steps: float | None = None  # steps the newest reinit took from its decision to the rebuilt state
         self._level_at_action: float | None = None  # the floor (or, in warm-up, the reading) the newest action came at
         self._before_rebuild: float | None = None  # a reading when the newest reinit was handed over
+        self._action_peak: float | None = None  # the highest reading since the newest action, until its rebuild
         self._set_limit(effective_limit(None, memory_limit_bytes))
 
     def agree_with_ranks(self) -> None:
         """Actions are agreed across ranks, and reach the loop one sampling period later: the limit
-        rule looks that much further ahead."""
-        self._pace.agreement_gaps = 1
+        rule and the policy's horizon look that much further ahead."""
+        self._pace.agreement_gaps = self.policy.agreement_gaps = 1
+
+    def saved(self, seconds: float) -> None:
+        """Told of every save the loop timed (`Watchdog.observe_checkpoint`): what an action takes, from
+        now on the policy's horizon and the limit rule's margin (`core/action_time.py`)."""
+        self.action_time.saved(seconds)
+
+    def staged(self, rise_bytes: float) -> None:
+        """Told what an action's work held beside memory, measured around it (the census that names a
+        leak, taken for the baseline): room the next action needs (`core/action_time.py`)."""
+        self.action_time.staged(rise_bytes)
 
     @property
     def limit_bytes(self) -> int | None:
@@ -149,8 +164,9 @@ class Judge:
 
     def _fresh_policy(self) -> ActionPolicy:
         """A policy starting over, keeping the restarts so far and the run's end."""
-        policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far)
-        policy.last_step = self.policy.last_step
+        policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far,
+                              action_time=self.action_time)
+        policy.last_step, policy.agreement_gaps = self.policy.last_step, self.policy.agreement_gaps
         return policy
 
     @property
@@ -168,6 +184,8 @@ class Judge:
             self._transition(sample)
         self._begin(sample)
         self._unjudged = None
+        if self._action_peak is not None:  # an action is being carried out: what it holds beside memory
+            self._action_peak = max(self._action_peak, sample.bytes_used, sample.peak_bytes_used or 0)
         fresh = self._pace.add(sample.step, sample.timestamp, sample.bytes_used)
         verdict = self._route(sample)  # the detector, or the watch on a bounded phase
         if self._within_reach(sample.step, sample.bytes_used, fresh, sample.peak_bytes_used):
@@ -175,7 +193,7 @@ class Judge:
         if self._next_run is not None and self._episode is None:
             verdict = _climb_verdict(sample, verdict, *self._next_run, self.detector.limit_bytes)
         self._latest = verdict
-        return verdict, self._act(verdict)
+        return verdict, self._act(verdict, sample.bytes_used)
 
     def judge_quietly(self, sample: Sample) -> tuple[Verdict, Action] | None:
         """`judge`, except that a sample judged while no OOM is projected returns None and builds no verdict.
@@ -189,7 +207,7 @@ class Judge:
         step = sample.step
         if (sample.bytes_limit != self._device_limit or sample.phase != self._label or step < self._previous_step
                 or self._episode is not None or self._next_run is not None or self._cycle is None
-                or self._lesson is not None):
+                or self._lesson is not None or self._action_peak is not None):
             return self.judge(sample)  # a limit, a phase, a process or a cycle changed: the whole way
         self._gap, self._previous_step = step - self._previous_step, step
         fresh = self._pace.add(step, sample.timestamp, sample.bytes_used)
@@ -205,7 +223,7 @@ class Judge:
         if at_limit:
             return self._at_limit(sample, verdict)
         self._latest = verdict
-        return verdict, self._act(verdict)
+        return verdict, self._act(verdict, sample.bytes_used)
 
     def _begin(self, sample: Sample) -> None:
         """The reading's place in its cycle: the first of a fresh state starts one; steps between readings."""
@@ -222,7 +240,8 @@ class Judge:
         readings' pace (asked only when `fresh`: the pace's window is full and holds a new high). The
         lesson carries the reading's peak since the previous one forward (a step's own transient)."""
         line = self._line
-        if used + self.detector.rising_bytes_per_step * self._margin_steps >= line:
+        rising = self.detector.rising_bytes_per_step
+        if used >= line or (rising and used + rising * self._margin(rising) >= line):
             return True
         lesson = self._lesson
         if lesson is not None:
@@ -233,11 +252,25 @@ class Judge:
         return fresh and self._pace.reaches(line, self._phase_left())
 
     def _lesson_reach(self) -> float:
-        """Steps the lesson looks ahead: what the newest reinit took from its decision to the rebuilt
-        state (else a checkpoint's margin), a gap between readings (two where ranks agree), and the
-        hand-over once more for what that measure did not see."""
-        took = self._took_steps if self._took_steps is not None else self._margin_steps
-        return took + (1 + self._pace.agreement_gaps) * self._gap + HANDOVER_STEPS
+        """Steps the lesson looks ahead: what an action takes (`core/action_time.py`: the newest
+        reinit from its decision to the rebuilt state, or a save where that is longer; else a
+        checkpoint's margin), a gap between readings (two where ranks agree), and the hand-over once
+        more for what that measure did not see."""
+        took = self.action_time.steps(self._seconds_per_step())
+        return reach(self._margin_steps if took is None else took, self._gap, self._pace.agreement_gaps)
+
+    def _seconds_per_step(self) -> float:
+        """The loop's pace: the detector's over its history, else the newest readings' (0: unknown)."""
+        return self.detector.seconds_per_step or self._pace.seconds_per_step
+
+    def _margin(self, rising: float) -> float:
+        """Steps the limit rule's margin looks ahead at the alarm's `rising` rate: the latest safe
+        moment once a save has been measured (`safety_factor` times the lesson's reach and the steps
+        the action's own memory takes at that rate), else the checkpoint margin the user configured."""
+        if self.action_time.saves and self._seconds_per_step() > 0 and rising > 0:
+            own = self.action_time.own_bytes / rising
+            return self.policy.config.safety_factor * (self._lesson_reach() + own)
+        return self._margin_steps
 
     def _phase_left(self) -> float:
         """Steps until the bounded phase running now ends, where known (its growth stops there)."""
@@ -246,16 +279,29 @@ class Judge:
             return math.inf
         return episode.first_step + episode.expected_steps - episode.last_step
 
-    def _act(self, verdict: Verdict) -> Action:
+    def _act(self, verdict: Verdict, used: float) -> Action:
+        if verdict.status is _OOM_PROJECTED and self._fallen(verdict, used):
+            self._observe(verdict.step)  # the projection no longer holds: its confirmation starts over
+            return _NO_ACTION
         action = self._decide(verdict)
         if action is not _NO_ACTION and action.needs_checkpoint:
             self._acted_at(verdict, verdict.floor_bytes)
         return action
 
+    def _fallen(self, verdict: Verdict, used: float) -> bool:
+        """The reading is under the floor the projection counts down from, by more than the floors'
+        noise: memory fell since the analysis (an evaluation the loop did not announce ended, a cache
+        was cleared), and the projection, which holds until the next one, no longer does. A floor is
+        a minimum, so no reading of a floor that rises as projected is ever that far below it."""
+        floor = verdict.floor_bytes
+        return floor is not None and used < floor - FALLEN_SIGMAS * self.detector.floor_noise
+
     def _acted_at(self, verdict: Verdict, level: float | None) -> None:
         """A checkpoint action ends this cycle: its floor, and the rate it measured (the detector's,
         else the cycle's rise from its first reading), for the next cycle."""
         self._floor_at_action, self._level_at_action = verdict.floor_bytes, level
+        if level is not None:
+            self._action_peak = level
         cycle = self._cycle
         rate = verdict.slope_bytes_per_step
         if rate <= 0 and cycle is not None and level is not None:
@@ -274,7 +320,8 @@ class Judge:
         of it at the newest readings' pace."""
         lesson = self._lesson
         verdict = _limit_verdict(sample, verdict, self._line, self.detector.rising_bytes_per_step,
-                                 self._margin_steps, self._pace, lesson, self._lesson_reach())
+                                 self._margin(self.detector.rising_bytes_per_step), self._pace, lesson,
+                                 self._lesson_reach())
         action = self.policy.limit_reached(verdict)
         if action.needs_checkpoint:
             self._acted_at(verdict, verdict.floor_bytes if verdict.floor_bytes is not None else sample.bytes_used)
@@ -300,7 +347,7 @@ class Judge:
         from scratch (the detector sees the same and resets itself), so a replay does too; only
         the restart count carries over, as it does through the supervisor."""
         self._use_policy(self._fresh_policy())
-        self._floor_at_action = None
+        self._floor_at_action = self._action_peak = None
         self._cycle, self._previous_step = None, -math.inf  # the new process's first reading starts a cycle
         self._label, self._episode, self._phase_steps = "", None, NewestPhases()
         self._pace.clear()
@@ -316,6 +363,8 @@ class Judge:
         episode = self._episode
         if episode is not None and episode.n:
             name = episode.phase.name
+            if name == SAVE:  # what a save holds beside what is there: the room an action needs
+                self.action_time.staged(episode.staged)
             self._phase_steps[name] = episode.span
             climb = self._climbs.get(name) or PeakClimb()
             self._climbs[name] = climb  # the newest phase named: bounded memory, bounded work below
@@ -375,14 +424,17 @@ class Judge:
         None when nothing was known to compare against.
         """
         before, self._before_rebuild = self._before_rebuild, None
+        peak, self._action_peak = self._action_peak, None
+        if peak is not None and self._level_at_action is not None:  # its census, its save's copy, beside memory
+            self.action_time.staged(peak - self._level_at_action)
         if before is None:
             verdict = self.latest
             before = verdict.floor_bytes if verdict is not None and verdict.floor_bytes is not None \
                 else self._level_at_action
         if before is None:
             return None
-        if took_steps is not None and took_steps >= 0:
-            self._took_steps = float(took_steps)
+        if took_steps is not None:
+            self.action_time.took(took_steps)
         recovered = self.policy.reinit_finished(before, bytes_after)
         if held or (recovered and shrinking(self._cycles)):  # left behind: a new process frees it
             self.policy.escalate()
@@ -420,7 +472,7 @@ class Judge:
         before = self._floor_at_action
         if before is None and verdict is not None:
             before = verdict.floor_bytes
-        self._floor_before_restart, self._floor_at_action = before, None
+        self._floor_before_restart, self._floor_at_action, self._action_peak = before, None, None
         self._latest = self._unjudged = None
         self.detector.reset()
         self._pace.clear()
@@ -439,7 +491,7 @@ class Judge:
         return Recovery(before, float(bytes_after), bytes_after < before)
 
 
-def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float, margin_steps: int,
+def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float, margin_steps: float,
                    pace: Pace, lesson: Lesson | None = None, lesson_reach: float = 0.0) -> Verdict:
     """OOM_PROJECTED: the limit rule's verdict on `sample`, from the detector's (or the phase's) `verdict`.
 
@@ -474,7 +526,7 @@ def _limit_verdict(sample: Sample, verdict: Verdict, line: float, rising: float,
                        "the limit rule needs no trend")
     elif rising > 0 and used + rising * margin_steps >= line:
         steps = (line - used) / rising
-        explanation = (f"memory {format_bytes(used)} within the {margin_steps:,}-step checkpoint margin of the "
+        explanation = (f"memory {format_bytes(used)} within the {margin_steps:,.0f}-step checkpoint margin of the "
                        f"{format_limit(limit)} limit: {format_bytes(line - used)} left, rising up to "
                        f"{format_bytes(rising)}/step")
     elif taught and not (paced > 0 and pace.reaches(line)):

@@ -42,6 +42,7 @@ from watchdog.core.trend import Series, Trend, fit_trend, newest_evidence
 
 TRAIN = "train"
 STEADY_LABELS = frozenset(("", TRAIN))  # no phase given, or training: the detector's floor
+SAVE = "save"  # the bounded phase a save runs in: its end's peak is the save's own memory (core/action_time.py)
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,31}")
 POINT_SAMPLES = 4  # samples per point at first: their minimum is the floor under the phase's transients
 MIN_PHASE_POINTS = 8  # a line through fewer points says too little to act on
@@ -212,6 +213,12 @@ class PhaseEpisode:
         elif used < self._floors[-1]:
             self._floors[-1] = float(used)
         self.n += 1
+
+    @property
+    def staged(self) -> float:
+        """How far the phase's peak rose above where its newest readings left memory: what it held
+        and let go of before it ended (a save's staging copy); 0 before a reading."""
+        return max(0.0, self.peak - self._floors[-1]) if self._floors else 0.0
 
     @property
     def span(self) -> int:

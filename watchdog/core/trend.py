@@ -21,7 +21,7 @@ Why these estimators:
 from __future__ import annotations
 
 import math
-from operator import sub
+from operator import mul, sub
 from typing import NamedTuple
 
 INF = math.inf
@@ -124,36 +124,178 @@ def plateau_rise(trend: Trend) -> float:
     return newest * q / (1 - q)
 
 
-SATURATION_SEGMENTS = 6  # a window's rise split six ways: five increments to fit a slowdown to
+SATURATION_TAUS = 28  # time constants tried, geometrically from a 64th of the window's span to 8 spans
+SATURATION_LR = 13.8  # a fill's curve must explain the floors this much better than a line (2 ln 1000) ...
+INTERVAL_LR = 3.84  # ... and its plateau is read at the highest of the fits within this of the best (95%)
+RESOLUTION = 1e-3  # residuals under this share of the floors' range are below what memory readings resolve
+REFINE_STEPS = 12  # golden-section steps refining the best time constant between its grid neighbours
 
 
-def saturation_rise(ys: list[float], segments: int = SATURATION_SEGMENTS) -> float:
-    """Growth still to come if the window's whole rise keeps slowing geometrically (inf when it does
-    not clearly slow): a cache filling towards its size, seen over the whole of its ramp.
+def saturation_rise(xs: list[float], ys: list[float]) -> float:
+    """Growth still to come where the floors are a fill levelling off (inf where they are not): a
+    cache filling towards its size, seen over its ramp.
 
-    Each segment's median floor rises by less than the one before, by a factor q, so the rest adds
-    up to d * q / (1 - q) after the newest increment d (the larger of the measured and the fitted
-    one). q is fitted to the logarithms of all the segments' increments at once (a median of pairwise
-    slopes, robust to one noisy segment), and only where even the upper quartile of those slopes says
-    slowing: growth that slows only at first (a warm-up before a steady leak, whose later segments'
-    pairs are flat) is never called a plateau. Unlike `plateau_rise`, which reads the newest two
-    quarters alone, it needs the slowdown throughout.
+    Judged by likelihood, not by counting segments that slow (each of which noise can undo): the
+    floors are fitted by least squares with a saturating curve, `a - b e^(-(x - x_last)/tau)` (its
+    plateau `a`, `b` still to come from the newest bucket), for each of `SATURATION_TAUS` time
+    constants (the best refined between its neighbours), and with a line. The fill is believed where
+
+    - the best curve explains the floors better than the line by a likelihood ratio of
+      `SATURATION_LR` (2 ln LR, Gaussian residuals: n ln(RSS_line / RSS_curve)); a steady leak is the
+      curve's own limit as tau grows, so it never does;
+    - a line added to the curve (`a - b e^(...) + c x`, c rising) does not explain them better by as
+      much: growth that slows at first and then goes on steadily (a warm-up, a cache that fills, then
+      a leak) is the curve's fill plus a leak, and no plateau;
+    - nor does a line of their own explain the newest half by as much better than the curve does
+      there: a curve over a whole window can be bent by what happened at its start (a level shift
+      before a steady leak, which no smooth curve follows) while its newest half is a line, and a
+      fill slows throughout;
+
+    and the growth still to come is then the largest `b` among the curves within `INTERVAL_LR` of
+    the best (a profile-likelihood interval of 95%): a plateau only as low as the floors allow.
+    Unlike `plateau_rise`, which reads the newest two quarters alone, it reads the whole window.
+    O(n) per time constant; the detector asks it at most once per change of its history.
     """
-    size = len(ys) // segments
-    if size < 2:
+    n = len(xs)
+    if n < 8 or xs[-1] <= xs[0]:
         return INF
-    levels = [median(ys[j * size:(j + 1) * size]) for j in range(segments)]
-    increments = [b - a for a, b in zip(levels, levels[1:])]
-    if min(increments) <= 0:
+    mean = sum(ys) / n
+    scale = max(abs(y - mean) for y in ys)
+    if scale <= 0:
         return INF
-    logs = [math.log(d) for d in increments]
-    slopes = sorted((logs[j] - logs[i]) / (j - i) for i in range(len(logs)) for j in range(i + 1, len(logs)))
-    if slopes[(3 * len(slopes)) // 4] >= 0:  # not slowing at every pace the pairs allow
+    y = [(v - mean) / scale for v in ys]
+    span, last = xs[-1] - xs[0], xs[-1]
+    t = [(x - last) / span for x in xs]  # -1 .. 0
+    line = _least_squares(y, [t])
+    if line is None:
         return INF
-    central = median(slopes)
-    newest = max(increments[-1], math.exp(median([y - central * i for i, y in enumerate(logs)]) + central * (len(logs) - 1)))
-    q = math.exp(central)
-    return newest * q / (1 - q)
+    floor = RESOLUTION ** 2 * n  # residuals below this share of the rise are no evidence either way
+    # No curve leaves less than about the floors' own noise: a line already that close to them (most
+    # windows a detector asks about: a leak's) cannot be beaten by the ratio asked, and costs one pass.
+    noise = 0.5 * (n - 3) * (neighbour_noise(y) ** 2 / 2.0)
+    if n * math.log(max(line[0], floor) / max(noise, floor)) < SATURATION_LR:
+        return INF
+    half = n // 2
+    older, newer = _least_squares(y[:half], [t[:half]]), _least_squares(y[half:], [t[half:]])
+    if older is None or newer is None or newer[1][0] >= older[1][0]:
+        return INF  # not slowing: no fill's curve, whatever the likelihood of one
+    taus = [2.0 ** (-6 + 9 * k / (SATURATION_TAUS - 1)) for k in range(SATURATION_TAUS)]  # in spans
+    curves = [fit for fit in (_curve(y, t, tau) for tau in taus) if fit is not None]  # (rss, b, tau)
+    if not curves:
+        return INF
+    curves.append(_refined(min(curves)[2], taus, lambda tau: _curve(y, t, tau)))
+    best = min(curves)
+    rss = max(best[0], floor)
+    if n * math.log(max(line[0], floor) / rss) < SATURATION_LR:
+        return INF  # no better than a line
+    with_line = [fit for fit in (_curve(y, t, tau, with_line=True) for tau in taus) if fit is not None]
+    if with_line:
+        with_line.append(_refined(min(with_line)[2], taus, lambda tau: _curve(y, t, tau, with_line=True)))
+    steady = min((fit[0] for fit in with_line), default=INF)
+    if steady < INF and n * math.log(rss / max(steady, floor)) >= SATURATION_LR:
+        return INF  # a fill, and a steady rise beside it
+    bent = sum(r * r for r in _curve(y, t, best[2], residuals=True)[half:])
+    straight = newer
+    floor_half = RESOLUTION ** 2 * (n - half)
+    if straight is not None and (n - half) * math.log(max(bent, floor_half) / max(straight[0], floor_half)) \
+            >= SATURATION_LR:
+        return INF  # the newest half is a line: the curve was bent by the window's start
+    rest = max(b for r, b, _ in curves if n * math.log(max(r, floor) / rss) <= INTERVAL_LR)
+    return rest * scale
+
+
+def _curve(y: list[float], t: list[float], tau: float, with_line: bool = False, residuals: bool = False):
+    """(residual sum of squares, growth still to come at the newest point, tau) of the saturating
+    curve with time constant `tau` (in spans; `t` runs from -1 to 0) through `y`, with a line beside
+    it where `with_line` (then only where the line rises); None where the curve does not rise.
+    `residuals`: the residuals themselves instead."""
+    top = math.exp(1.0 / tau)
+    v = [math.exp(-(u + 1.0) / tau) for u in t]  # 1 at the oldest point, 1/top at the newest
+    if residuals:
+        return _least_squares(y, [v, t] if with_line else [v], True)[1]
+    fit = _fit(y, t, v, with_line)
+    if fit is None or fit[1] >= 0 or (with_line and fit[2] <= 0):
+        return None
+    return fit[0], -fit[1] / top, tau
+
+
+def _fit(y: list[float], t: list[float], v: list[float], with_line: bool):
+    """(rss, coefficient of v[, of t]) of `y` on a constant, `v` and (`with_line`) `t`, from sums
+    alone: the hot path of `saturation_rise`. None where they are collinear."""
+    n = len(y)
+    sv, svv, svy = sum(v), sum(map(mul, v, v)), sum(map(mul, v, y))
+    sy, syy = sum(y), sum(map(mul, y, y))
+    if not with_line:
+        det = n * svv - sv * sv
+        if det <= 1e-12 * max(1.0, n * svv):
+            return None
+        c = (n * svy - sv * sy) / det
+        a = (sy - c * sv) / n
+        return max(syy - a * sy - c * svy, 0.0), c
+    st, stt, sty, svt = sum(t), sum(map(mul, t, t)), sum(map(mul, t, y)), sum(map(mul, v, t))
+    solution = _solve([[n, sv, st], [sv, svv, svt], [st, svt, stt]], [sy, svy, sty])
+    if solution is None:
+        return None
+    return max(syy - solution[0] * sy - solution[1] * svy - solution[2] * sty, 0.0), solution[1], solution[2]
+
+
+def _refined(tau: float, taus: list[float], curve) -> tuple[float, float, float]:
+    """The best fit near `tau`, a point of the grid `taus`: a golden-section search between its
+    neighbours on the grid (the residuals of a fill are smooth in tau)."""
+    ratio = taus[1] / taus[0]
+    low, high = math.log(tau / ratio), math.log(tau * ratio)
+    best = curve(tau)
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(REFINE_STEPS):
+        a, b = high - golden * (high - low), low + golden * (high - low)
+        fa, fb = curve(math.exp(a)), curve(math.exp(b))
+        ra, rb = fa[0] if fa else INF, fb[0] if fb else INF
+        for fit in (fa, fb):
+            if fit is not None and (best is None or fit[0] < best[0]):
+                best = fit
+        if ra < rb:
+            high = b
+        else:
+            low = a
+    return best
+
+
+def _least_squares(y: list[float], columns: list[list[float]], residuals: bool = False):
+    """(residual sum of squares, coefficients) of `y` on a constant and `columns` (one or two), or
+    None where they are collinear; `residuals`: (residual sum of squares, the residuals)."""
+    n = len(y)
+    cols = [[1.0] * n, *columns]
+    k = len(cols)
+    gram = [[float(n) if i == j == 0 else math.fsum(map(mul, cols[i], cols[j])) for j in range(k)] for i in range(k)]
+    rhs = [math.fsum(map(mul, col, y)) for col in cols]
+    solution = _solve(gram, rhs)
+    if solution is None:
+        return None
+    if residuals:
+        errors = [yi - sum(c * col[i] for c, col in zip(solution, cols)) for i, yi in enumerate(y)]
+        return math.fsum(e * e for e in errors), errors
+    # The residuals' sum of squares of a least-squares fit, without a pass over them.
+    rss = math.fsum(map(mul, y, y)) - math.fsum(map(mul, solution, rhs))
+    return max(rss, 0.0), solution[1:]
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting on a small system; None when it is singular."""
+    k = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12 * max(1.0, max(abs(x) for x in m[col][:k])):
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, k):
+            f = m[r][col] / m[col][col]
+            for c in range(col, k + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * k
+    for r in range(k - 1, -1, -1):
+        x[r] = (m[r][k] - sum(m[r][c] * x[c] for c in range(r + 1, k))) / m[r][r]
+    return x
 
 
 LUMP_SIDE = 4  # floors on each side of a lump that measure its height
@@ -220,6 +362,8 @@ def staircase_rise(trend: Trend, window: Series) -> float:
     return max(0.0, stops_at - (level + heights[-1])) + heights[-1]
 
 
+FASTER_Z = 3.0  # a faster tail must stand out by this many times the interval's z: every analysis compares many tails
+FASTER_SHARE = 1.1  # ... and be this much faster than the upper edge: a hair's breadth (rounding, on a noiseless line) moves no action
 TAIL_BUCKETS = 4  # the shortest tail of newest buckets compared with its window; then 6, 9, 14, ...
 
 
@@ -311,6 +455,66 @@ def newest_evidence(trend: Trend, window: Series, z: float = 1.96, fine: Series 
             return found
         covered = 0.25 * (fine.xs[-1] - fine.xs[0])
     return _slower_tail(trend, allowance, window, z, covered) or trend
+
+
+def faster_evidence(trend: Trend, window: Series, z: float = 1.96, fine: Series | None = None) -> Trend:
+    """The trend with its upper edge raised to the newest buckets' rate, when they rise clearly faster
+    than the whole window: growth that accelerates.
+
+    A window's median of slopes is the rate of its middle: growth that accelerates (a leak whose
+    every step keeps a little more than the one before, a cache of activations that doubles) is
+    already faster at the window's end than its interval's upper edge, and a line at that edge from
+    the fitted floor reaches the limit far later than memory does (a quadratic leak: 400 steps
+    projected, 25 left). The newest tails (the finer buckets' first, as in `newest_evidence`) are
+    compared with the window the other way round: the shortest whose rise, less one lump and the
+    noise of its two medians (`FASTER_Z` times the interval's z: every analysis compares a dozen
+    tails; at one z, 16 of the bench's 69 leaks got their first action earlier, at three 5, windows
+    that still hold the flat stretch before their leak began, whose line is rightly slower than
+    the leak), is still faster than the window's upper edge is believed, and its rate (rise over
+    span) becomes the upper edge.
+    The central slope stays the window's: what was seen over the window, for words and the central
+    projection; what an action is timed by (the upper edge, the limit rule's alarm rate) is the newest.
+    A steady leak's tails are never faster by more than a lump and their noise, so its interval stays
+    as it was. Returns `trend` itself when no tail is clearly faster.
+    """
+    xs, ys = window.xs, window.ys
+    if fine is not None and (len(fine.xs) < 2 * TAIL_BUCKETS or fine.xs[-2 * TAIL_BUCKETS] < xs[0]
+                             or (fine.xs[-1] == xs[-1] and fine.xs[1] - fine.xs[0] == xs[1] - xs[0])):
+        fine = None
+    n = len(xs)
+    m = max(1, n // (2 * SEGMENTS))
+    span = 0.5 * (xs[n - m] + xs[n - 1] - xs[0] - xs[m - 1])
+    if span <= 0:
+        return trend
+    allowance = _Allowance(trend, window, fine, median(ys[n - m:]) - median(ys[:m]), span)
+    for series in (fine, window):
+        if series is None:
+            continue
+        rate = _faster_tail(trend, allowance, series, z)
+        if rate is not None:
+            return trend._replace(high=rate)
+    return trend
+
+
+def _faster_tail(trend: Trend, allowance: "_Allowance", series: Series, z: float) -> float | None:
+    """The rate of the shortest tail of `series` clearly faster than the window's upper edge (see
+    `faster_evidence`), or None."""
+    xs, ys = series.xs, series.ys
+    n = len(xs)
+    for k in tail_sizes(n):
+        m = max(1, k // SEGMENTS)
+        span = 0.5 * (xs[n - m] + xs[n - 1] - xs[n - k] - xs[n - k + m - 1])
+        if span <= 0 or span > 0.5 * trend.span:
+            break
+        head, end = ys[n - k:n - k + m], ys[n - m:]
+        if max(end) - min(head) <= trend.high * span:
+            continue  # not faster even at its most (most tails of a steady leak end here)
+        first, last = median(head), median(end)
+        rise = last - first
+        noise = FASTER_Z * z * MEDIAN_EFFICIENCY * series.noise / math.sqrt(m)
+        if rise - allowance.lump - noise > FASTER_SHARE * trend.high * span:
+            return rise / span
+    return None
 
 
 class _Allowance:

@@ -316,6 +316,7 @@ class LoopAccount:
         self.ledger = ledger
         self._begun = False
         self._phase_started: float | None = None  # a bounded phase's start (perf_counter), while one runs
+        self._phase_cause = "eval"  # what that phase's span is counted as
         self._ended = False  # ended, or the job file is kept by another ledger of this process (the trainer's)
 
     @classmethod
@@ -340,16 +341,17 @@ class LoopAccount:
     def due(self) -> bool:
         return self._begun and self._phase_started is None and not self._ended and self.ledger.due()
 
-    def phase(self, bounded: bool, step: int) -> None:
-        """The loop's phase changed after `step(step)`: a bounded one starts an `eval` span, its end
-        closes it (the next training step is `step + 1`)."""
+    def phase(self, bounded: bool, step: int, cause: str = "eval") -> None:
+        """The loop's phase changed after `step(step)`: a bounded one starts a span of `cause` (an
+        `eval`; a save's phase, `checkpoint_save`), its end closes it (the next training step is
+        `step + 1`)."""
         if self._ended or not self._begun:
             return
         if bounded and self._phase_started is None:
             self.ledger.pause(step + 1)
-            self._phase_started = time.perf_counter()
+            self._phase_started, self._phase_cause = time.perf_counter(), cause
         elif not bounded and self._phase_started is not None:
-            self.ledger.spent("eval", time.perf_counter() - self._phase_started, step + 1)
+            self.ledger.spent(self._phase_cause, time.perf_counter() - self._phase_started, step + 1)
             self._phase_started = None
 
     def timed(self, cause: str, step: int):

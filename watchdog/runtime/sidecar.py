@@ -62,7 +62,7 @@ from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.cycles import futile
 from watchdog.core.errors import EXIT_FUTILE, EXIT_INTERRUPTED, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.judge import Judge, Recovery
-from watchdog.core.phase import STEADY_LABELS, parse_label, phase_label
+from watchdog.core.phase import SAVE, STEADY_LABELS, parse_label, phase_label
 from watchdog.core.readings import HostReading
 from watchdog.core.restarts import RunState
 from watchdog.core.sample import Sample
@@ -91,6 +91,8 @@ from watchdog.station.trace_sink import TraceSink
 log = get_logger(__name__)
 
 _SAMPLE, _PHASE_END, _REBUILD, _REINIT, _BARRIER, _STOP = "sample", "phase_end", "rebuild", "reinit", "barrier", "stop"
+_SAVED = "saved"  # a save the loop timed: what an action takes, for every station's judge
+_STAGED = "staged"  # readings around a baseline census: what an action's census holds beside memory
 _SAMPLE_REQUEST = (_SAMPLE, None)  # the step and phase to sample are read from `_asked` when handled
 _PHASE_END_REQUEST = (_PHASE_END, None)  # the phases that ended are read from `_asked.ends` when handled
 _FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
@@ -469,8 +471,12 @@ class Watchdog(ActionPath):
         return [descendant.line() for descendant in tree.grown()] if tree is not None else []
 
     def observe_checkpoint(self, seconds: float) -> None:
-        """A save the loop made, timed (`hbmwatch_checkpoint_seconds`)."""
+        """A save the loop made, timed (`hbmwatch_checkpoint_seconds`). The judges learn from it what an
+        action takes: from the first one on, actions come at the latest safe moment (`core/action_time.py`).
+        `carry_out` times the saves it makes; a loop that saves on its own (every N steps) calls it
+        with what its save took, so that the first action already knows."""
         self.checkpoint_figures.observe_save(seconds)
+        self._post((_SAVED, seconds))
 
     @property
     def suspects(self) -> Suspects | None:
@@ -551,7 +557,10 @@ class Watchdog(ActionPath):
         if self._handed.unlogged is not None and not self._handed.logs_outcomes:  # its loop never said
             self.log_outcome(HANDED_OVER)
         if self._drives_follower:
+            around = self._read_between_steps("source_read") if self._follower.baseline_due else None
             self._follower.between_steps(step)
+            if around is not None:  # the census an action takes holds this much beside memory, at least
+                self._post((_STAGED, (around, self._read_between_steps("source_read"))))
             if self._follower.pending:
                 self._chores.append(_FOLLOW)
 
@@ -603,7 +612,8 @@ class Watchdog(ActionPath):
         whose peak since the previous reading is the phase's last (an evaluation's end-of-pass copy of
         its predictions, a save's staging copy), and a climbing phase's run is counted."""
         if self._account is not None:  # an evaluation's time is no training step's
-            self._account.phase(_bounded(self._phase), self._newest_step)
+            self._account.phase(_bounded(self._phase), self._newest_step,
+                                "checkpoint_save" if parse_label(self._phase).name == SAVE else "eval")
         phase = parse_label(label)
         if not phase.bounded:
             return
@@ -661,6 +671,11 @@ class Watchdog(ActionPath):
                     self._before_rebuild(*payload)
                 elif kind == _REINIT:
                     self._after_reinit(*payload)
+                elif kind == _SAVED:
+                    for station in self._stations():
+                        station.judge.saved(payload)
+                elif kind == _STAGED:
+                    self._census_held(*payload)
                 elif kind == _BARRIER:
                     payload.set()
             except Exception as exc:  # noqa: BLE001 - the sidecar must outlive any single failure
@@ -744,6 +759,15 @@ class Watchdog(ActionPath):
             self.station.judge.rebuild_starts(device.bytes_used)
         if host is not None:
             self._host_watch.station.judge.rebuild_starts(host.bytes_used)  # type: ignore[union-attr]
+
+    def _census_held(self, before: tuple, after: tuple) -> None:
+        """Readings between steps around a baseline census (each memory's, freed pages handed back
+        first): how far its peak rose is what the census an action takes holds beside memory."""
+        host = self._host_watch.station if self._host_watch is not None else None
+        for station, start, end in ((self.station, before[0], after[0]), (host, before[1], after[1])):
+            if station is not None and start is not None and end is not None:
+                peak = end.peak_bytes_used if end.peak_bytes_used is not None else end.bytes_used
+                station.judge.staged(max(peak, end.bytes_used) - start.bytes_used)
 
     def _after_reinit(self, readings: tuple, took: int | None, held: bool) -> None:
         device, host = readings

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from watchdog.actions.checkpoint import CheckpointSaveError, DiskSpace, capture_rng_state
+from watchdog.core.phase import SAVE
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.runtime.agreement import Agreement
@@ -117,7 +118,7 @@ class Checkpointer:
         path, bytes needed and bytes free; the older checkpoints are intact). Every rank gets the same
         answer. Collective with several ranks: every rank calls it at the same step."""
         span = self._ledger.span("checkpoint_save", state.step) if self._ledger is not None else nullcontext()
-        with span, self._watchdog.phase("save"):  # its end's reading holds the save's peak (its staging copies)
+        with span, self._watchdog.phase(SAVE):  # its end's reading holds the save's peak (its staging copies)
             saved = self._write(state, payload_extra)
         if saved:
             self.saved_at = state.step
