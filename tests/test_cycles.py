@@ -191,3 +191,24 @@ def test_cycles_alike_are_rebuilt_every_time_and_never_stopped():
     records = run_cycles(1.0)
     assert len(records) == 12 and all(r.exit_code in (None, 42) and r.futile is None for r in records), \
         [(r.step, r.outcome, r.futile) for r in records]
+
+
+@pytest.mark.parametrize("every", [10, 50])
+def test_every_cycle_under_a_sawtooth_ten_times_a_samples_rise_is_acted_on_before_the_limit(every):
+    """After a rebuild the detector's new baseline has seen few of the transients' tops (with a reading
+    a bucket, none), and at the latest safe moment a sawtooth ten times a sample's rise took the
+    second and third cycles 1.1-1.5% past the limit: what the readings spanned before the rebuild is
+    room now (`python -m watchdog.bench.how_early --sawtooth-mib 100`)."""
+    from watchdog.bench.how_early import run
+
+    row = run(every, 100, sawtooth=100 * MiB)
+    assert row.actions == 3 and row.highest_share < 1.0, row
+
+
+def test_every_cycle_of_a_leak_half_outside_the_rebuilt_state_is_acted_on_before_the_limit():
+    from watchdog.bench.how_early import SAMPLE_EVERY, run
+
+    for every in SAMPLE_EVERY:
+        row = run(every, 20, outside=0.5)
+        assert row.actions == 3 and row.highest_share < 1.0, row
+        assert row.cycle_steps[2] < row.cycle_steps[0], "each cycle starts with less headroom"

@@ -115,6 +115,7 @@ class Judge:
         self._cycles: list[float] = []  # this process's cycles' lengths, in steps, to their actions
         self._lesson: Lesson | None = None  # that rate, carried into the cycle after a rebuild (core/cycles.py)
         self._gap = 0.0  # steps between the newest two readings
+        self._spread = 0.0  # what the transients spanned in this process, seen so far (`Pace.spread`)
         self._level_at_action: float | None = None  # the floor (or, in warm-up, the reading) the newest action came at
         self._before_rebuild: float | None = None  # a reading when the newest reinit was handed over
         self._action_peak: float | None = None  # the highest reading since the newest action, until its rebuild
@@ -188,6 +189,8 @@ class Judge:
             self._action_peak = max(self._action_peak, sample.bytes_used, sample.peak_bytes_used or 0)
         fresh = self._pace.add(sample.step, sample.timestamp, sample.bytes_used)
         verdict = self._route(sample)  # the detector, or the watch on a bounded phase
+        if fresh:  # what the transients span about the readings' line, for the cycles after a rebuild
+            self._spread = max(self._spread, verdict.excursion_bytes, self._pace.spread())
         if self._within_reach(sample.step, sample.bytes_used, fresh, sample.peak_bytes_used):
             return self._at_limit(sample, verdict)
         if self._next_run is not None and self._episode is None:
@@ -452,6 +455,7 @@ class Judge:
         """A fresh state: the next reading starts a cycle, which knows the rate the one before measured."""
         self._cycle = None
         self._lesson = Lesson(self._taught, self._previous_step) if self._taught > 0 else None
+        self.policy.excursion_seen = self._spread  # the new baseline's buckets have seen few of them
 
     def restarted(self) -> None:
         """Told that the process being judged was replaced by a new one (restarted after an action,

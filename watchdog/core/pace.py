@@ -110,6 +110,21 @@ class Pace:
             return 0.0  # a climb not well above the readings' spread within a quarter is noise's
         return climb / span
 
+    def spread(self) -> float:
+        """What the newest readings span about the line through them (0 before the window is full):
+        a sawtooth's height, whatever the detector's buckets saw of it (with a reading a bucket, none:
+        a bucket's peak is its floor), and nearly nothing of a ramp, however steep."""
+        steps, used = self._steps, self._bytes
+        n = len(used)
+        if n < PACE_SAMPLES:
+            return 0.0
+        mean_x, mean_y = sum(steps) / n, sum(used) / n
+        dx = [x - mean_x for x in steps]
+        var = sum(d * d for d in dx)
+        slope = sum(d * (y - mean_y) for d, y in zip(dx, used)) / var if var > 0 else 0.0
+        residuals = [y - mean_y - slope * d for d, y in zip(dx, used)]
+        return max(residuals) - min(residuals)
+
     @property
     def reach(self) -> float:
         """Steps to look ahead: to the next reading, a gap more for what the pace underestimates (the

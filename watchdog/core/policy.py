@@ -168,6 +168,7 @@ class ActionPolicy:
         self._asked = False  # this policy asked for the checkpoint action whose reinit comes next
         self._previous_step: int | None = None
         self._largest_gap = 0  # steps between two verdicts, at most
+        self.excursion_seen = 0.0  # after a rebuild: what the transients spanned before it (the Judge's)
 
     @property
     def carrying_out(self) -> int | None:
@@ -194,7 +195,13 @@ class ActionPolicy:
             return None
         high = verdict.slope_high_bytes_per_step
         staging = max(0.0, times.own_bytes - verdict.excursion_bytes) / high if high > 0 else 0.0
-        return self.config.safety_factor * (reach(steps, self._largest_gap, self.agreement_gaps) + staging)
+        # The projection's peak is the floor plus the tallest transient its buckets saw, and after a
+        # rebuild the new baseline's buckets have seen few (with a reading a bucket, `sample_every` 8
+        # or more, none): what the readings spanned before the rebuild (the Judge's) is room too, in
+        # the steps the leak takes to grow it (a sawtooth ten times a sample's rise crossed the limit by
+        # 1.5% on its second cycle without it: `python -m watchdog.bench.how_early --sawtooth-mib 100`).
+        unseen = max(0.0, self.excursion_seen - verdict.excursion_bytes) / high if high > 0 else 0.0
+        return self.config.safety_factor * (reach(steps, self._largest_gap, self.agreement_gaps) + staging) + unseen
 
     def horizon(self, verdict: Verdict) -> float:
         """How close the pessimistic OOM must be for a checkpoint action on `verdict`: the latest safe
