@@ -137,7 +137,7 @@ def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_beside_the_train
     saved = json.loads((tmp_path / "checkpoint-3" / "hbm-watchdog.json").read_text())
     assert saved == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": 3, "cycles": []}
     second = run((), 10, True)  # a new process: a new callback
-    assert second.watchdog.state_dict()["watchdog_restarts"] == 5 and second.watchdog.judge.restarts_so_far == 5
+    assert second.watchdog.state_dict()["watchdog_restarts"] == 5
 
 
 def test_a_clean_run_gets_no_action_and_no_leak_report(tmp_path, events, monkeypatch):

@@ -87,7 +87,6 @@ def test_a_reinit_that_freed_nothing_keeps_the_history_and_escalates_to_a_restar
     later = [judge.judge(s) for s in samples[5000:]]
     assert later[0][0].status is not Status.WARMING_UP  # history kept
     assert any(action is Action.CHECKPOINT_RESTART for _, action in later)
-    assert 1 <= judge.restarts_so_far <= PolicyConfig().max_restarts
 
 
 def test_no_floor_yet_means_no_recovery_to_measure():
@@ -95,22 +94,20 @@ def test_no_floor_yet_means_no_recovery_to_measure():
 
 
 def test_a_restarted_process_starts_a_new_baseline_and_a_new_policy_clock():
-    """Steps count again from the new process: a cooldown left from the old one must not silence it,
-    while the restarts so far carry over."""
+    """Steps count again from the new process: a cooldown left from the old one must not silence it
+    (the restarts so far are `RunState`'s, which the host keeps: tests/test_sidecar.py)."""
     judge = Judge(policy_config=PolicyConfig(cooldown_steps=5000, prefer_restart=True, max_restarts=10))
     samples = leaking(6000, rate=1 * MiB)
     judged = [judge.judge(s) for s in samples]
     actions = [a for _, a in judged]
     first = actions.index(Action.CHECKPOINT_RESTART)
     floor_before = judged[first][0].floor_bytes  # the floor the restart was asked at
-    assert judge.restarts_so_far == 1
 
     judge.restarted()
-    assert judge.latest is None and judge.restarts_so_far == 1
+    assert judge.latest is None
     again = [judge.judge(s) for s in samples[:first + 1]]  # the new process leaks the same way
     assert again[0][0].status is Status.WARMING_UP
     assert [a for _, a in again].count(Action.CHECKPOINT_RESTART) == 1, "the old cooldown was carried over"
-    assert judge.restarts_so_far == 2
 
     recovery = judge.restart_settled(BASE)
     assert recovery == (floor_before, float(BASE), True)

@@ -256,7 +256,6 @@ def test_the_watchdogs_restarts_in_a_row_reach_the_next_process_through_lightnin
     assert first.watchdog.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": 3, "cycles": []}
     second = fit((), 10, ckpt_path=first.resume_path())  # a new process: a new callback
     assert second.watchdog.state_dict() == {"restarts_so_far": 5, "watchdog_restarts": 5, "watchdog_restart_step": 3, "cycles": []}
-    assert second.watchdog.judge.restarts_so_far == 5
 
 
 def test_a_checkpoint_dir_that_is_a_file_is_refused_when_the_callback_is_made(tmp_path):

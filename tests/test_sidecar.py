@@ -375,7 +375,7 @@ def test_the_watchdogs_restarts_in_a_row_span_processes_through_its_state_dict()
     assert saved == {"restarts_so_far": 6, "watchdog_restarts": 6, "watchdog_restart_step": 10, "cycles": []}
 
     second = watchdog(saved, 50)
-    assert second.judge.restarts_so_far == 6, "the budget starts where the last process left it"
+    assert second.state_dict()["watchdog_restarts"] == 6, "the budget starts where the last process left it"
     for s in range(11, 52):
         second.step(s)
     assert second.state_dict()["watchdog_restarts"] == 7, "40 steps later: a loop"

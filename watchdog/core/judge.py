@@ -88,11 +88,11 @@ class Judge:
     """
 
     def __init__(self, detector_config: DetectorConfig | None = None, policy_config: PolicyConfig | None = None,
-                 *, memory_limit_bytes: int | None = None, restarts_so_far: int = 0):
+                 *, memory_limit_bytes: int | None = None):
         self.memory_limit_bytes = memory_limit_bytes
         self.detector = LeakDetector(detector_config, effective_limit(None, memory_limit_bytes))
         self.action_time = ActionTime()  # what the actions and saves measured: the latest safe moment's figures
-        self._use_policy(ActionPolicy(policy_config, restarts_so_far=restarts_so_far, action_time=self.action_time))
+        self._use_policy(ActionPolicy(policy_config, action_time=self.action_time))
         self._latest: Verdict | None = None
         self._unjudged: Sample | None = None  # the newest sample, when judge_quietly built no verdict for it
         self._device_limit: int | None = _NO_LIMIT_SEEN
@@ -148,14 +148,6 @@ class Judge:
         rise, per_step = self._pace.rise(), self._pace.seconds_per_step
         return rise / per_step if per_step > 0 else 0.0
 
-    @property
-    def restarts_so_far(self) -> int:
-        return self.policy.restarts_so_far
-
-    def resume(self, restarts_spent: int) -> None:
-        """The restart budget spent by earlier processes of the job (the host's saved state)."""
-        self.policy.restarts_so_far = restarts_spent
-
     def ends_at(self, last_step: int | None) -> None:
         """The run ends at `last_step` (the host knows it: the trainer's steps, Lightning's and Hugging
         Face's `max_steps`), unless the policy's settings already name an end: an OOM projected past it
@@ -164,9 +156,8 @@ class Judge:
             self.policy.last_step = int(last_step)
 
     def _fresh_policy(self) -> ActionPolicy:
-        """A policy starting over, keeping the restarts so far and the run's end."""
-        policy = ActionPolicy(self.policy.config, restarts_so_far=self.policy.restarts_so_far,
-                              action_time=self.action_time)
+        """A policy starting over, keeping the run's end (the restarts are `RunState`'s)."""
+        policy = ActionPolicy(self.policy.config, action_time=self.action_time)
         policy.last_step, policy.agreement_gaps = self.policy.last_step, self.policy.agreement_gaps
         return policy
 

@@ -13,8 +13,9 @@ The ladder, one verdict at a time:
 - confirmed, OOM within the action horizon -> CHECKPOINT_REINIT (save, rebuild in process)
     ... or CHECKPOINT_RESTART (save, exit 42) when `prefer_restart` is set, or when the last
     reinit did not bring the floor back down (`reinit_finished`); once the restart budget
-    (`max_restarts`, counting `restarts_so_far` from earlier processes) is spent, the restart is
-    handed over as a stop (`ActionPath._futile`: save, exit 45): another reinit could not help.
+    (`max_restarts`) is spent, the restart is handed over as a stop (`ActionPath._futile`: save,
+    exit 45): another reinit could not help. The policy counts no restarts: the run's one count is
+    `core/restarts.RunState`, which spans processes and is kept in the host's checkpoints.
 - after a checkpoint action, nothing more until its effect is measured (`reinit_finished`: the
   loop rebuilt, and one reading says what came back; a restart replaces the policy with the
   process). From then on the policy watches as it did before the first action: a projected OOM
@@ -147,14 +148,10 @@ class PolicyConfig:
 class ActionPolicy:
     """Turns the detector's verdicts into at most one action per cooldown; see the module docstring."""
 
-    def __init__(self, config: PolicyConfig | None = None, restarts_so_far: int = 0,
-                 action_time: ActionTime | None = None):
+    def __init__(self, config: PolicyConfig | None = None, action_time: ActionTime | None = None):
         self.config = config or PolicyConfig()
         self.action_time = action_time or ActionTime()  # what the actions and saves measured (the Judge's)
         self.agreement_gaps = 0  # 1 where the ranks agree on actions: the answer comes a sampling period later
-        if restarts_so_far < 0:
-            raise ConfigError("restarts_so_far", "must not be negative")
-        self.restarts_so_far = restarts_so_far
         self.last_step = self.config.last_step  # where the run ends, where known (the host may say later)
         self._first_step: int | None = None
         self._confirmed = 0
@@ -274,10 +271,9 @@ class ActionPolicy:
         self._previous_step = step
 
     def _checkpoint_action(self) -> Action:
-        """A restart where one is wanted, the budget's count kept; past the budget as well: another
-        reinit could not help, and the hand-over stops the job instead (`ActionPath._futile`, exit 45)."""
+        """A restart where one is wanted; past the budget as well: another reinit could not help, and
+        the hand-over stops the job instead (`ActionPath._futile`, exit 45, on `RunState`'s count)."""
         if self.config.prefer_restart or self._escalate:
-            self.restarts_so_far = min(self.restarts_so_far + 1, max(self.restarts_so_far, self.config.max_restarts))
             return Action.CHECKPOINT_RESTART
         return Action.CHECKPOINT_REINIT
 

@@ -630,7 +630,6 @@ class Watchdog(ActionPath):
     def _apply_run_state(self) -> None:
         run = self._run_state
         for station in self._stations():
-            station.judge.resume(run.budget_spent)
             station.judge.ends_at(run.last_step)
             station.telemetry.restarts_total = run.restarts_so_far
 
