@@ -63,6 +63,42 @@ def test_the_flight_record_holds_the_signals_the_actions_and_a_clean_end(tmp_pat
     assert not list(tmp_path.glob(".*.tmp")), "no temporary left behind"
 
 
+def undeclared(record: dict, fields: dict, where: str = "") -> list[str]:
+    """The fields of `record` its table does not name, nested tables included (`{}`: not checked)."""
+    if not fields:
+        return []
+    found = []
+    for name, value in record.items():
+        label = f"{where}.{name}" if where else name
+        expected = fields.get(name)
+        if name not in fields:
+            found.append(label)
+        elif isinstance(expected, dict) and isinstance(value, dict):
+            found += undeclared(value, expected, label)
+        elif isinstance(expected, list) and isinstance(value, list):
+            found += [f for i, item in enumerate(value) for f in undeclared(item, expected[0], f"{label}[{i}]")]
+    return found
+
+
+def test_the_writer_writes_every_field_the_readers_table_names_and_no_other(tmp_path):
+    """Issue 59: the flight record's fields were listed twice, the writer's dict and the reader's
+    `RECORD_FIELDS`, and the host's reading wrote two that no reader's table named."""
+    from watchdog.core.postmortem import RECORD_FIELDS
+
+    trace = tmp_path / "trace.csv"
+    wd = run_leak(trace, 400, stop=False)
+    wd.record_program([])  # whatever the host records, through the same recorder
+    wd.stop()
+    record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
+    assert set(record) == set(RECORD_FIELDS)
+    assert record["host"] is not None and record["verdict"] is not None, "the nested tables were written"
+    assert undeclared(record, RECORD_FIELDS) == []
+    recorder = flight_record.FlightRecorder(tmp_path / "other.json", min_interval_seconds=0)
+    recorder.observe_device_oom(0, 2 * GiB, 80 * GiB, GiB)
+    recorder.observe_action(7, ["+3 tensors float32[1024]"])
+    assert undeclared(json.loads((tmp_path / "other.json").read_text()), RECORD_FIELDS) == []
+
+
 def test_a_run_that_stops_without_a_shutdown_is_unclean_and_its_leak_named(tmp_path, capsys):
     trace = tmp_path / "trace.csv"
     wd = run_leak(trace, 900, stop=False)  # as if killed: the watchdog never stopped in order

@@ -154,8 +154,8 @@ _VERDICT = {"step": _STEP, "status": _TEXT, "explanation": _TEXT, "floor_bytes":
             "limit_bytes": _SIZE, "slope_bytes_per_step": _SIGNED, "projected_oom_step": _STEP,
             "leak_reported": (_flag, "true or false"), "oom_projected": (_flag, "true or false")}
 _HOST = {"domain": _TEXT, "bytes_used": _SIZE, "bytes_limit": _SIZE, "process_bytes": _SIZE,
-         "available_bytes": _SIZE, "oom_kills": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
-         "verdict": _VERDICT}
+         "available_bytes": _SIZE, "oom_kills": _STEP, "peak_bytes_used": _SIZE, "age_seconds": _SIZE,
+         "leak_reported_at": _STEP, "oom_projected_at": _STEP, "verdict": _VERDICT}
 _PROGRAM_SITE = {"op_name": _TEXT, "shape": _TEXT, "innermost": _TEXT, "user": _TEXT, "bytes": _SIZE}
 _DEVICE_OOM = {"device": _TEXT, "requested_bytes": _SIZE, "limit_bytes": _SIZE, "free_bytes": _SIZE, "step": _STEP}
 _THREAD_ID = re.compile(r"0x[0-9a-f]{1,16}")
@@ -167,7 +167,7 @@ _STALL = {"step": _STEP, "seconds": _SIGNED, "rank": _STEP, "where": _TEXT, "use
           "training_thread": (lambda v: isinstance(v, str) and _THREAD_ID.fullmatch(v) is not None,
                               "a thread id written 0x and hex digits")}
 RECORD_FIELDS: dict[str, Any] = {
-    "ended": _TEXT, "trace_file": _TEXT, "last_step": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
+    "version": _STEP, "written_at": _SIZE, "ended": _TEXT, "trace_file": _TEXT, "last_step": _STEP, "leak_reported_at": _STEP, "oom_projected_at": _STEP,
     "suspects_step": _STEP, "compilations": _STEP, "creation_sites": (_flag, "true or false"),
     "verdict": _VERDICT, "host": _HOST, "process": {}, "recompilation": {},
     "suspects": (_list_of(_text), "a list of strings"),
@@ -175,8 +175,10 @@ RECORD_FIELDS: dict[str, Any] = {
     "program_sites": [_PROGRAM_SITE], "device_oom": _DEVICE_OOM, "stall": _STALL,
     "action_suspects": {"step": _STEP, "lines": (_list_of(_text), "a list of strings")},
 }
-"""What `diagnose` reads of a flight record, and what each must be (null or absent: unknown). A
-nested object is its own table of fields; `[table]` is a list of such objects."""
+"""Every field of a flight record, and what each must be (null or absent: unknown): the one list,
+for the writer (`runtime/flight_record.py` starts its record from it, and writes nothing else) and
+for every reader (`diagnose` checks them before using any). A nested object is its own table of
+fields (`{}`: not checked); `[table]` is a list of such objects."""
 
 
 def record_problem(record: Any, fields: Any = None, where: str = "") -> str | None:

@@ -23,7 +23,8 @@ signal, an action or the suspects change, and otherwise at most every `min_inter
 the cost is one small file write per few seconds, on the sidecar thread. `hbm-watchdog
 postmortem` reads it with the trace. It is strict JSON (`core/strict_json.py`: a non-finite number is
 null), read back bounded (nesting, integers, finite numbers); `postmortem` checks each field it
-reads (`core/postmortem.py`'s `RECORD_FIELDS`) before using any.
+reads (`core/postmortem.py`'s `RECORD_FIELDS`: the one list of its fields, which the record is
+also written from) before using any.
 
 Only a flight record is ever replaced (`claim`, when the recorder is made): the path holds
 nothing yet, an empty file, or a record of ours (`is_record`: what every version of this module
@@ -43,6 +44,7 @@ from typing import Any
 from watchdog.core.errors import InputError
 from watchdog.core import strict_json
 from watchdog.core.inputs import open_regular
+from watchdog.core.postmortem import RECORD_FIELDS, record_problem
 from watchdog.core.verdict import Verdict
 from watchdog.fileio import write_atomically
 from watchdog.logs import OncePerKind, get_logger
@@ -99,8 +101,6 @@ def load(path: str | os.PathLike) -> dict[str, Any] | None:
     InputError naming the path (and the line, where the text says) for a file that is not a record
     of ours, and naming the field for a record whose fields `postmortem` cannot use
     (`core.postmortem.RECORD_FIELDS`). Never quotes the file."""
-    from watchdog.core.postmortem import record_problem
-
     try:
         record = _load(path, reading=True)
     except (FileNotFoundError, NotADirectoryError):
@@ -155,14 +155,11 @@ class FlightRecorder:
         self.path = path
         self.min_interval_seconds = min_interval_seconds
         self._error_log = OncePerKind(log, "flight_record_write_failed", level="error")
-        self._state: dict[str, Any] = {
+        # Every field `RECORD_FIELDS` names, and no other: null until known, but for these.
+        self._state: dict[str, Any] = dict.fromkeys(RECORD_FIELDS) | {
             "version": VERSION, "process": _process_identity(rank),
             "trace_file": os.path.abspath(trace_file) if trace_file is not None else None,  # read from anywhere
-            "written_at": None, "ended": None, "last_step": None, "verdict": None,
-            "leak_reported_at": None, "oom_projected_at": None, "actions": {},
-            "suspects": [], "suspects_step": None, "creation_sites": False,
-            "compilations": None, "recompilation": None, "host": None, "program_sites": [],
-            "device_oom": None, "stall": None, "action_suspects": None,
+            "actions": {}, "suspects": [], "creation_sites": False, "program_sites": [],
         }
         self._written_at = 0.0
         self._key: tuple = ()
