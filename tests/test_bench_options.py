@@ -91,6 +91,8 @@ def test_every_option_of_every_program_refuses_what_it_cannot_use_in_one_line(mo
             refusal(parser, [*flag, str(a_file)], capsys)
         elif getattr(action.type, "checked", False) and action.type.__name__ == "file_to_write":
             refusal(parser, [*flag, str(a_folder)], capsys)
+        elif getattr(action.type, "checked", False) and action.type.__name__ == "checkout":
+            refusal(parser, [*flag, str(a_folder)], capsys)  # a folder, but no checkout of this repository
         else:
             pytest.fail(f"{module} {flag or action.dest}: a value taken unchecked; give it a type made by "
                         "watchdog.core.numbers.option (a range) or choices")

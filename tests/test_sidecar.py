@@ -455,3 +455,18 @@ def test_a_phase_that_ends_while_the_sidecar_lags_never_sends_the_trace_back_in_
     steps = [s.step for s in samples]
     assert steps == sorted(steps), steps
     assert sum(1 for s in samples if s.phase == "eval/3") >= 20, "every evaluation's end was read"
+
+
+def test_one_checkpoint_and_reinit_crosses_threads_twice_and_never_waits_on_the_sidecar():
+    """Issue 59: the action's path took two round trips between the threads, the second blocking the
+    training thread (`drain(timeout=10)`) until the sidecar had measured the rebuild. Now: the action
+    to the training thread, and one message back with everything the sidecar measures the rebuild by
+    (the readings before and after it; the save's time rides along), measured by a profiler on every
+    thread (`python -m watchdog.bench.action_path`)."""
+    from watchdog.bench.action_path import measure
+
+    figures = measure()
+    assert figures["measured"], "the first action's rebuild was measured within the loop's steps"
+    assert figures["crossings"] == ["to the training thread: the action", "to the sidecar: reinit"]
+    assert figures["training_waits_seconds"] == []
+    assert "watchdog.core.policy" in figures["by_module"] and "watchdog.station.station" in figures["by_module"]

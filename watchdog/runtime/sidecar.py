@@ -90,8 +90,7 @@ from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
-_SAMPLE, _PHASE_END, _REBUILD, _REINIT, _BARRIER, _STOP = "sample", "phase_end", "rebuild", "reinit", "barrier", "stop"
-_SAVED = "saved"  # a save the loop timed: what an action takes, for every station's judge
+_SAMPLE, _PHASE_END, _REINIT, _BARRIER, _STOP = "sample", "phase_end", "reinit", "barrier", "stop"
 _STAGED = "staged"  # readings around a baseline census: what an action's census holds beside memory
 _SAMPLE_REQUEST = (_SAMPLE, None)  # the step and phase to sample are read from `_asked` when handled
 _PHASE_END_REQUEST = (_PHASE_END, None)  # the phases that ended are read from `_asked.ends` when handled
@@ -445,7 +444,8 @@ class Watchdog(ActionPath):
                     decided.recovered_bytes = before - after
             if decided.verdict is not None:
                 took = self._run_state.took_steps = max(0, self._newest_step - decided.verdict.step)  # decided -> rebuilt
-        self._post((_REINIT, (readings, took, bool(held))))
+        before = decided.readings_before if decided is not None else None
+        self._post((_REINIT, (before, readings, took, bool(held))))  # the action's one message back
 
     def _read_between_steps(self, kind: str) -> tuple[MemoryReading | None, HostReading | None]:
         """One reading of each memory between steps, on the training thread, freed heap pages handed
@@ -476,7 +476,7 @@ class Watchdog(ActionPath):
         `carry_out` times the saves it makes; a loop that saves on its own (every N steps) calls it
         with what its save took, so that the first action already knows."""
         self.checkpoint_figures.observe_save(seconds)
-        self._post((_SAVED, seconds))
+        self._asked.saves.append(seconds)  # told before whatever the sidecar handles next: no message of its own
 
     @property
     def suspects(self) -> Suspects | None:
@@ -574,7 +574,7 @@ class Watchdog(ActionPath):
         if action is Action.CHECKPOINT_REINIT:  # what the rebuild will be measured against
             readings = self._read_between_steps("rebuild_read")
             self._handed.last.memory_before_bytes = _bytes_of(readings, memory)
-            self._post((_REBUILD, readings))
+            self._handed.last.readings_before = readings  # posted with the readings after the rebuild
         if self._account is not None and counts and action.needs_checkpoint:  # the watchdog's, not a preemption
             self._account.action(action.value, step, _projected_oom(step, verdict))
         if not self._handed.logs_outcomes:  # its block is logged at the next step, if the loop says nothing
@@ -650,6 +650,7 @@ class Watchdog(ActionPath):
                 return
 
     def _handle(self, messages: list[tuple[str, Any]]) -> None:
+        self._tell_saves()  # the saves timed before these messages were posted come first
         for kind, payload in messages:
             try:
                 if kind == _SAMPLE:
@@ -666,13 +667,8 @@ class Watchdog(ActionPath):
                     self._sample_and_evaluate(step, asked_in if asked_in not in STEADY_LABELS else self._phase)
                 elif kind == _PHASE_END:
                     self._phases_ended()
-                elif kind == _REBUILD:
-                    self._before_rebuild(*payload)
                 elif kind == _REINIT:
                     self._after_reinit(*payload)
-                elif kind == _SAVED:
-                    for station in self._stations():
-                        station.judge.saved(payload)
                 elif kind == _STAGED:
                     self._census_held(*payload)
                 elif kind == _BARRIER:
@@ -753,6 +749,17 @@ class Watchdog(ActionPath):
         if action.needs_checkpoint and all(chore is _FOLLOW for chore in tuple(self._chores)):  # one waits at most
             self._chores.append((action, verdict, memory, "", True))
 
+    def _tell_saves(self) -> None:
+        """Every station's judge learns the saves the loop timed (`observe_checkpoint`): what an action takes."""
+        saves = self._asked.saves
+        while saves:
+            seconds = saves.popleft()
+            for station in self._stations():
+                try:
+                    station.judge.saved(seconds)
+                except Exception as exc:  # noqa: BLE001 - the sidecar must outlive any single failure
+                    self._count_error("saved", exc)
+
     def _before_rebuild(self, device: MemoryReading | None, host: HostReading | None) -> None:
         if device is not None:
             self.station.judge.rebuild_starts(device.bytes_used)
@@ -768,7 +775,9 @@ class Watchdog(ActionPath):
                 peak = end.peak_bytes_used if end.peak_bytes_used is not None else end.bytes_used
                 station.judge.staged(max(peak, end.bytes_used) - start.bytes_used)
 
-    def _after_reinit(self, readings: tuple, took: int | None, held: bool) -> None:
+    def _after_reinit(self, before: tuple | None, readings: tuple, took: int | None, held: bool) -> None:
+        if before is not None:  # what the rebuild is measured against, read when it was handed over
+            self._before_rebuild(*before)
         device, host = readings
         if self._host_watch is not None:
             self._host_watch.reinit_finished(host, took, held)
@@ -831,12 +840,13 @@ def _projected_oom(step: int, verdict: Verdict | None) -> int | None:
 class _Asked:
     """What the training thread asked the sidecar to read, in one object (the `Watchdog` stays within
     CPython's shared-key dict): the newest sampling step and the phase the loop was in then, whether a
-    request is on its way, and the bounded phases that ended since, `(step, label)`."""
+    request is on its way, the bounded phases that ended since, `(step, label)`, and the saves timed
+    since (seconds), which ride with the next message instead of one of their own."""
 
-    __slots__ = ("step", "phase", "posted", "ends")
+    __slots__ = ("step", "phase", "posted", "ends", "saves")
 
     def __init__(self) -> None:
-        self.step, self.phase, self.posted, self.ends = 0, "", False, deque()
+        self.step, self.phase, self.posted, self.ends, self.saves = 0, "", False, deque(), deque()
 
 
 class PhaseScope:

@@ -69,6 +69,9 @@ class ActionOutcome:
     exit_code: int | None = None  # the status the process ends with for it (42, 44, 45); None: training went on
     futile: str | None = None  # why restarting will not save this job, where it will not (then: exit 45)
     not_freed: list[str] = field(default_factory=list)  # after a reinit: what its census named, still held
+    # A reinit's readings of each memory at its hand-over (device, host), which the sidecar measures its
+    # rebuild against: they travel with the readings after it, in one message (`Watchdog.reinit_finished`).
+    readings_before: tuple | None = field(default=None, repr=False)
 
     def block(self) -> str:
         rows = []
