@@ -335,7 +335,7 @@ def test_a_rank_that_stalls_outside_an_agreement_ends_the_job_within_its_bound(t
     stalled rank and the one waiting for it in the all_reduce both record their stacks and exit 43,
     and `postmortem` names the line the stalled rank was stuck at, and the other as waiting."""
     from watchdog.core.postmortem import diagnose
-    from watchdog.runtime import flight_record
+    from watchdog.records import flight_record
 
     codes = ranks_ending(_a_rank_stalls_in_a_ddp_loop, tmp_path, bound=120)
     assert codes == [EXIT_PEER_LOST, EXIT_PEER_LOST], codes  # rank 0 waited in the all_reduce: bounded too
@@ -657,7 +657,7 @@ def test_a_rank_waiting_for_a_stopped_rank_says_so_and_names_it(tmp_path):
     rank 0's post-mortem said "rank 0 stalled in rank.py:20", its own step() line, though it waited
     in the agreement for rank 1. Its record now says what it waited for, and whom."""
     from watchdog.core.postmortem import diagnose
-    from watchdog.runtime import flight_record
+    from watchdog.records import flight_record
 
     context = mp.start_processes(_rank_1_is_stopped, args=(free_port(), str(tmp_path)), nprocs=2, join=False,
                                  start_method="spawn")

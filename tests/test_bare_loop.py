@@ -159,7 +159,7 @@ def test_a_leak_that_refills_after_every_rebuild_is_acted_on_before_the_budget_i
     assert all(o["outcome"] == REINITIALISED for o in outcomes)
     assert highest < conf.memory_limit_bytes, \
         f"{(highest - conf.memory_limit_bytes) / 2**20:.0f} MiB over the budget (actions at {job.saved_at})"
-    from watchdog.runtime import flight_record
+    from watchdog.records import flight_record
 
     record = flight_record.read(tmp_path / f"trace.csv{flight_record.SUFFIX}")
     at_action = record["action_suspects"]  # what leaked before the newest reinit, kept beside the newest census

@@ -23,7 +23,7 @@ from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileFigures
 from watchdog.runtime.host_memory import HostReading
-from watchdog.runtime.job_ledger import GoodputFigures
+from watchdog.records.job_ledger import GoodputFigures
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.station.telemetry import Telemetry
 

@@ -18,9 +18,9 @@ from watchdog.commands.cli import main
 from watchdog.core import goodput
 from watchdog.core.errors import InputError
 from watchdog.core.verdict import Status, Verdict
-from watchdog.runtime import flight_record
-from watchdog.runtime.flight_record import FlightRecorder
-from watchdog.runtime.job_ledger import JobLedger, start_job
+from watchdog.records import flight_record
+from watchdog.records.flight_record import FlightRecorder
+from watchdog.records.job_ledger import JobLedger, start_job
 
 FOREIGN = b"SECRET first line\nSECRET tail without its newline"
 CHECKPOINT = bytes(range(256)) * 8  # binary, with newlines in it and none at its end

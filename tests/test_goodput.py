@@ -1,5 +1,5 @@
 """Goodput: a job's time accounted across its processes and reinits (core/goodput.py), the job
-file each process appends to (runtime/job_ledger.py), `hbm-watchdog goodput`, and the series on
+file each process appends to (records/job_ledger.py), `hbm-watchdog goodput`, and the series on
 /metrics. A whole supervised job with a reinit, a restart and a preemption is in
 tests/test_exact_resume.py."""
 
@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from watchdog.commands.cli import main
 from watchdog.core import goodput
 from watchdog.core.errors import InputError
-from watchdog.runtime.job_ledger import GoodputFigures, JobLedger, start_job
+from watchdog.records.job_ledger import GoodputFigures, JobLedger, start_job
 from watchdog.station.exporter import TelemetryCollector
 from watchdog.station.telemetry import Telemetry
 
@@ -340,7 +340,7 @@ def test_a_process_starts_after_it_was_asked_for_and_before_its_first_line():
 
     asked = time.time()
     out = subprocess.run([sys.executable, "-c", "import time; now = time.time(); "
-                          "from watchdog.runtime.job_ledger import process_started; print(process_started(), now)"],
+                          "from watchdog.records.job_ledger import process_started; print(process_started(), now)"],
                          capture_output=True, text=True, timeout=60, cwd=REPO, env=hbm_watchdog_env())
     started, first_line = map(float, out.stdout.split())
     assert asked - 0.02 <= started <= first_line, (asked, started, first_line)  # /proc's clocks tick in 10 ms
@@ -406,6 +406,8 @@ def test_a_loop_of_ones_own_keeps_its_share_of_the_job_file_through_its_watchdog
     records = goodput.read(path)
     assert [r["event"] for r in records if r["event"] != "steps"] == [
         "process", "span", "action", "span", "span", "span", "span", "end"], records
+    # the writer writes only what the readers' one list of fields names (issue 59)
+    assert all(set(r) - {"v", "event", "t"} <= set(goodput.FIELDS.get(r["event"], {})) for r in records), records
     process, startup, action, save, reinit, evaluation, own_save, end = (r for r in records if r["event"] != "steps")
     assert own_save["cause"] == "checkpoint_save" and own_save["seconds"] >= 0.05, "a save's phase is no evaluation"
     assert process["step"] == 10 and startup["cause"] == "startup"

@@ -5,8 +5,9 @@ Pure code stays pure (core imports nothing of ours outside core); the in-process
 reaches up into what drives it; the station (one series' path and its sinks, shared by every loop)
 uses only the core; the `watch` daemon, which runs outside the job, uses the station and the host's
 /proc reader, never the in-process runtime (the sidecar, its sources) or the forensics that walk a
-training process's objects; and the forensics, which only read a process's objects, use nothing
-above the core.
+training process's objects; the forensics, which only read a process's objects, use nothing
+above the core; and the records (the files a process leaves for readers outside it) use the core
+and the station's figures, never the runtime that writes them.
 """
 
 import ast
@@ -23,10 +24,11 @@ MAY_IMPORT = {  # layer -> prefixes of our modules it may import (its own always
     "fileio": {"watchdog.core"},
     "station": {"watchdog.core", *SHARED},
     "forensics": {"watchdog.core", *SHARED},
-    "runtime": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.forensics"},
+    "records": {"watchdog.core", *SHARED, "watchdog.station"},  # files read from outside the process
+    "runtime": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.forensics", "watchdog.records"},
     "actions": {"watchdog.core", *SHARED},
     "daemon": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.runtime.host_memory",  # reads /proc, by PID
-               "watchdog.runtime.job_ledger"},  # the job file, for a target that keeps none
+               "watchdog.records"},  # the job file, for a target that keeps none
 }
 TOP = {"commands", "trainer", "bench", "integrations", "__init__", "__main__"}  # may use any layer
 
@@ -77,6 +79,8 @@ def test_the_check_catches_a_wrong_import(tmp_path):
     assert not allowed("daemon", "watchdog.runtime.sidecar.Watchdog")
     assert not allowed("daemon", "watchdog.forensics.census.census")
     assert not allowed("forensics", "watchdog.runtime.sidecar.Watchdog")
+    assert not allowed("records", "watchdog.runtime.sidecar.Watchdog")
+    assert allowed("daemon", "watchdog.records.job_ledger.append_records")
     assert not allowed("runtime", "watchdog.trainer.loop.Trainer")
     assert allowed("daemon", "watchdog.station.telemetry.Telemetry")
     assert not allowed("station", "watchdog.runtime.sources.MemorySource")
@@ -84,3 +88,22 @@ def test_the_check_catches_a_wrong_import(tmp_path):
     module = tmp_path / "bad.py"
     module.write_text("from watchdog.runtime import sidecar\nimport watchdog.trainer.loop\n")
     assert our_imports(module) == {"watchdog.runtime.sidecar", "watchdog.trainer.loop"}
+
+
+def test_the_records_old_names_are_the_same_modules_for_one_release_with_a_deprecation_line():
+    """`watchdog.runtime.flight_record` and `.job_ledger` moved to `watchdog.records` (issue 59): a
+    program importing the old name gets the very module (its state, its patches), and is told."""
+    import importlib
+    import sys
+    import warnings
+
+    from watchdog.records import flight_record, job_ledger
+
+    for name, moved in (("flight_record", flight_record), ("job_ledger", job_ledger)):
+        sys.modules.pop(f"watchdog.runtime.{name}", None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            old = importlib.import_module(f"watchdog.runtime.{name}")
+        assert old is moved
+        assert any(issubclass(w.category, DeprecationWarning) and f"watchdog.records.{name}" in str(w.message)
+                   for w in caught)

@@ -275,7 +275,7 @@ class FailingModule(LeakyModule):
 
 
 def test_an_exception_out_of_fit_is_no_clean_end_for_the_flight_record(tmp_path):
-    from watchdog.runtime import flight_record
+    from watchdog.records import flight_record
 
     trace = tmp_path / "trace.csv"
     callback = HbmWatchdogCallback(WatchdogConfig(sample_every=1, source="rss", trace_file=trace),

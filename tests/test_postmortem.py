@@ -18,7 +18,7 @@ from watchdog import Watchdog, WatchdogConfig
 from watchdog.commands.cli import main
 from watchdog.core.postmortem import diagnose
 from watchdog.core.sample import Sample
-from watchdog.runtime import flight_record
+from watchdog.records import flight_record
 from watchdog.runtime.agreement import PeerLost
 from watchdog.runtime.sources import MemoryReading
 
@@ -516,7 +516,7 @@ def test_an_exit_43_in_order_takes_the_armed_record_back_so_it_is_never_read_as_
     take the armed record back: its post-mortem names no stall."""
     from conftest import python
     from watchdog.core.postmortem import diagnose
-    from watchdog.runtime import flight_record
+    from watchdog.records import flight_record
 
     env = hbm_watchdog_env(TRACE=str(tmp_path / "trace.csv"))
     out = python(["-c", LEAVES_WITH_43_IN_ORDER], timeout=120, env=env)

@@ -27,7 +27,7 @@ import pytest
 from tests.conftest import REPO, hbm_watchdog_env, json_lines
 from watchdog.core import goodput
 from watchdog.core.sample import load_trace
-from watchdog.runtime import flight_record
+from watchdog.records import flight_record
 
 pytestmark = pytest.mark.slow
 

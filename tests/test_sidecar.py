@@ -105,7 +105,8 @@ def test_a_loop_that_stops_stepping_past_the_bound_records_every_stack_and_exits
     `stall_exit_after_seconds` the stall watch writes every thread's stack to the flight record and
     the log, and exits 43; `postmortem` names the line the loop was stuck at."""
     from watchdog.core.postmortem import diagnose
-    from watchdog.runtime import flight_record, stall
+    from watchdog.records import flight_record
+    from watchdog.runtime import stall
 
     exits = []
 
@@ -401,7 +402,7 @@ def test_every_stall_watch_with_an_exit_bound_keeps_a_deadline_where_the_gil_doe
     signal 43, faulthandler's stacks, `_exit(43)`) is armed beside it, and the flight record says so
     before it can be needed; stopping releases both. (The slow test in tests/test_postmortem.py ends a
     process stuck in a regex with it.)"""
-    from watchdog.runtime import flight_record
+    from watchdog.records import flight_record
     from watchdog.runtime.hard_exit import HardExit
 
     trace = tmp_path / "trace.csv"

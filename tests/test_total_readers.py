@@ -1,6 +1,6 @@
 """Every reader of a file from outside is total, and every `--json` is strict JSON (issue 40).
 
-Readers: an OOM log (`core/oom_message.py`), a flight record (`runtime/flight_record.py`, checked
+Readers: an OOM log (`core/oom_message.py`), a flight record (`records/flight_record.py`, checked
 by `core/postmortem.py`), a job file (`core/goodput.py`), a cgroup's files
 (`runtime/host_memory.py`), and the command line's seconds and patterns (`watch`). Whatever they
 are handed, the answer is a value or one line on stderr with exit status 2 naming the file (and
@@ -25,9 +25,9 @@ from watchdog.core.errors import InputError
 from watchdog.core.oom_message import parse
 from watchdog.core.postmortem import diagnose
 from watchdog.core.sample import Sample
-from watchdog.runtime.flight_record import SUFFIX
+from watchdog.records.flight_record import SUFFIX
 from watchdog.runtime.host_memory import MemoryCgroup, tightest_cgroup
-from watchdog.runtime.job_ledger import JobLedger
+from watchdog.records.job_ledger import JobLedger
 
 GiB, MiB = 1 << 30, 1 << 20
 HEADER = "step,timestamp,bytes_used,bytes_limit,peak_bytes_used\n"

@@ -2,7 +2,7 @@
 
 PATH is a job file (`HBMWATCH_JOB_FILE`, or supervise's `--job-file`), or a trace CSV whose job
 file lies beside it (`TRACE.job.jsonl`). Every process of the job appended its share to it
-(`runtime/job_ledger.py`); the accounting is `core/goodput.py`'s: goodput, badput by cause, the
+(`records/job_ledger.py`); the accounting is `core/goodput.py`'s: goodput, badput by cause, the
 steps kept and redone, and what each checkpoint action cost against what a crash at its
 projected OOM would have cost (an estimate, labelled as one).
 """

@@ -2,7 +2,7 @@
 `hbm-watchdog postmortem --oom-log FILE [--json]`: what XLA's or PyTorch CUDA's out-of-memory message says.
 
 PATH is a trace CSV or the folder holding it; beside the trace, the flight record
-(`TRACE.flight.json`, `runtime/flight_record.py`) says what the live watchdog knew and whether
+(`TRACE.flight.json`, `records/flight_record.py`) says what the live watchdog knew and whether
 it stopped in order. `--log` is the job's output, read for XLA's or PyTorch CUDA's message. The diagnosis is
 `watchdog.core.postmortem`'s.
 
@@ -34,7 +34,7 @@ from watchdog.core.postmortem import PostMortem, diagnose
 from watchdog.core.printable import printable_lines
 from watchdog.core.sample import TRACE_HEADER, Sample, load_trace
 from watchdog.core.units import format_bytes, positive_size
-from watchdog.runtime import flight_record
+from watchdog.records import flight_record
 
 FLIGHT_RECORD_NAME, EXITS_NAME, OUTPUT_NAME = "flight.json", "exits.jsonl", "output.log"  # supervise's folder
 STACK_FRAMES_SHOWN = 12  # of the training thread's stack after a stall (the flight record keeps more)

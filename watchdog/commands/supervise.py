@@ -45,8 +45,8 @@ from watchdog.fileio import write_atomically
 from watchdog.logs import get_logger
 from watchdog.core import goodput, strict_json
 from watchdog.core.printable import printable_lines
-from watchdog.runtime import flight_record
-from watchdog.runtime.job_ledger import JOB_FILE_ENV, existing_records, start_job
+from watchdog.records import flight_record
+from watchdog.records.job_ledger import JOB_FILE_ENV, existing_records, start_job
 
 log = get_logger(__name__)
 MAX_EXITS_BYTES = 16 << 20  # a few lines a run

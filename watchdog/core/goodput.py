@@ -2,7 +2,7 @@
 
 A job is every process a supervisor (or the cluster) starts for it, and every reinit inside them.
 Each process appends to one job file, as JSON lines, what its time went to
-(`runtime/job_ledger.py` writes them): when it started and from which step, each stretch of
+(`records/job_ledger.py` writes them): when it started and from which step, each stretch of
 training steps with the compile time inside it, each checkpoint save, restore, reinit and
 evaluation, each action the watchdog took with the OOM it projected, and how it ended. This module
 reads those lines back and accounts for the time; it decides nothing and does no I/O but reading.

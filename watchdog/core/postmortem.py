@@ -1,7 +1,7 @@
 """How a run ended, from what it left: the trace, the flight record, the job's output. Pure.
 
 `diagnose` reads the trend at the end of the trace (through the same `replay` as `analyze`), what
-the live watchdog recorded (its signals and suspects, `runtime/flight_record.py`), how the process
+the live watchdog recorded (its signals and suspects, `records/flight_record.py`), how the process
 ended (a clean stop recorded, or not) and XLA's out-of-memory message, and says in one word what
 most likely ended the run:
 
@@ -176,7 +176,7 @@ RECORD_FIELDS: dict[str, Any] = {
     "action_suspects": {"step": _STEP, "lines": (_list_of(_text), "a list of strings")},
 }
 """Every field of a flight record, and what each must be (null or absent: unknown): the one list,
-for the writer (`runtime/flight_record.py` starts its record from it, and writes nothing else) and
+for the writer (`records/flight_record.py` starts its record from it, and writes nothing else) and
 for every reader (`diagnose` checks them before using any). A nested object is its own table of
 fields (`{}`: not checked); `[table]` is a list of such objects."""
 

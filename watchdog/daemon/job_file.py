@@ -4,7 +4,7 @@ A job whose code cannot change keeps no account of its time: under `supervise --
 processes write nothing, and `goodput` found no process in the file. The daemon reads the job file
 supervise named from the target's own environment (`HBMWATCH_JOB_FILE` in /proc/PID/environ,
 relative to the target's working directory) when it attaches, and once the target is gone (or the
-daemon stops) appends what it knows of it (`runtime/job_ledger.py`'s records): the process, `by`
+daemon stops) appends what it knows of it (`records/job_ledger.py`'s records): the process, `by`
 "watch" (its start, no steps: progress is not visible from outside), and how it ended ("signalled":
 it exited after the daemon's signal; "exit" otherwise). A target that keeps its own account (a
 loop with a `Watchdog`) wrote its `process` record already: nothing is added for it.
@@ -21,7 +21,7 @@ import psutil
 
 from watchdog.core.errors import InputError
 from watchdog.logs import get_logger
-from watchdog.runtime.job_ledger import JOB_FILE_ENV, append_records, existing_records, process_started
+from watchdog.records.job_ledger import JOB_FILE_ENV, append_records, existing_records, process_started
 
 log = get_logger(__name__)
 

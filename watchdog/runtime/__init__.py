@@ -1,5 +1,5 @@
-"""Inside a training process: memory sources, the sidecar thread (`Watchdog`), XLA's counters, the
-flight record and the job file. Feeds the station, never decides.
+"""Inside a training process: memory sources, the sidecar thread (`Watchdog`), XLA's counters. Feeds
+the station and the records (`watchdog/records/`: the flight record, the job file), never decides.
 
 Its modules, one job each, are mapped in watchdog/ARCHITECTURE.md (Layers).
 """

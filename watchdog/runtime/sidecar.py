@@ -69,7 +69,10 @@ from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import OncePerKind, ensure_readable_output, exception_text, get_logger
-from watchdog.runtime import agreement, job_ledger, xla_stats
+from watchdog.records import job_ledger
+from watchdog.records.flight_record import FlightRecorder, path_for
+from watchdog.records.job_ledger import LoopAccount
+from watchdog.runtime import agreement, xla_stats
 from watchdog.runtime.action_path import (DEVICE, FORCED, HANDED_OVER, REINITIALISED, RESTART_REQUESTED, UNSAVED,
                                           ActionPath, HandedOver)
 from watchdog.runtime.agreement import Agreement, severity
@@ -77,9 +80,7 @@ from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.exit_watch import ExitWatch
-from watchdog.runtime.flight_record import FlightRecorder, path_for
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
-from watchdog.runtime.job_ledger import LoopAccount
 from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, fresh_reading,
                                       release_host_memory, select_source)
 from watchdog.runtime.stall import StallWatch

@@ -25,7 +25,7 @@ from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.runtime.agreement import Agreement
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
-from watchdog.runtime.job_ledger import JobLedger
+from watchdog.records.job_ledger import JobLedger
 from watchdog.trainer import leaks
 
 log = get_logger(__name__)

@@ -50,10 +50,11 @@ from watchdog.core.errors import EXIT_FUTILE, EXIT_INTERRUPTED, EXIT_OK, EXIT_RE
 from watchdog.core.restarts import RunState
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
-from watchdog.runtime import agreement, job_ledger
+from watchdog.records import job_ledger
+from watchdog.records.job_ledger import JobLedger
+from watchdog.runtime import agreement
 from watchdog.runtime.agreement import Agreement
 from watchdog.runtime.footprint import retained_bytes
-from watchdog.runtime.job_ledger import JobLedger
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.runtime.unwatched import Unwatched
 from watchdog.station.blocks import RunSummary
@@ -534,7 +535,7 @@ class Trainer:
         return ledger
 
     def _timed(self, cause: str, step: int):
-        """A span of the job's time that is not training steps (see runtime/job_ledger.py)."""
+        """A span of the job's time that is not training steps (see records/job_ledger.py)."""
         return self.ledger.span(cause, step) if self.ledger is not None else nullcontext()
 
     def _one_step(self, step: int) -> torch.Tensor:
