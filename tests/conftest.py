@@ -77,8 +77,8 @@ def settled_job_memory() -> int:
     meant to give."""
     import gc
 
-    from watchdog.runtime.host_memory import job_memory
-    from watchdog.runtime.sources import release_host_memory
+    from watchdog.readers.host_memory import job_memory
+    from watchdog.readers.sources import release_host_memory
 
     gc.collect()
     release_host_memory()

@@ -273,7 +273,7 @@ def run_watched(case: Case, source, steps: int, *, sample_every: int = 5, seed: 
     OOM or at a restart asked for."""
     from watchdog.core.judge import Judge
     from watchdog.core.sample import Sample
-    from watchdog.runtime.sources import fresh_reading
+    from watchdog.readers.sources import fresh_reading
     from watchdog.station.station import Station
     from watchdog.station.telemetry import Telemetry
 
@@ -336,8 +336,8 @@ def slow_leak_table(recorded: dict, seeds: int = 8) -> list[tuple]:
     sample, the same with the source's plan), over `seeds` runs each: docs/gpus.md's figures."""
     import statistics
 
-    from watchdog.runtime.breakdown_plan import BreakdownPlan
-    from watchdog.runtime.sources import CudaSource
+    from watchdog.readers.breakdown_plan import BreakdownPlan
+    from watchdog.readers.sources import CudaSource
 
     rows = []
     for size, steps in ((1 * MiB + 4 * KiB, 2000), (256 * KiB, 3000)):

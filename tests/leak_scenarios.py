@@ -30,7 +30,7 @@ import torch_xla
 from watchdog import Watchdog, WatchdogConfig
 from watchdog.core.policy import PolicyConfig
 from watchdog.runtime.compile_watch import CompileFigures
-from watchdog.runtime.host_memory import job_memory
+from watchdog.readers.host_memory import job_memory
 
 MiB = 1 << 20
 WIDTH, BATCH = 512, 256  # one activation: 512 KiB; a step of this MLP saves about 1.5 MiB for backward

@@ -140,7 +140,7 @@ def test_a_leak_that_refills_after_every_rebuild_is_acted_on_before_the_budget_i
     code: it refills after every rebuild, in 20 samples. A fixed cooldown after the first action let
     the second cycle run 250 MiB over the budget for 120 steps; now every cycle gets its action
     before the budget, and the job's memory, read at every step, never reaches it."""
-    from watchdog.runtime.host_memory import job_memory
+    from watchdog.readers.host_memory import job_memory
 
     job = Job(leak=True)
     conf = config()

@@ -1,11 +1,11 @@
-"""When the cuda source reads the allocator's breakdown (runtime/breakdown_plan.py): each rule alone.
+"""When the cuda source reads the allocator's breakdown (readers/breakdown_plan.py): each rule alone.
 
 Pure: the plan sees numbers only. The H100's cases replayed with it are tests/test_cuda_fixtures.py's.
 """
 
 import pytest
 
-from watchdog.runtime.breakdown_plan import BreakdownPlan
+from watchdog.readers.breakdown_plan import BreakdownPlan
 
 MiB, GiB = 1 << 20, 1 << 30
 LIMIT = 8 * GiB

@@ -3,7 +3,7 @@
 they came from).
 
 The cuda source reads the device's free bytes every sample and the allocator's breakdown only when
-it is needed (runtime/breakdown_plan.py). That its judgement is the one a breakdown at every sample
+it is needed (readers/breakdown_plan.py). That its judgement is the one a breakdown at every sample
 gave is shown three ways here: on the H100's own readings (`memory_stats.json`: the breakdown and
 the device reading of the same moments); on the device check's cases replayed on a model of the
 caching allocator (tests/cuda_allocator.py) that first gives the H100's own figures (`report.json`:
@@ -27,10 +27,10 @@ from cuda_allocator import Case, OutOfMemory, run_watched
 from watchdog.core.judge import Judge
 from watchdog.core.oom_message import parse
 from watchdog.core.sample import Sample
-from watchdog.daemon.readers import GpuProcessesReader, NvmlGpus
+from watchdog.readers.outside import GpuProcessesReader, NvmlGpus
 from watchdog.forensics.allocator_history import live_blocks
-from watchdog.runtime.breakdown_plan import BreakdownPlan
-from watchdog.runtime.sources import CudaSource, fresh_reading
+from watchdog.readers.breakdown_plan import BreakdownPlan
+from watchdog.readers.sources import CudaSource, fresh_reading
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 

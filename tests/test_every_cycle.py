@@ -24,7 +24,7 @@ PREAMBLE = textwrap.dedent('''
     import json, sys, time
     import psutil, torch
     from watchdog import WatchdogConfig
-    from watchdog.runtime.host_memory import job_memory
+    from watchdog.readers.host_memory import job_memory
 
     MiB = 1 << 20
     out, resume = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None

@@ -22,7 +22,7 @@ from watchdog.station.exporter import serve_metrics
 from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileFigures
-from watchdog.runtime.host_memory import HostReading
+from watchdog.readers.host_memory import HostReading
 from watchdog.records.job_ledger import GoodputFigures
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.station.telemetry import Telemetry
@@ -257,7 +257,7 @@ def test_a_cuda_sources_allocator_figures_are_served_beside_its_series(served):
     """The sidecar passes the allocator's figures of each reading on (a stand-in for torch.cuda: no GPU here)."""
     from test_sources import Allocator, state
 
-    from watchdog.runtime.sources import CudaSource
+    from watchdog.readers.sources import CudaSource
 
     source = CudaSource("cuda:0", cuda=Allocator(state(4, 6, split=0.5)))
     with Watchdog(WatchdogConfig(sample_every=1, device="cuda:0", host_memory=False, forensics=False),

@@ -241,7 +241,7 @@ ALLOWED = {  # (file, what the line says): why it is not a whole file written ar
         "the child Prometheus's log stream, in the run's own work folder",
     ("watchdog/bench/endurance.py", 'open(folder / "job.log", "wb")'):
         "the supervised job's output stream, in the endurance run's own folder",
-    ("watchdog/runtime/host_memory.py", 'clear_refs", "wb"'):
+    ("watchdog/readers/host_memory.py", 'clear_refs", "wb"'):
         "a kernel control file, no file: writing 5 resets the process's high-water mark (VmHWM)",
 }
 

@@ -60,8 +60,8 @@ WORKER_CACHE = WHERE + textwrap.dedent('''
     import psutil, torch
     from torch.utils.data import DataLoader, Dataset
     from watchdog import Watchdog, WatchdogConfig
-    from watchdog.runtime.host_memory import job_memory
-    from watchdog.runtime.sources import release_host_memory
+    from watchdog.readers.host_memory import job_memory
+    from watchdog.readers.sources import release_host_memory
 
     MiB = 1 << 20
     bounded = sys.argv[1] == "bounded"
@@ -137,7 +137,7 @@ def acted_before_its_budget(script: str, tmp_path, *named: str, on: str = "cpu")
 HARNESS = WHERE + textwrap.dedent('''
     import json, sys, time
     from watchdog import Watchdog, WatchdogConfig
-    from watchdog.runtime.host_memory import job_memory
+    from watchdog.readers.host_memory import job_memory
 
     MiB = 1 << 20
     bounded = sys.argv[1] == "bounded"
@@ -181,7 +181,7 @@ def test_dataloader_workers_with_a_bounded_cache_are_left_alone(tmp_path, on):
 EVAL_PEAKS = WHERE + textwrap.dedent('''
     import json, sys, time
     from watchdog import Watchdog, WatchdogConfig
-    from watchdog.runtime.host_memory import job_memory
+    from watchdog.readers.host_memory import job_memory
 
     MiB = 1 << 20
     bounded = sys.argv[1] == "bounded"
@@ -440,7 +440,7 @@ def test_another_rank_started_by_this_one_is_not_counted_in_its_tree_and_a_worke
 
     import psutil
 
-    from watchdog.runtime.host_memory import ProcessTree
+    from watchdog.readers.host_memory import ProcessTree
 
     sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
     environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
@@ -458,7 +458,7 @@ def test_another_rank_started_by_this_one_is_not_counted_in_its_tree_and_a_worke
 EVAL_CONCAT = WHERE + textwrap.dedent("""
     import json, sys, time
     from watchdog import Watchdog, WatchdogConfig
-    from watchdog.runtime.host_memory import job_memory
+    from watchdog.readers.host_memory import job_memory
 
     MiB = 1 << 20
     bounded = sys.argv[1] == "bounded"
@@ -553,7 +553,7 @@ CGROUP_BUDGET = WHERE + textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     from watchdog import Watchdog, WatchdogConfig
-    from watchdog.runtime.host_memory import job_memory, memory_cgroups
+    from watchdog.readers.host_memory import job_memory, memory_cgroups
 
     MiB = 1 << 20
     bounded = sys.argv[1] == "bounded"
@@ -645,7 +645,7 @@ def test_a_child_started_after_the_watch_is_in_the_next_reading_and_its_growth_c
     with their growth counted from when they were found. One already running is said to be so."""
     import psutil
 
-    from watchdog.runtime.host_memory import ProcessTree
+    from watchdog.readers.host_memory import ProcessTree
 
     grow = [sys.executable, "-c", "import sys, time\nkept = bytearray(48 << 20)\nkept[::4096] = b'k' * len(kept[::4096])\n"
             "print('ready', flush=True)\ntime.sleep(30)"]

@@ -21,11 +21,11 @@ from watchdog.core.errors import ConfigError, InputError
 from watchdog.core.sample import Sample, labelled_trace_path, load_trace, write_trace
 from watchdog.core.verdict import Action
 from watchdog.daemon.loop import WatchConfig
-from watchdog.daemon.readers import DeviceReading, ProcessTreeReader, WithHost
+from watchdog.readers.outside import DeviceReading, ProcessTreeReader, WithHost
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.forensics.census import census, explain_leak
 from watchdog.station.exporter import build_registry
-from watchdog.runtime.host_memory import HostMemory, cgroups_listed, tightest_cgroup
+from watchdog.readers.host_memory import HostMemory, cgroups_listed, tightest_cgroup
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.trainer.leaks import parse_leak_spec
 

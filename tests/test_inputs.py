@@ -110,7 +110,7 @@ def test_the_trace_file_to_append_to_is_refused(special):
 
 
 def test_the_replayed_trace_and_the_training_text_are_refused(special):
-    from watchdog.runtime.sources import ReplaySource
+    from watchdog.readers.sources import ReplaySource
     from watchdog.trainer.data import _read_text
 
     path, kind = special

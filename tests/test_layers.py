@@ -24,10 +24,13 @@ MAY_IMPORT = {  # layer -> prefixes of our modules it may import (its own always
     "fileio": {"watchdog.core"},
     "station": {"watchdog.core", *SHARED},
     "forensics": {"watchdog.core", *SHARED},
+    "readers": {"watchdog.core", *SHARED},  # memory as each kind of device and host tells it, in or out of process
     "records": {"watchdog.core", *SHARED, "watchdog.station"},  # files read from outside the process
-    "runtime": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.forensics", "watchdog.records"},
+    "runtime": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.forensics", "watchdog.readers",
+                "watchdog.records"},
     "actions": {"watchdog.core", *SHARED},
-    "daemon": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.runtime.host_memory",  # reads /proc, by PID
+    "daemon": {"watchdog.core", *SHARED, "watchdog.station",
+               "watchdog.readers.outside", "watchdog.readers.host_memory",  # a target's memory, by PID
                "watchdog.records"},  # the job file, for a target that keeps none
 }
 TOP = {"commands", "trainer", "bench", "integrations", "__init__", "__main__"}  # may use any layer
@@ -77,33 +80,40 @@ def test_the_check_catches_a_wrong_import(tmp_path):
     """The test itself can fail: core reaching into runtime, the daemon into the sidecar."""
     assert not allowed("core", "watchdog.runtime.sidecar.Watchdog")
     assert not allowed("daemon", "watchdog.runtime.sidecar.Watchdog")
+    assert not allowed("daemon", "watchdog.runtime.agreement.Agreement")  # nothing of the in-process runtime
+    assert not allowed("readers", "watchdog.station.station.Station")
     assert not allowed("daemon", "watchdog.forensics.census.census")
     assert not allowed("forensics", "watchdog.runtime.sidecar.Watchdog")
     assert not allowed("records", "watchdog.runtime.sidecar.Watchdog")
     assert allowed("daemon", "watchdog.records.job_ledger.append_records")
     assert not allowed("runtime", "watchdog.trainer.loop.Trainer")
     assert allowed("daemon", "watchdog.station.telemetry.Telemetry")
-    assert not allowed("station", "watchdog.runtime.sources.MemorySource")
-    assert not allowed("daemon", "watchdog.runtime.sources.RssSource")
+    assert not allowed("station", "watchdog.readers.sources.MemorySource")
+    assert not allowed("daemon", "watchdog.readers.sources.RssSource")
     module = tmp_path / "bad.py"
     module.write_text("from watchdog.runtime import sidecar\nimport watchdog.trainer.loop\n")
     assert our_imports(module) == {"watchdog.runtime.sidecar", "watchdog.trainer.loop"}
 
 
-def test_the_records_old_names_are_the_same_modules_for_one_release_with_a_deprecation_line():
-    """`watchdog.runtime.flight_record` and `.job_ledger` moved to `watchdog.records` (issue 59): a
-    program importing the old name gets the very module (its state, its patches), and is told."""
+@pytest.mark.parametrize("old_name, new_name", [
+    ("watchdog.runtime.flight_record", "watchdog.records.flight_record"),
+    ("watchdog.runtime.job_ledger", "watchdog.records.job_ledger"),
+    ("watchdog.runtime.sources", "watchdog.readers.sources"),
+    ("watchdog.runtime.host_memory", "watchdog.readers.host_memory"),
+    ("watchdog.runtime.breakdown_plan", "watchdog.readers.breakdown_plan"),
+    ("watchdog.daemon.readers", "watchdog.readers.outside"),
+])
+def test_a_moved_modules_old_name_is_the_same_module_for_one_release_with_a_deprecation_line(old_name, new_name):
+    """The records and the readers have rooms of their own (issue 59): a program importing a module
+    by its old name gets the very module (its state, its patches), and is told where it went."""
     import importlib
     import sys
     import warnings
 
-    from watchdog.records import flight_record, job_ledger
-
-    for name, moved in (("flight_record", flight_record), ("job_ledger", job_ledger)):
-        sys.modules.pop(f"watchdog.runtime.{name}", None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            old = importlib.import_module(f"watchdog.runtime.{name}")
-        assert old is moved
-        assert any(issubclass(w.category, DeprecationWarning) and f"watchdog.records.{name}" in str(w.message)
-                   for w in caught)
+    moved = importlib.import_module(new_name)
+    sys.modules.pop(old_name, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module(old_name)
+    assert old is moved
+    assert any(issubclass(w.category, DeprecationWarning) and new_name in str(w.message) for w in caught)

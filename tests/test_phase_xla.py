@@ -17,7 +17,7 @@ import json, sys
 import torch, torch_xla
 from watchdog import Action, Watchdog, WatchdogConfig
 from watchdog.core.policy import PolicyConfig
-from watchdog.runtime.sources import RssSource
+from watchdog.readers.sources import RssSource
 
 use_phase, trace, spare_share = sys.argv[1] == "phase", sys.argv[2], float(sys.argv[3])
 CHECKPOINT_MARGIN = int(sys.argv[4])

@@ -11,7 +11,7 @@ from watchdog import Watchdog, WatchdogConfig
 from watchdog.core.errors import ConfigError
 from watchdog.core.verdict import Action
 from watchdog.core.sample import load_trace
-from watchdog.runtime.sources import MemoryReading, RssSource
+from watchdog.readers.sources import MemoryReading, RssSource
 
 
 class BrokenSource:

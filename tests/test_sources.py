@@ -14,7 +14,7 @@ from conftest import run_python
 from watchdog.core.errors import InputError
 from watchdog.core.sample import Sample, write_trace
 from watchdog.core.readings import AllocatorMemory
-from watchdog.runtime.sources import (
+from watchdog.readers.sources import (
     ReplaySource,
     RssSource,
     SourceUnavailable,
@@ -101,11 +101,11 @@ def test_cpu_device_selects_rss():
 
 XLA_FALLBACK = r"""
 import logging, torch_xla
-from watchdog.runtime.sources import select_source, SourceUnavailable
+from watchdog.readers.sources import select_source, SourceUnavailable
 records = []
 class Keep(logging.Handler):
     def emit(self, record): records.append(record.msg)
-logging.getLogger("watchdog.runtime.sources").addHandler(Keep()); logging.getLogger("watchdog.runtime.sources").setLevel(logging.INFO)
+logging.getLogger("watchdog.readers.sources").addHandler(Keep()); logging.getLogger("watchdog.readers.sources").setLevel(logging.INFO)
 device = str(torch_xla.device())
 source, reading = select_source("auto", device, memory_limit_bytes=4 << 30)
 print("SELECTED", source.name, reading.bytes_used > 0)
@@ -129,7 +129,7 @@ def test_xla_on_pjrt_cpu_falls_back_to_rss_and_says_why():
 def test_the_device_guess_never_starts_torch_xlas_runtime():
     out = run_python(
         "import torch, torch_xla\n"
-        "from watchdog.runtime.sources import current_device\n"
+        "from watchdog.readers.sources import current_device\n"
         "started = torch_xla._XLAC._xla_runtime_is_initialized\n"
         "print(current_device(), started())\n"
         "torch.ones(1, device=torch_xla.device())\n"
@@ -153,7 +153,7 @@ class _TorchTpu:
 def test_a_torchtpu_program_is_watched_on_its_tpu_device(monkeypatch):
     import torch
 
-    from watchdog.runtime.sources import current_device
+    from watchdog.readers.sources import current_device
 
     monkeypatch.delitem(sys.modules, "torch_xla", raising=False)  # as in a TorchTPU job, whatever this worker ran
     assert current_device() != "tpu:3"
@@ -165,7 +165,7 @@ def test_a_torchtpu_program_is_watched_on_its_tpu_device(monkeypatch):
 def test_a_tpu_device_never_imports_torch_xla_and_says_why_each_source_was_passed_over():
     out = run_python(
         "import sys, logging\n"
-        "from watchdog.runtime.sources import select_source\n"
+        "from watchdog.readers.sources import select_source\n"
         "rejected = []\n"
         "class Keep(logging.Handler):\n"
         "    def emit(self, record): rejected.append(record.msg.get('source'))\n"
@@ -219,8 +219,8 @@ def state(allocated: float, reserved: float, peak: float | None = None, split: f
 
 def cuda_source(allocator: Allocator, **plan):
     """The cuda source, its readings a millisecond apart (a fast step at sample_every=1)."""
-    from watchdog.runtime.breakdown_plan import BreakdownPlan
-    from watchdog.runtime.sources import CudaSource
+    from watchdog.readers.breakdown_plan import BreakdownPlan
+    from watchdog.readers.sources import CudaSource
 
     ticks = iter(range(10**9))
     return CudaSource("cuda:0", cuda=allocator, plan=BreakdownPlan(**plan), clock=lambda: next(ticks) / 1000)
@@ -320,7 +320,7 @@ def test_the_cuda_peak_is_since_the_previous_breakdown_and_the_users_peak_is_nev
 
 
 def test_a_rebuild_is_measured_by_a_fresh_reading_of_any_source(tmp_path):
-    from watchdog.runtime.sources import fresh_reading
+    from watchdog.readers.sources import fresh_reading
 
     allocator = Allocator(state(8, 9))
     source = cuda_source(allocator)
@@ -334,7 +334,7 @@ def test_a_rebuild_is_measured_by_a_fresh_reading_of_any_source(tmp_path):
 
 
 def test_without_cuda_the_cuda_source_is_unavailable_and_creates_no_context():
-    from watchdog.runtime.sources import CudaSource
+    from watchdog.readers.sources import CudaSource
 
     with pytest.raises(SourceUnavailable, match="CUDA is not available"):
         CudaSource("cuda:0")  # this machine's real torch, with no GPU

@@ -49,7 +49,7 @@ def summary(out: subprocess.CompletedProcess) -> str:
 LAYOUT = r"""
 import json, logging
 import torch, torch_xla
-from watchdog.runtime.sources import select_source
+from watchdog.readers.sources import select_source
 from watchdog.trainer.data import TokenSource
 from watchdog.trainer.loop import TrainConfig, train_step
 from watchdog.trainer.model import ModelConfig

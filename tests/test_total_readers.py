@@ -2,7 +2,7 @@
 
 Readers: an OOM log (`core/oom_message.py`), a flight record (`records/flight_record.py`, checked
 by `core/postmortem.py`), a job file (`core/goodput.py`), a cgroup's files
-(`runtime/host_memory.py`), and the command line's seconds and patterns (`watch`). Whatever they
+(`readers/host_memory.py`), and the command line's seconds and patterns (`watch`). Whatever they
 are handed, the answer is a value or one line on stderr with exit status 2 naming the file (and
 the line or the field), never a traceback, never the file's text, and never work that grows
 faster than the input (checked by counting work, never by timing it).
@@ -26,7 +26,7 @@ from watchdog.core.oom_message import parse
 from watchdog.core.postmortem import diagnose
 from watchdog.core.sample import Sample
 from watchdog.records.flight_record import SUFFIX
-from watchdog.runtime.host_memory import MemoryCgroup, tightest_cgroup
+from watchdog.readers.host_memory import MemoryCgroup, tightest_cgroup
 from watchdog.records.job_ledger import JobLedger
 
 GiB, MiB = 1 << 30, 1 << 20

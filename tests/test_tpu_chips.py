@@ -22,7 +22,7 @@ from watchdog.core.config import WatchdogConfig  # noqa: E402
 from watchdog.core.sample import Sample  # noqa: E402
 from watchdog.station.exporter import serve_metrics  # noqa: E402
 from watchdog.runtime.sidecar import Watchdog  # noqa: E402
-from watchdog.runtime.sources import DeviceMemory, SourceUnavailable, TpuRuntimeSource, fullest  # noqa: E402
+from watchdog.readers.sources import DeviceMemory, SourceUnavailable, TpuRuntimeSource, fullest  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 HBM = 16 * GiB  # a v5e chip

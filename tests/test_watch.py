@@ -26,7 +26,7 @@ from watchdog.core.sample import load_trace
 from watchdog.core.verdict import Action
 from watchdog.daemon.loop import Daemon, WatchConfig, trace_path_for
 from watchdog.daemon.metrics import build_watch_registry
-from watchdog.daemon.readers import DeviceReading
+from watchdog.readers.outside import DeviceReading
 from watchdog.daemon.signalling import Escalation, Step, parse_escalation, parse_signal
 from watchdog.daemon.timeaxis import TimeAxis
 

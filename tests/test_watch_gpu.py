@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from watchdog.commands.cli import main
-from watchdog.daemon.readers import GpuProcessesReader, NvmlGpus, ReaderUnavailable
+from watchdog.readers.outside import GpuProcessesReader, NvmlGpus, ReaderUnavailable
 
 GiB = 1 << 30
 

@@ -23,7 +23,7 @@ from watchdog.core.errors import EXIT_BAD_INPUT, InputError
 from watchdog.core.sample import load_trace
 from watchdog.daemon.signalling import group_to_signal, send
 from watchdog.daemon.targets import PatternFinder, PidfileFinder, WatchedProcess
-from watchdog.runtime.host_memory import job_memory
+from watchdog.readers.host_memory import job_memory
 
 pytestmark = pytest.mark.slow
 

@@ -603,7 +603,7 @@ def watched_run(work: Path, loop: Loop, steps: int, body, *, sample_every: int =
 
     from watchdog import Watchdog, WatchdogConfig
     from watchdog.runtime.allocator_figures import AllocatorFigures
-    from watchdog.runtime.sources import CudaSource
+    from watchdog.readers.sources import CudaSource
 
     guard = SyncGuard()
     config = WatchdogConfig(sample_every=sample_every, source="cuda", device="cuda:0",
@@ -816,8 +816,8 @@ def reads_case() -> dict:
     dict inside), and NVML's readings. Then the source's own read, carried and breakdown apart."""
     import torch
 
-    from watchdog.runtime.breakdown_plan import BreakdownPlan
-    from watchdog.runtime.sources import CudaSource
+    from watchdog.readers.breakdown_plan import BreakdownPlan
+    from watchdog.readers.sources import CudaSource
 
     loop = Loop(WIDE)
     for _ in range(20):

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from watchdog.runtime.host_memory import job_memory
+from watchdog.readers.host_memory import job_memory
 from watchdog import Watchdog, WatchdogConfig
 from watchdog.logs import configure_logging
 

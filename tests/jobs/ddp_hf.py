@@ -22,7 +22,7 @@ from torch.utils.data import Dataset  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
 
-from watchdog.runtime.host_memory import job_memory
+from watchdog.readers.host_memory import job_memory
 from watchdog import WatchdogConfig  # noqa: E402
 from watchdog.integrations.huggingface import HbmWatchdogCallback  # noqa: E402
 from watchdog.logs import configure_logging  # noqa: E402

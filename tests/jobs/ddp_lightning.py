@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from watchdog.runtime.host_memory import job_memory
+from watchdog.readers.host_memory import job_memory
 from watchdog import WatchdogConfig
 from watchdog.integrations.lightning import HbmWatchdogCallback
 from watchdog.logs import configure_logging

@@ -108,7 +108,7 @@ wd = None
 if watchdog:
     from watchdog import Watchdog, WatchdogConfig
 
-    from watchdog.runtime.host_memory import job_memory
+    from watchdog.readers.host_memory import job_memory
 
     if headroom_mib:  # an emulated budget: the job's memory now and this much headroom
         memory_limit = job_memory() + headroom_mib * (1 << 20)

@@ -5,7 +5,7 @@ import sys
 import time
 
 from watchdog import Watchdog, WatchdogConfig
-from watchdog.runtime.host_memory import job_memory
+from watchdog.readers.host_memory import job_memory
 
 kept = []
 

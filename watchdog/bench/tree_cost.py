@@ -25,7 +25,7 @@ import psutil
 
 from watchdog.commands.cli import OneLineParser
 from watchdog.core.numbers import option, whole_in
-from watchdog.runtime.host_memory import ProcessTree, _share, _status
+from watchdog.readers.host_memory import ProcessTree, _share, _status
 
 MiB = 1 << 20
 MAX_DESCENDANTS = 1024

@@ -85,12 +85,12 @@ def build(args: argparse.Namespace):
     """Flags -> (WatchConfig, Finder, reader factory); every bad value is an InputError naming the flag.
 
     The reader factory is the seam for `--tpu`: given the process found, it returns the
-    `DeviceReader` (watchdog/daemon/readers.py) whose per-device readings the daemon judges.
+    `DeviceReader` (watchdog/readers/outside.py) whose per-device readings the daemon judges.
     """
     from pathlib import Path
 
     from watchdog.daemon.loop import WatchConfig
-    from watchdog.daemon.readers import ProcessTreeReader
+    from watchdog.readers.outside import ProcessTreeReader
     from watchdog.daemon.signalling import parse_escalation, parse_signal
     from watchdog.daemon.targets import PatternFinder, PidfileFinder, PidFinder
     from watchdog.daemon.timeaxis import TimeAxis
@@ -129,8 +129,8 @@ def build(args: argparse.Namespace):
 def _tpu_reader_factory(args: argparse.Namespace, host_limit: int | None):
     """One connection to libtpu's metrics for the daemon's life, checked now: a host with no chips
     or no tpu-info is exit 2 at start, not a failed read every interval."""
-    from watchdog.daemon.readers import TpuChipsReader, WithHost
-    from watchdog.runtime.sources import SourceUnavailable, TpuRuntimeSource
+    from watchdog.readers.outside import TpuChipsReader, WithHost
+    from watchdog.readers.sources import SourceUnavailable, TpuRuntimeSource
 
     chip_type = None
     if args.tpu_chip:
@@ -146,7 +146,7 @@ def _tpu_reader_factory(args: argparse.Namespace, host_limit: int | None):
 
 def _gpu_reader_factory(host_limit: int | None):
     """NVML started now: a host without it is exit 2 at start, not a failed read every interval."""
-    from watchdog.daemon.readers import GpuProcessesReader, NvmlGpus, ReaderUnavailable, WithHost
+    from watchdog.readers.outside import GpuProcessesReader, NvmlGpus, ReaderUnavailable, WithHost
 
     try:
         gpus = NvmlGpus()

@@ -76,7 +76,7 @@ class WatchdogConfig:
     rebuild, a creation-site capture once a leak is suspected, a census when an action is handed
     over (each logged with its cost). Off: `step()` never does more than its O(1) work."""
     host_memory: bool = True
-    """Watch the host's RAM too, through a Judge of its own (`runtime/host_memory.py`): its OOM
+    """Watch the host's RAM too, through a Judge of its own (`readers/host_memory.py`): its OOM
     is the kernel's SIGKILL, with no traceback and no checkpoint. A host OOM projected asks for a
     checkpoint and a restart: a new process is what reliably gives host memory back."""
     host_memory_limit_bytes: int | None = None

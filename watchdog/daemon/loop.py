@@ -40,13 +40,13 @@ from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
 from watchdog.daemon.job_file import TargetAccount
 from watchdog.daemon.metrics import WatchState
-from watchdog.daemon.readers import DeviceReader, DeviceReading, PartialReading, ProcessTreeReader
+from watchdog.readers.outside import DeviceReader, DeviceReading, PartialReading, ProcessTreeReader
 from watchdog.daemon.signalling import Escalation, Step, disposition, send, unhandled_words
 from watchdog.daemon.stopping import StopFlag
 from watchdog.daemon.targets import Finder, WatchedProcess, running
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.logs import OncePerKind, exception_text, get_logger
-from watchdog.runtime.host_memory import HOST_DEVICE
+from watchdog.readers.host_memory import HOST_DEVICE
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 from watchdog.station.trace_sink import TraceSink

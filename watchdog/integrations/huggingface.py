@@ -48,7 +48,7 @@ from watchdog.fileio import write_atomically
 from watchdog.logs import get_logger
 from watchdog.runtime import xla_stats
 from watchdog.runtime.sidecar import Watchdog
-from watchdog.runtime.sources import MemorySource
+from watchdog.readers.sources import MemorySource
 
 log = get_logger(__name__)
 

@@ -7,7 +7,7 @@ the sidecar keeps the newest breakdown here (`Telemetry.part(AllocatorFigures)`)
 `hbmwatch_allocator_reserved_bytes`. Split remainders growing while the tensors' bytes do not is
 fragmentation; reserved growing alone is cache, which the allocator empties before an OOM.
 
-The source reads the breakdown only when it is needed (runtime/breakdown_plan.py); a sample that
+The source reads the breakdown only when it is needed (readers/breakdown_plan.py); a sample that
 carried the series brings no figures, and the newest ones stay. `hbmwatch_allocator_breakdowns_total`
 counts the samples that read one: against `hbmwatch_samples_total`, the share that paid for it.
 """

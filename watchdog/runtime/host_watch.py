@@ -27,7 +27,7 @@ from watchdog.core.judge import Judge, effective_limit
 from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger
-from watchdog.runtime.host_memory import HOST_DEVICE, HostMemory, HostReading
+from watchdog.readers.host_memory import HOST_DEVICE, HostMemory, HostReading
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 from watchdog.station.trace_sink import TraceSink

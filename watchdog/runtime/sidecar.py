@@ -81,7 +81,7 @@ from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.exit_watch import ExitWatch
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
-from watchdog.runtime.sources import (MemoryReading, MemorySource, current_device, device_kind, fresh_reading,
+from watchdog.readers.sources import (MemoryReading, MemorySource, current_device, device_kind, fresh_reading,
                                       release_host_memory, select_source)
 from watchdog.runtime.stall import StallWatch
 from watchdog.station.blocks import ActionOutcome

@@ -16,7 +16,7 @@ from watchdog.core.verdict import Action
 from watchdog.runtime.action_path import DEVICE, FORCED, ActionPath, HandedOver
 from watchdog.runtime.agreement import Agreement
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
-from watchdog.runtime.sources import release_host_memory
+from watchdog.readers.sources import release_host_memory
 from watchdog.station.telemetry import Telemetry
 
 
