@@ -207,7 +207,14 @@ class UnboundedCache(Loop):
 
 
 class MetricNeverReset(Loop):
-    """A torchmetrics CatMetric updated every step and never reset: its list state grows."""
+    """A torchmetrics CatMetric updated every step and never reset: its list state grows.
+
+    Each update keeps a float32[256x512] (512 KiB), and memory grows by about that much a step. With
+    the usual 600 MiB of headroom the budget fell near step 1,060, after the run's 800 steps: a
+    fresh-clone CI run grew at 515 KiB a step and ended with the OOM 283 steps off, warned and never
+    acted on. With 350 MiB the budget falls near step 700, as for `UnboundedCache`."""
+
+    headroom = 350 * MiB
 
     def __init__(self, device):
         super().__init__(device)
