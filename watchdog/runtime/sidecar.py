@@ -58,6 +58,7 @@ from collections import deque
 from contextlib import nullcontext
 from typing import Any
 
+from watchdog.core.action_time import SAVES_KEPT
 from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.cycles import futile
 from watchdog.core.errors import EXIT_FUTILE, EXIT_INTERRUPTED, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
@@ -445,7 +446,9 @@ class Watchdog(ActionPath):
                     decided.recovered_bytes = before - after
             if decided.verdict is not None:
                 took = self._run_state.took_steps = max(0, self._newest_step - decided.verdict.step)  # decided -> rebuilt
-        before = decided.readings_before if decided is not None else None
+        before = None
+        if decided is not None:  # measured once: a second call is measured against the floor, as before
+            before, decided.readings_before = decided.readings_before, None
         self._post((_REINIT, (before, readings, took, bool(held))))  # the action's one message back
 
     def _read_between_steps(self, kind: str) -> tuple[MemoryReading | None, HostReading | None]:
@@ -847,7 +850,8 @@ class _Asked:
     __slots__ = ("step", "phase", "posted", "ends", "saves")
 
     def __init__(self) -> None:
-        self.step, self.phase, self.posted, self.ends, self.saves = 0, "", False, deque(), deque()
+        # the saves: at most what a judge reads (a loop saving while no sidecar runs keeps the newest)
+        self.step, self.phase, self.posted, self.ends, self.saves = 0, "", False, deque(), deque(maxlen=SAVES_KEPT)
 
 
 class PhaseScope:
