@@ -17,11 +17,12 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "watchdog"
 
-SHARED = {"watchdog.logs", "watchdog.fileio"}  # any layer outside core
+SHARED = {"watchdog.logs", "watchdog.fileio", "watchdog.moved"}  # any layer outside core
 MAY_IMPORT = {  # layer -> prefixes of our modules it may import (its own always)
     "core": set(),
     "logs": {"watchdog.core"},
     "fileio": {"watchdog.core"},
+    "moved": set(),
     "station": {"watchdog.core", *SHARED},
     "forensics": {"watchdog.core", *SHARED},
     "readers": {"watchdog.core", *SHARED},  # memory as each kind of device and host tells it, in or out of process

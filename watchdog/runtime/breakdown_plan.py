@@ -1,11 +1,6 @@
-"""Moved to `watchdog.readers.breakdown_plan` (the readers together: issue 59). This name keeps working for one
-release, the same module under its old name, with a deprecation line."""
+"""`watchdog.readers.breakdown_plan` under its old name, with a deprecation line, for one release
+(moved for issue 59: watchdog/ARCHITECTURE.md's map)."""
 
-import sys
-import warnings
+from watchdog.moved import moved
 
-from watchdog.readers import breakdown_plan
-
-warnings.warn("watchdog.runtime.breakdown_plan moved to watchdog.readers.breakdown_plan; the old name goes in the next release",
-              DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = breakdown_plan
+moved(__name__, "watchdog.readers.breakdown_plan")

@@ -1,11 +1,6 @@
-"""Moved to `watchdog.records.flight_record` (the files read from outside the process, together: issue 59).
-This name keeps working for one release, the same module under its old name, with a deprecation line."""
+"""`watchdog.records.flight_record` under its old name, with a deprecation line, for one release
+(moved for issue 59: watchdog/ARCHITECTURE.md's map)."""
 
-import sys
-import warnings
+from watchdog.moved import moved
 
-from watchdog.records import flight_record
-
-warnings.warn("watchdog.runtime.flight_record moved to watchdog.records.flight_record; the old name goes in the next release",
-              DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = flight_record
+moved(__name__, "watchdog.records.flight_record")

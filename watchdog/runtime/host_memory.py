@@ -1,11 +1,6 @@
-"""Moved to `watchdog.readers.host_memory` (the readers together: issue 59). This name keeps working for one
-release, the same module under its old name, with a deprecation line."""
+"""`watchdog.readers.host_memory` under its old name, with a deprecation line, for one release
+(moved for issue 59: watchdog/ARCHITECTURE.md's map)."""
 
-import sys
-import warnings
+from watchdog.moved import moved
 
-from watchdog.readers import host_memory
-
-warnings.warn("watchdog.runtime.host_memory moved to watchdog.readers.host_memory; the old name goes in the next release",
-              DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = host_memory
+moved(__name__, "watchdog.readers.host_memory")

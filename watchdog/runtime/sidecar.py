@@ -435,20 +435,19 @@ class Watchdog(ActionPath):
             self._follower.rebuilt(capture=bool(self.telemetry.actions_total))
             held = self._follower.not_freed(self._newest_step)  # the holder named before, looked at again
             self._chores.append(_FOLLOW)
-        took = None
+        took = before = None
         readings = self._read_between_steps("reinit_read")
         if decided is not None:  # what it freed, like with like, measured here: nothing waits for the sidecar
             decided.not_freed = held
-            after, before = _bytes_of(readings, decided.memory), decided.memory_before_bytes
+            # measured once: a second call is measured against the floor, as before
+            before, decided.readings_before = decided.readings_before, None
+            after = _bytes_of(readings, decided.memory)
             if after is not None:
                 decided.memory_after_bytes = after
-                if before is not None:
-                    decided.recovered_bytes = before - after
+                if before is not None and (then := _bytes_of(before, decided.memory)) is not None:
+                    decided.recovered_bytes = then - after
             if decided.verdict is not None:
                 took = self._run_state.took_steps = max(0, self._newest_step - decided.verdict.step)  # decided -> rebuilt
-        before = None
-        if decided is not None:  # measured once: a second call is measured against the floor, as before
-            before, decided.readings_before = decided.readings_before, None
         self._post((_REINIT, (before, readings, took, bool(held))))  # the action's one message back
 
     def _read_between_steps(self, kind: str) -> tuple[MemoryReading | None, HostReading | None]:
@@ -576,9 +575,7 @@ class Watchdog(ActionPath):
                    counts: bool = True) -> Action:
         super()._hand_over(step, action, verdict, memory, origin, counts)
         if action is Action.CHECKPOINT_REINIT:  # what the rebuild will be measured against
-            readings = self._read_between_steps("rebuild_read")
-            self._handed.last.memory_before_bytes = _bytes_of(readings, memory)
-            self._handed.last.readings_before = readings  # posted with the readings after the rebuild
+            self._handed.last.readings_before = self._read_between_steps("rebuild_read")  # sent with those after it
         if self._account is not None and counts and action.needs_checkpoint:  # the watchdog's, not a preemption
             self._account.action(action.value, step, _projected_oom(step, verdict))
         if not self._handed.logs_outcomes:  # its block is logged at the next step, if the loop says nothing

@@ -62,7 +62,6 @@ class ActionOutcome:
     checkpoint: str | None = None  # path of the checkpoint saved for it
     outcome: str = ""  # "reinitialised in process", "exit 42: restart requested", ...
     recovered_bytes: float | None = None  # measured after a reinit: the reading before it less the one after
-    memory_before_bytes: float | None = None  # a reinit's reading when it was handed over (freed pages given back)
     memory_after_bytes: float | None = None
     memory: str = "device"  # which memory asked for it: "device", or "host" (the host's RAM)
     origin: str = ""  # who decided it, when not this rank's watchdog alone: "forced (a drill)", "asked by rank 0, ..."
