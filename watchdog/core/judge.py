@@ -338,8 +338,8 @@ class Judge:
 
     def _new_process(self) -> None:
         """Steps went back: a restarted process appending to the same trace. Its sidecar started
-        from scratch (the detector sees the same and resets itself), so a replay does too; only
-        the restart count carries over, as it does through the supervisor."""
+        from scratch (the detector sees the same and resets itself), so a replay does too; the
+        run's end carries over (the restarts are counted by `RunState`, never here)."""
         self._use_policy(self._fresh_policy())
         self._floor_at_action = self._action_peak = None
         self._cycle, self._previous_step = None, -math.inf  # the new process's first reading starts a cycle
@@ -455,7 +455,7 @@ class Judge:
         Everything measured so far describes the old process, so the detector starts a new baseline
         and the policy's clock starts over (the caller counts steps again from the new process's
         first sample; a cooldown left over from the old one would silence the new one), keeping the
-        restarts so far. What the restart gave back is measured by `restart_settled`, once the new
+        run's end. What the restart gave back is measured by `restart_settled`, once the new
         process has loaded: its first reading is only an interpreter starting up.
 
         "Before" is the floor the last checkpoint action was taken at: between the signal and its
