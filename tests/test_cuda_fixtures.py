@@ -294,7 +294,7 @@ def test_nvml_readings_of_a_real_gpu_give_the_watched_process_its_memory():
             return [SimpleNamespace(pid=mine.get(p["pid"], p["pid"] + 4_000_000), usedGpuMemory=p["used"])
                     for p in reading["processes"]]
 
-    [got] = GpuProcessesReader(psutil.Process(), NvmlGpus(Nvml())).read()
+    [got] = GpuProcessesReader(psutil.Process(), NvmlGpus(Nvml())).read().devices
     theirs = {p["pid"]: p["used"] or 0 for p in reading["processes"]}
     assert got.bytes_used == theirs.get(watched, 0)
     assert got.bytes_limit == reading["total"] - (sum(theirs.values()) - theirs.get(watched, 0))

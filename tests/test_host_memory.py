@@ -8,6 +8,7 @@ is cgroup v1), so their parsing is read from files laid out as the kernel lays t
 """
 
 import json
+import os
 import threading
 
 import psutil
@@ -21,11 +22,12 @@ from watchdog.core.errors import ConfigError, InputError
 from watchdog.core.sample import Sample, labelled_trace_path, load_trace, write_trace
 from watchdog.core.verdict import Action
 from watchdog.daemon.loop import WatchConfig
-from watchdog.readers.outside import DeviceReading, ProcessTreeReader, WithHost
+from watchdog.core.readings import DeviceMemory, MemoryReading
+from watchdog.readers.outside import WithHost
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.forensics.census import census, explain_leak
 from watchdog.station.exporter import build_registry
-from watchdog.readers.host_memory import HostMemory, cgroups_listed, tightest_cgroup
+from watchdog.readers.host_memory import HostMemory, RssSource, cgroups_listed, tightest_cgroup
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.trainer.leaks import parse_leak_spec
 
@@ -280,7 +282,7 @@ class FlatChipLeakingHost:
     every `every` reads (1 MiB a read: a host leak; 16 MiB every 16: a checkpoint's ratchet), as a
     target's would until it gets the signal; then it saves and exits (the daemon stops)."""
 
-    source = "scripted"
+    name = "scripted"
 
     def __init__(self, stop: threading.Event, size: int, every: int):
         self.stop, self.size, self.every, self.kept, self.reads = stop, size, every, [], 0
@@ -292,7 +294,7 @@ class FlatChipLeakingHost:
             self.stop.set()
         elif self.reads % self.every == 0:
             self.kept.append(bytearray(b"\x03") * self.size)
-        return [DeviceReading("tpu:0", 4 * GiB, 16 * GiB, pid=None)]
+        return MemoryReading(4 * GiB, 16 * GiB, devices=(DeviceMemory("tpu:0", 4 * GiB, 16 * GiB),))
 
 
 TickPerRead = tick_per_read_daemon()
@@ -362,9 +364,11 @@ def test_chips_that_never_answer_end_the_daemon_in_one_line_after_the_wait(tmp_p
 
 
 def test_a_process_trees_limit_is_the_hosts_budget():
-    assert ProcessTreeReader(psutil.Process(), 3 * GiB).read()[0].bytes_limit == 3 * GiB
+    """The daemon's reader of a CPU job is the sidecar's `rss` source, by PID, with the kernel's limits."""
+    (process,) = RssSource(3 * GiB, pid=os.getpid(), kernel_limits=True).read().each_device("process")
+    assert (process.device, process.bytes_limit) == ("process", 3 * GiB)
     machine_or_cgroup = HostMemory().limit_bytes
-    assert ProcessTreeReader(psutil.Process()).read()[0].bytes_limit == machine_or_cgroup
+    assert RssSource(pid=os.getpid(), kernel_limits=True).read().bytes_limit == machine_or_cgroup
 
 
 # -- the post-mortem of a job the kernel killed -------------------------------------------------

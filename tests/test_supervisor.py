@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -362,3 +364,24 @@ def test_an_exits_file_nested_beyond_any_bound_is_one_line_not_a_recursion_error
     exits.write_text('{"time": 1.0, "run": 0, "exit": "1", "returncode": 1}\n' + "[" * 100_000 + "\n")
     with pytest.raises(InputError, match=r"exits.jsonl:2: not an exit recorded by supervise"):
         _earlier_exits(exits)
+
+
+
+def test_a_writer_late_to_the_temporary_job_file_never_turns_a_finished_job_into_a_traceback(monkeypatch):
+    """Seen once in CI: the job finished, `watch` appended its record (creating the file again) while
+    supervise removed its temporary job folder, between the file's unlink and the folder's rmdir,
+    and supervise ended in "Directory not empty" (exit 1). That moment, made to happen here."""
+    from watchdog.commands import supervise as command
+
+    real_rmdir, arrived = os.rmdir, []
+
+    def rmdir_after_a_late_write(path, *args, **kwargs):
+        if str(path).startswith(tempfile.gettempdir()) and "hbm-watchdog-job-" in str(path) and not arrived:
+            arrived.append(path)
+            (Path(path) / "job.jsonl").write_text("{}\n")  # the daemon's append, just in time
+        return real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", rmdir_after_a_late_write)
+    with command._temporary_folder() as folder:
+        (Path(folder) / "job.jsonl").write_text("{}\n")
+    assert arrived and not os.path.lexists(folder)

@@ -26,7 +26,7 @@ from watchdog.core.sample import load_trace
 from watchdog.core.verdict import Action
 from watchdog.daemon.loop import Daemon, WatchConfig, trace_path_for
 from watchdog.daemon.metrics import build_watch_registry
-from watchdog.readers.outside import DeviceReading
+from watchdog.core.readings import DeviceMemory, MemoryReading
 from watchdog.daemon.signalling import Escalation, Step, parse_escalation, parse_signal
 from watchdog.daemon.timeaxis import TimeAxis
 
@@ -127,7 +127,7 @@ def test_without_an_escalation_signal_the_ladder_gives_up_and_a_restart_resets_i
 class ScriptedChips:
     """Two chips: tpu:0 leaks `leak` bytes per read towards its 8 GiB, tpu:1 stays flat; stops the daemon after `reads`."""
 
-    source = "scripted"
+    name = "scripted"
 
     def __init__(self, stop: threading.Event, reads: int, leak: int = 4 * MiB, fail_every: int = 0,
                  failure: Exception = TimeoutError("metrics endpoint busy")):
@@ -141,8 +141,9 @@ class ScriptedChips:
         if self.fail_every and self.count % self.fail_every == 0:
             raise self.failure
         sawtooth = (self.count % 7) * 16 * MiB
-        return [DeviceReading("tpu:0", 4 * GiB + self.leak * self.count + sawtooth, 8 * GiB, pid=4242),
-                DeviceReading("tpu:1", 4 * GiB + sawtooth, 8 * GiB, pid=4242)]
+        chips = (DeviceMemory("tpu:0", 4 * GiB + self.leak * self.count + sawtooth, 8 * GiB),
+                 DeviceMemory("tpu:1", 4 * GiB + sawtooth, 8 * GiB))
+        return MemoryReading(chips[0].bytes_used, chips[0].bytes_limit, devices=chips)
 
 
 TickPerRead = tick_per_read_daemon()
@@ -284,7 +285,7 @@ class OverBudget:
     """One process 28% over its 1 GiB budget from its first reading (the probe's forking target):
     the detector is still warming up for all of it. Stops the daemon after `reads`."""
 
-    source = "scripted"
+    name = "scripted"
 
     def __init__(self, stop: threading.Event, reads: int):
         self.stop, self.reads, self.count = stop, reads, 0
@@ -293,7 +294,7 @@ class OverBudget:
         self.count += 1
         if self.count >= self.reads:
             self.stop.set()
-        return [DeviceReading("process", int(1.28 * GiB) + self.count * MiB, None, pid=4242)]
+        return MemoryReading(int(1.28 * GiB) + self.count * MiB)
 
 
 @pytest.mark.parametrize("reads", [1, 5])
@@ -414,7 +415,7 @@ class FastLeak:
     """One process tree read against the host's 64 GiB: 1 GiB, then 20 MiB more per read, a sawtooth
     of 4 MiB; stops the daemon after `reads`."""
 
-    source = "rss"
+    name = "rss"
 
     def __init__(self, stop: threading.Event, reads: int):
         self.stop, self.reads, self.count = stop, reads, 0
@@ -424,7 +425,7 @@ class FastLeak:
         if self.count >= self.reads:
             self.stop.set()
         used = GiB + 20 * MiB * self.count + (self.count % 3) * 4 * MiB
-        return [DeviceReading("process", used, 64 * GiB, pid=4242)]
+        return MemoryReading(used, 64 * GiB)
 
 
 def test_a_watch_trace_says_the_limit_judged_and_report_replays_its_signals(tmp_path, captured):

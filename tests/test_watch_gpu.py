@@ -50,10 +50,11 @@ def test_each_gpu_reads_the_targets_memory_against_what_the_other_processes_leav
     nvml = Nvml({0: (80 * GiB, {me: 30 * GiB, stranger: 20 * GiB}), 1: (80 * GiB, {stranger: 5 * GiB}),
                  2: (80 * GiB, {me: None})})
     reader = GpuProcessesReader(psutil.Process(me), NvmlGpus(nvml))
-    readings = reader.read()
-    assert [(r.device, r.bytes_used, r.bytes_limit, r.pid) for r in readings] == [
-        ("cuda:0", 30 * GiB, 60 * GiB, me), ("cuda:1", 0, 75 * GiB, me), ("cuda:2", 0, 80 * GiB, me)]
-    assert reader.source == "nvml"
+    reading = reader.read()
+    assert [(r.device, r.bytes_used, r.bytes_limit) for r in reading.each_device("process")] == [
+        ("cuda:0", 30 * GiB, 60 * GiB), ("cuda:1", 0, 75 * GiB), ("cuda:2", 0, 80 * GiB)]
+    assert (reading.bytes_used, reading.bytes_limit) == (30 * GiB, 60 * GiB), "the fullest GPU heads the reading"
+    assert reader.name == "nvml"
 
 
 def test_without_nvml_the_gpu_reader_is_unavailable_and_watch_gpu_is_one_line_and_exit_2(capsys):

@@ -30,11 +30,13 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Iterator
 
 from watchdog.actions.supervisor import DEFAULT_GRACE_SECONDS, ChildOutcome, check_options, describe, supervise
 from watchdog.commands import postmortem
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise InputError(f"--postmortem-dir {folder}: {exc.strerror or exc}") from None
         os.environ[flight_record.FLIGHT_RECORD_ENV] = str(folder / postmortem.FLIGHT_RECORD_NAME)  # the child's
-    with tempfile.TemporaryDirectory(prefix="hbm-watchdog-job-") if named is None else nullcontext() as folder_:
+    with _temporary_folder() if named is None else nullcontext() as folder_:
         job_file = _start_job_file(named or Path(folder_) / f"job{goodput.SUFFIX}")
         status = supervise(command, max_restarts=args.max_restarts, backoff=args.backoff,
                            max_backoff=args.max_backoff, grace_seconds=args.grace_seconds,
@@ -108,6 +110,26 @@ def run(args: argparse.Namespace) -> int:
                            restart_args=args.on_restart_args or (), checkpoint=args.checkpoint_path)
         _print_goodput(job_file)
         return status
+
+
+@contextmanager
+def _temporary_folder() -> Iterator[str]:
+    """The folder of a job file no one named, removed at the end. A writer late to it (a `watch`
+    daemon recording the exit it saw) can put the file back while it is being removed: the removal
+    is tried again, and a folder that still cannot go is left in the temporary directory, never a
+    traceback after a job that finished (seen once in CI: exit 1 from rmdir's "Directory not empty")."""
+    folder = tempfile.mkdtemp(prefix="hbm-watchdog-job-")
+    try:
+        yield folder
+    finally:
+        for _ in range(_REMOVAL_TRIES):
+            shutil.rmtree(folder, ignore_errors=True)
+            if not os.path.lexists(folder):
+                break
+            time.sleep(0.05)
+
+
+_REMOVAL_TRIES = 5
 
 
 def _check_inputs(args: argparse.Namespace, command: list[str], job_file: Path | None) -> None:

@@ -84,13 +84,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def build(args: argparse.Namespace):
     """Flags -> (WatchConfig, Finder, reader factory); every bad value is an InputError naming the flag.
 
-    The reader factory is the seam for `--tpu`: given the process found, it returns the
-    `DeviceReader` (watchdog/readers/outside.py) whose per-device readings the daemon judges.
+    The reader factory is the seam for `--tpu` and `--gpu`: given the process found, it returns the
+    memory source (`MemorySource`; watchdog/readers/outside.py) whose devices the daemon judges.
     """
     from pathlib import Path
 
     from watchdog.daemon.loop import WatchConfig
-    from watchdog.readers.outside import ProcessTreeReader
+    from watchdog.readers.host_memory import RssSource
     from watchdog.daemon.signalling import parse_escalation, parse_signal
     from watchdog.daemon.targets import PatternFinder, PidfileFinder, PidFinder
     from watchdog.daemon.timeaxis import TimeAxis
@@ -123,7 +123,7 @@ def build(args: argparse.Namespace):
         return config, finder, _tpu_reader_factory(args, host_limit)
     if args.gpu:
         return config, finder, _gpu_reader_factory(host_limit)
-    return config, finder, lambda process: ProcessTreeReader(process, host_limit)
+    return config, finder, lambda process: RssSource(host_limit, pid=process.pid, kernel_limits=True)
 
 
 def _tpu_reader_factory(args: argparse.Namespace, host_limit: int | None):

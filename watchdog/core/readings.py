@@ -1,13 +1,19 @@
 """What a memory source reads, as plain values: one reading, each chip's share, an allocator's
-figures, the host's.
+figures, the host's; and the one protocol every source keeps.
 
-They live in the core because every layer passes them on: a source (in process) or a reader (the
-`watch` daemon) makes them, and the station's telemetry and the exporter show them.
+They live in the core because every layer passes them on: a source makes them, in the training
+process (the sidecar's) or beside it (the `watch` daemon's), and the station's telemetry and the
+exporter show them. One protocol for both, so a reader of a kind of device is written once:
+
+    class MemorySource(Protocol):
+        name: str                     # exported as hbmwatch_build_info{source}
+        def read(self) -> MemoryReading
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +23,7 @@ class DeviceMemory:
     device: str
     bytes_used: int
     bytes_limit: int | None = None
+    peak_bytes_used: int | None = None  # its highest point since the previous reading, where the source knows it
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +43,20 @@ class MemoryReading:
     peak_bytes_used: int | None = None
     devices: tuple[DeviceMemory, ...] = ()  # every chip, when the source sees more than one
     allocator: AllocatorMemory | None = None  # the allocator's figures, where the source reads an allocator
+
+    def each_device(self, label: str) -> tuple[DeviceMemory, ...]:
+        """Every device this reading covers, each to be judged on its own (the `watch` daemon): its
+        chips, or the reading itself as one device called `label`."""
+        return self.devices or (DeviceMemory(label, self.bytes_used, self.bytes_limit, self.peak_bytes_used),)
+
+
+class MemorySource(Protocol):
+    """Where a series' memory comes from: a kind of device, or the job's host memory (the module
+    docstring). `read` raises `psutil.NoSuchProcess` when the process it reads is gone."""
+
+    name: str
+
+    def read(self) -> MemoryReading: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import psutil
 
@@ -40,13 +40,14 @@ from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
 from watchdog.daemon.job_file import TargetAccount
 from watchdog.daemon.metrics import WatchState
-from watchdog.readers.outside import DeviceReader, DeviceReading, PartialReading, ProcessTreeReader
+from watchdog.core.readings import DeviceMemory, MemorySource
+from watchdog.readers.outside import PROCESS_DEVICE, PartialReading
 from watchdog.daemon.signalling import Escalation, Step, disposition, send, unhandled_words
 from watchdog.daemon.stopping import StopFlag
 from watchdog.daemon.targets import Finder, WatchedProcess, running
 from watchdog.daemon.timeaxis import TimeAxis
 from watchdog.logs import OncePerKind, exception_text, get_logger
-from watchdog.readers.host_memory import HOST_DEVICE
+from watchdog.readers.host_memory import HOST_DEVICE, RssSource
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 from watchdog.station.trace_sink import TraceSink
@@ -97,7 +98,8 @@ class Daemon:
     """Runs until the target is gone for good or `stop` is set; see the module docstring."""
 
     def __init__(self, config: WatchConfig, finder: Finder,
-                 make_reader: Callable[[psutil.Process], DeviceReader] = ProcessTreeReader, *,
+                 make_reader: Callable[[psutil.Process], MemorySource] = lambda process: RssSource(
+                     pid=process.pid, kernel_limits=True), *,
                  stop: threading.Event | StopFlag | None = None):
         self.config = config
         self.finder = finder
@@ -193,7 +195,7 @@ class Daemon:
 
     # -- one process ------------------------------------------------------------------------------
 
-    def _attach(self, target: WatchedProcess, *, restart: bool = True) -> DeviceReader:
+    def _attach(self, target: WatchedProcess, *, restart: bool = True) -> MemorySource:
         """A new segment. After a restart, what it gave back is measured once the new process warmed
         up; a handover to a child is no restart (the child's memory was inside the tree watched)."""
         self.state.attachments += 1
@@ -243,7 +245,7 @@ class Daemon:
                     log.info("target_exited", pid=target.pid, signalled=self._signalled_at is not None, during="read")
                     return
                 if readings:
-                    self._judge_all(target, reader.source, tick, readings)
+                    self._judge_all(target, reader.name, tick, readings)
                 tick = self._sleep_until_next_tick(start, tick)
         finally:
             if self._account is not None:  # what the daemon knows of it, for the job's goodput
@@ -252,25 +254,25 @@ class Daemon:
             target.close()
             self.state.watched_pid = 0  # while waiting for it to come back, no PID is watched
 
-    def _read(self, reader: DeviceReader) -> Sequence[DeviceReading] | None:
+    def _read(self, reader: MemorySource) -> tuple[DeviceMemory, ...] | None:
         """The devices' readings; None once the process is gone; [] after a counted failure. A device
         that has given no reading for --wait-seconds since the target was attached (a TPU's metrics
         endpoint that never answers: the daemon ran on, judging only the host) is bad input: one
         line, exit 2."""
         try:
-            readings = reader.read()
+            reading = reader.read()
         except psutil.NoSuchProcess:
             return None
         except PartialReading as partial:  # a device failed: the others are judged all the same
             self._count_error("read", partial.error)
             self._unread(partial.error)
-            return partial.readings
+            return partial.reading.each_device(PROCESS_DEVICE)
         except Exception as exc:  # noqa: BLE001 - a daemon outlives any one failed reading
             self._count_error("read", exc)
             self._unread(exc)
-            return []
+            return ()
         self._unread_since = None
-        return readings
+        return reading.each_device(PROCESS_DEVICE)
 
     def _unread(self, error: BaseException) -> None:
         """A reading failed: since when, and past --wait-seconds of nothing but failures, say so and stop."""
@@ -299,7 +301,7 @@ class Daemon:
             self.telemetry[name] = device.telemetry
         return device
 
-    def _judge_all(self, target: WatchedProcess, source: str, tick: int, readings: Sequence[DeviceReading]) -> None:
+    def _judge_all(self, target: WatchedProcess, source: str, tick: int, readings: tuple[DeviceMemory, ...]) -> None:
         now = time.time()
         asking: tuple[str, Verdict, Action] | None = None
         # The host beside chips is never the only device, even on a tick when the chips failed.

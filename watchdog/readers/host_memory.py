@@ -12,7 +12,9 @@ pages the job holds, each counted once, and the highest point they reach. So tha
   dropped them: 10% low with two workers). File-backed pages (`Pss_File`: the libraries, a memory-
   mapped dataset) are not counted: the kernel drops them before it kills, they are shared with
   other processes on the machine (so their share moves when an unrelated process maps the same
-  library), and they are not what a job leaks.
+  library), and they are not what a job leaks. Anonymous pages the job shares with a process
+  outside it (an interpreter it was forked from, which kept running) count in part too, and rise
+  toward whole as the job writes to them or the others exit: a job forked so reads low at first.
 - **Its peak since the previous reading**: the process's high-water mark (`VmHWM`), reset at each
   reading by writing `5` to `/proc/PID/clear_refs`, so a copy made and freed between two readings
   (an evaluation's end-of-pass concatenation) is seen. The reset is seen by anyone who reads the
@@ -48,7 +50,7 @@ from typing import NamedTuple
 
 import psutil
 
-from watchdog.core.readings import HostReading
+from watchdog.core.readings import HostReading, MemoryReading
 from watchdog.core.units import format_bytes
 
 HOST_DEVICE = "host"  # the host series' `device` label, in metrics, logs and a trace's name
@@ -272,6 +274,33 @@ def job_memory(pid: int | None = None) -> int:
     """The job's memory now, counted in full: a process and its descendants, each page once (what
     `ProcessTree` reads), leaving the high-water mark alone. For a loop's own budget, and for tests."""
     return ProcessTree(psutil.Process(pid if pid is not None else os.getpid()), reset_high_water=False).read().bytes_used
+
+
+class RssSource:
+    """The job's memory as a memory source (`MemorySource`): on PJRT CPU and plain CPU, where device
+    buffers live in host memory, in process; and for the `watch` daemon beside a CPU job, by PID.
+    A process's and its children's (DataLoader workers) anonymous and shared pages, each counted
+    once, with the peak since the previous reading (`HostMemory`, which reads the host's series the
+    same way). A worker's cache is the job's memory as much as the trainer's own: the kernel kills
+    the job when their sum runs out.
+
+    In process the limit is `--memory-limit` (`kernel_limits` off); where the host is watched too,
+    the host's memory is this same memory, and `merge_into_rss` gives it every limit the host has (a
+    budget, a cgroup's, RLIMIT_AS). The daemon reads the target with the kernel's limits on.
+    """
+
+    name = "rss"
+
+    def __init__(self, memory_limit_bytes: int | None = None, *, pid: int | None = None, kernel_limits: bool = False):
+        self.memory = HostMemory(pid, memory_limit_bytes, kernel_limits=kernel_limits)
+
+    @property
+    def tree(self) -> ProcessTree:
+        return self.memory.tree
+
+    def read(self) -> MemoryReading:
+        host = self.memory.read()
+        return MemoryReading(host.bytes_used, host.bytes_limit, host.peak_bytes_used)
 
 
 # -- the process tree ----------------------------------------------------------------------------

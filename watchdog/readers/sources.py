@@ -32,12 +32,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 from watchdog.core.errors import InputError
-from watchdog.core.readings import AllocatorMemory, DeviceMemory, MemoryReading
+from watchdog.core.readings import AllocatorMemory, DeviceMemory, MemoryReading, MemorySource
 from watchdog.core.sample import read_trace
 from watchdog.readers.breakdown_plan import BreakdownPlan
+from watchdog.readers.host_memory import RssSource
 from watchdog.logs import get_logger
 
 log = get_logger(__name__)
@@ -65,12 +66,6 @@ class SourceUnavailable(RuntimeError):
 class ChosenSourceUnavailable(SourceUnavailable, InputError):
     """The memory source a user named (not `auto`) cannot read this device: bad input, said in one
     line (exit 2 from the command line), and still a SourceUnavailable for code that falls back."""
-
-
-class MemorySource(Protocol):
-    name: str
-
-    def read(self) -> MemoryReading: ...
 
 
 def _first_int(info: dict, *keys: str) -> int | None:
@@ -285,33 +280,6 @@ def release_host_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-class RssSource:
-    """The job's memory on PJRT CPU and plain CPU, where device buffers live in host memory: this
-    process's and its children's (DataLoader workers) anonymous and shared pages, each counted once,
-    with the peak since the previous reading (`host_memory.HostMemory`, which reads the host's series
-    the same way). A worker's cache is the job's memory as much as the trainer's own: the kernel
-    kills the job when their sum runs out.
-
-    The limit is `--memory-limit`; where the host is watched too, the host's memory is this same
-    memory, and `merge_into_rss` gives it every limit the host has (a budget, a cgroup's, RLIMIT_AS).
-    """
-
-    name = "rss"
-
-    def __init__(self, memory_limit_bytes: int | None = None):
-        from watchdog.readers.host_memory import HostMemory
-
-        self.memory = HostMemory(limit_bytes=memory_limit_bytes, kernel_limits=False)
-
-    @property
-    def tree(self):
-        return self.memory.tree
-
-    def read(self) -> MemoryReading:
-        host = self.memory.read()
-        return MemoryReading(host.bytes_used, host.bytes_limit, host.peak_bytes_used)
 
 
 class ReplaySource:
