@@ -457,3 +457,24 @@ def test_processes_watched_from_outside_are_counted_with_the_time_between_them_a
     assert account.ended == "exit" and account.fields()["goodput"] is None
     assert "goodput: n/a of 25.0 s elapsed (2 processes" in account.block()
     assert "2 watched from outside by `watch`, which sees no steps" in account.block()
+
+
+def test_watch_never_brings_back_the_folder_of_a_job_file_that_went_with_its_job(tmp_path, events):
+    """`watch` records the process it saw exit in the job file supervise named; when supervise has
+    already removed its temporary folder (the job is over), the folder is not made again: 49 of them
+    were left in /tmp by one day's runs, each holding only the daemon's late lines."""
+    import os
+
+    from watchdog.daemon.job_file import TargetAccount
+
+    folder = tmp_path / "hbm-watchdog-job-x"
+    folder.mkdir()
+    start_job(folder / "job.job.jsonl")
+    account = TargetAccount(folder / "job.job.jsonl", os.getpid(), 0.0)
+    account.record(signalled=False, exited=False)
+    assert [r["event"] for r in goodput.read(folder / "job.job.jsonl")] == ["job", "process"]
+    (folder / "job.job.jsonl").unlink()
+    folder.rmdir()
+    account.record(signalled=True, exited=True)
+    assert not folder.exists()
+    assert events.named("job_file_gone") and not events.named("job_file_not_written")

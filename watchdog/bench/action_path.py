@@ -45,7 +45,8 @@ START_AT = ("watchdog.core.policy", "_checkpoint")  # the decision
 END_AT = ("watchdog.station.station", "reinit_finished")  # the rebuild measured, on the sidecar
 CARRY_OUT = "carry_out"  # and the training thread back from carrying the action out
 WAITS = {"drain"}  # the training thread waiting for the sidecar
-HANDLED = ("watchdog.runtime.sidecar", "_handle")  # the sidecar taking the messages posted to it
+HANDLED = {("watchdog.runtime.sampler", "handle"),  # the sidecar taking the messages posted to it
+           ("watchdog.runtime.sidecar", "_handle")}  # (where an older checkout has it, for --tree)
 HANDED_OVER = ("watchdog.runtime.sidecar", "_hand_over")  # the training thread taking the action
 
 
@@ -93,7 +94,7 @@ def measure() -> dict:
             events.append((thread, module, name, caller if caller.startswith("watchdog.") else None))
             if name in WAITS and thread == training:
                 state["started"] = time.perf_counter()
-            elif (module, name) == HANDLED:
+            elif (module, name) in HANDLED:
                 crossings.extend(f"to the sidecar: {kind}" for kind, _ in frame.f_locals.get("messages", ()))
             elif (module, name) == HANDED_OVER and thread == training:
                 crossings.append("to the training thread: the action")

@@ -65,5 +65,9 @@ class TargetAccount:
                 records.append({"event": "end", "t": now, "how": "signalled" if signalled else "exit", "step": 0})
             append_records(self.path, records)
         except (OSError, InputError) as exc:
+            if isinstance(exc, FileNotFoundError) and not self.path.parent.exists():
+                log.info("job_file_gone", path=str(self.path), pid=self.pid,
+                         note="its folder went with the job (supervise removes a temporary one at the end)")
+                return
             log.warning("job_file_not_written", path=str(self.path), pid=self.pid, error=str(exc),
                         note="the watch goes on; goodput will lack this process")

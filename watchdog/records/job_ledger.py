@@ -125,10 +125,12 @@ def existing_records(path: Path) -> list[dict]:
         raise InputError(f"job file {path}: {exc.strerror or exc}") from None
 
 
-def _open_to_append(path: Path) -> IO[bytes]:
-    """The job file opened to append (created if absent), never through a link, its torn last line
-    cut: only once the descriptor is known to be a regular file and its contents a job file's."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _open_to_append(path: Path, *, make_folder: bool = True) -> IO[bytes]:
+    """The job file opened to append (created if absent, in a folder made for it unless
+    `make_folder` is off), never through a link, its torn last line cut: only once the descriptor is
+    known to be a regular file and its contents a job file's."""
+    if make_folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
     handle = open_regular(path, "a+b", follow_symlinks=False, what="job file ")
     try:
         _, torn = _claimed(handle, path)
@@ -142,9 +144,12 @@ def _open_to_append(path: Path) -> IO[bytes]:
 
 def append_records(path: Path, records: list[dict]) -> None:
     """Append whole records (`{"event": ..., "t": ..., ...}`) to a job file of ours, created if absent
-    (`watch`, for a target that keeps no account of its own); OSError or InputError as they come."""
+    (`watch`, for a target that keeps no account of its own); OSError or InputError as they come.
+    Never in a folder that is gone: the job file's folder is its owner's (supervise's temporary one
+    is removed when the job ends), and made again by a late writer it was left behind, job after job
+    (FileNotFoundError instead)."""
     lines = [strict_json.dumps({"v": goodput.VERSION, **record}) + "\n" for record in records]
-    with _open_to_append(path) as handle:
+    with _open_to_append(path, make_folder=False) as handle:
         handle.write("".join(lines).encode("utf-8"))
 
 

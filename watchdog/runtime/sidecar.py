@@ -1,4 +1,5 @@
-"""The `Watchdog`: a step hook on the training thread and a sidecar thread that does the work.
+"""The `Watchdog`: a step hook on the training thread and a sidecar thread that does the work
+(the sidecar's part is `runtime/sampler.py`'s `Sampler`, built at `start()`).
 
 Training thread                          Sidecar thread
 ---------------                          --------------
@@ -58,12 +59,11 @@ from collections import deque
 from contextlib import nullcontext
 from typing import Any
 
-from watchdog.core.action_time import SAVES_KEPT
 from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.cycles import futile
 from watchdog.core.errors import EXIT_FUTILE, EXIT_INTERRUPTED, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.judge import Judge, Recovery
-from watchdog.core.phase import SAVE, STEADY_LABELS, parse_label, phase_label
+from watchdog.core.phase import SAVE, parse_label, phase_label
 from watchdog.core.readings import HostReading
 from watchdog.core.restarts import RunState
 from watchdog.core.sample import Sample
@@ -77,13 +77,14 @@ from watchdog.runtime import agreement, xla_stats
 from watchdog.runtime.action_path import (DEVICE, FORCED, HANDED_OVER, REINITIALISED, RESTART_REQUESTED, UNSAVED,
                                           ActionPath, HandedOver)
 from watchdog.runtime.agreement import Agreement, severity
-from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.exit_watch import ExitWatch
 from watchdog.runtime.host_watch import HOST, HostWatch, merge_into_rss
 from watchdog.readers.sources import (MemoryReading, MemorySource, current_device, device_kind, fresh_reading,
                                       release_host_memory, select_source)
+from watchdog.runtime.sampler import (BARRIER, FOLLOW, PHASE_END_REQUEST, REINIT, SAMPLE_REQUEST, STAGED, STOP, Asked,
+                                     Sampler, stations)
 from watchdog.runtime.stall import StallWatch
 from watchdog.station.blocks import ActionOutcome
 from watchdog.station.station import Station
@@ -92,11 +93,6 @@ from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
-_SAMPLE, _PHASE_END, _REINIT, _BARRIER, _STOP = "sample", "phase_end", "reinit", "barrier", "stop"
-_STAGED = "staged"  # readings around a baseline census: what an action's census holds beside memory
-_SAMPLE_REQUEST = (_SAMPLE, None)  # the step and phase to sample are read from `_asked` when handled
-_PHASE_END_REQUEST = (_PHASE_END, None)  # the phases that ended are read from `_asked.ends` when handled
-_FOLLOW = "follow"  # a chore for the training thread: the follower has work, or a block is due
 __all__ = ["Watchdog", "PhaseScope", "DEVICE", "FORCED", "HANDED_OVER", "REINITIALISED", "RESTART_REQUESTED", "UNSAVED"]
 _NEVER = 1 << 62  # no forced action to come
 
@@ -122,26 +118,26 @@ class Watchdog(ActionPath):
                                      memory_limit_bytes=self.config.memory_limit_bytes), self.telemetry, memory=DEVICE)
         self._run_state = RunState.from_environment(os.environ)  # the restart engine's count, until a checkpoint's
         self.history: deque[Sample] = deque(maxlen=self.config.history_size)
-        self.last_recovery: Recovery | None = None  # what the last reinit gave back (the terminal's action block)
         self._source = source
         self._every = self.config.sample_every
         self._newest_step = -1
         self._mailbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._post = self._mailbox.put  # bound once: the hot path skips an attribute lookup
-        self._asked = _Asked()  # what the training thread asked the sidecar to read
+        self._asked = Asked()  # what the training thread asked the sidecar to read
         self._phase = ""  # the loop's phase label; read by the sidecar with each sample
         self._account: LoopAccount | None = None  # this process's share of the job file (rank 0, from start())
         self._exit: ExitWatch | None = None  # every way out of the process ends the records (from start())
-        # Kept together: an instance over 30 attributes loses CPython's shared-key dict, and step()
-        # pays for every attribute it reads (tests/test_sidecar.py counts them).
+        # step() pays for every attribute it reads, and more once an instance has over 30 (CPython's
+        # shared-key dict; tests/test_sidecar.py counts them).
         self._handed = HandedOver(logs_outcomes)
         self._drives_follower = self.config.forensics
         self._follower = LeakFollower() if self._drives_follower else None
         # Work for the training thread between steps, in one deque so that step() checks one thing:
-        # an action to hand over (a tuple), or _FOLLOW (the follower has work, or a block is due).
-        self._chores: deque = deque([_FOLLOW] if self._drives_follower else [])
+        # an action to hand over (a tuple), or FOLLOW (the follower has work, or a block is due).
+        self._chores: deque = deque([FOLLOW] if self._drives_follower else [])
         self._flight: FlightRecorder | None = None
         self._thread: threading.Thread | None = None
+        self._sampler: Sampler | None = None  # the sidecar thread's part, built at start()
         self._stall: StallWatch | None = None
         self._host_watch: HostWatch | None = None
         self._error_log = OncePerKind(log, "watchdog_error")  # each kind logged once, every one counted
@@ -188,7 +184,10 @@ class Watchdog(ActionPath):
             for station in (self.station, self._host_watch.station if self._host_watch is not None else None):
                 if station is not None:
                     station.judge.agree_with_ranks()
-        self._thread = threading.Thread(target=self._run, name="hbm-watchdog", daemon=True)
+        self._sampler = Sampler(self._mailbox, self._asked, self._source, self.station, self._host_watch, self.telemetry,
+                                self.history, self._run_state, self._follower, self._chores, self._account,
+                                self._flight, self._compile_watch, lambda: self._phase, self._count_error)
+        self._thread = threading.Thread(target=self._sampler.run, name="hbm-watchdog", daemon=True)
         self._thread.start()
         self._exit = ExitWatch(self._leave).arm()
         try:
@@ -221,7 +220,7 @@ class Watchdog(ActionPath):
         if self._stall is not None:
             self._stall.stop()
             self._stall = None
-        self._post((_STOP, None))
+        self._post((STOP, None))
         self._thread.join(timeout=30)
         self._thread = None
         if self._compile_watch is not None:
@@ -268,7 +267,7 @@ class Watchdog(ActionPath):
         self._account = LoopAccount.open(job_ledger.path_for(self.config.trace_file),
                                          compile_seconds=compile_seconds, telemetry=self.telemetry)
         if self._account is not None:
-            self._chores.append(_FOLLOW)  # the first step() begins it
+            self._chores.append(FOLLOW)  # the first step() begins it
 
     def _timed(self, cause: str):
         """A span of the job's time that is no training step (a save, a rebuild), for the job file."""
@@ -340,6 +339,11 @@ class Watchdog(ActionPath):
         return self._host_watch.station.verdict if self._host_watch is not None and self._host_watch.station is not None else None
 
     @property
+    def last_recovery(self) -> Recovery | None:
+        """What the last reinit gave back, as the sidecar measured it (None before one)."""
+        return self._sampler.last_recovery if self._sampler is not None else None
+
+    @property
     def judge(self) -> Judge:
         """The device series' Judge (its limit, its detector), for loops and tests that read them."""
         return self.station.judge
@@ -369,7 +373,7 @@ class Watchdog(ActionPath):
             asked.step, asked.phase = step, self._phase
             if not asked.posted:  # one request in flight at most: the sidecar reads the newest step
                 asked.posted = True
-                self._post(_SAMPLE_REQUEST)
+                self._post(SAMPLE_REQUEST)
             if self._ranks is not None:
                 return self._agree(step)
         if self._chores:  # rare: an action, a baseline, a capture's steps, a block to log
@@ -428,13 +432,14 @@ class Watchdog(ActionPath):
     def reinit_finished(self) -> None:
         """After checkpoint-and-reinit: one reading now (between steps, so no activations are live)
         tells the policy whether the rebuild brought memory back down or the leak survived it."""
-        self.last_recovery = None
+        if self._sampler is not None:
+            self._sampler.last_recovery = None
         decided = self._handed.last
         held: list[str] = []
         if self._drives_follower:  # the old state is gone: a new baseline, a new capture
             self._follower.rebuilt(capture=bool(self.telemetry.actions_total))
             held = self._follower.not_freed(self._newest_step)  # the holder named before, looked at again
-            self._chores.append(_FOLLOW)
+            self._chores.append(FOLLOW)
         took = before = None
         readings = self._read_between_steps("reinit_read")
         if decided is not None:  # what it freed, like with like, measured here: nothing waits for the sidecar
@@ -448,7 +453,7 @@ class Watchdog(ActionPath):
                     decided.recovered_bytes = then - after
             if decided.verdict is not None:
                 took = self._run_state.took_steps = max(0, self._newest_step - decided.verdict.step)  # decided -> rebuilt
-        self._post((_REINIT, (before, readings, took, bool(held))))  # the action's one message back
+        self._post((REINIT, (before, readings, took, bool(held))))  # the action's one message back
 
     def _read_between_steps(self, kind: str) -> tuple[MemoryReading | None, HostReading | None]:
         """One reading of each memory between steps, on the training thread, freed heap pages handed
@@ -491,7 +496,7 @@ class Watchdog(ActionPath):
         if self._thread is None:
             return True
         done = threading.Event()
-        self._post((_BARRIER, done))
+        self._post((BARRIER, done))
         return done.wait(timeout)
 
     def _do_chores(self, step: int) -> Action | None:
@@ -500,7 +505,7 @@ class Watchdog(ActionPath):
         chores, follow, action = self._chores, False, None
         while chores:
             chore = chores.popleft()
-            if chore is _FOLLOW:
+            if chore is FOLLOW:
                 follow = True
             elif isinstance(chore, BaseException):  # from the agreement's thread: ranks out of step, a peer lost
                 if self._exit is not None and isinstance(chore, agreement.PeerLost):
@@ -563,9 +568,9 @@ class Watchdog(ActionPath):
             around = self._read_between_steps("source_read") if self._follower.baseline_due else None
             self._follower.between_steps(step)
             if around is not None:  # the census an action takes holds this much beside memory, at least
-                self._post((_STAGED, (around, self._read_between_steps("source_read"))))
+                self._post((STAGED, (around, self._read_between_steps("source_read"))))
             if self._follower.pending:
-                self._chores.append(_FOLLOW)
+                self._chores.append(FOLLOW)
 
     @property
     def restart_window_steps(self) -> int:
@@ -579,7 +584,7 @@ class Watchdog(ActionPath):
         if self._account is not None and counts and action.needs_checkpoint:  # the watchdog's, not a preemption
             self._account.action(action.value, step, _projected_oom(step, verdict))
         if not self._handed.logs_outcomes:  # its block is logged at the next step, if the loop says nothing
-            self._chores.append(_FOLLOW)
+            self._chores.append(FOLLOW)
         return action
 
     def _futile(self, action: Action, cycle: int | None) -> str | None:
@@ -601,12 +606,6 @@ class Watchdog(ActionPath):
             named = self._follower.name(step) or self._follower.held_by_phase()
         return named + self.processes_grown()
 
-    def _climbing_phases(self) -> frozenset[str]:
-        climbing = frozenset()
-        for station in self._stations():
-            climbing |= station.judge.climbing_phases
-        return climbing
-
     def _phase_ended(self, label: str) -> None:
         """The loop's phase changed on the training thread (a scope left, or another phase said): the
         job's account follows it; where a bounded phase ended, one reading now, labelled with it,
@@ -620,17 +619,13 @@ class Watchdog(ActionPath):
             return
         if self._thread is not None and self._newest_step >= 0:
             self._asked.ends.append((self._newest_step, label))
-            self._post(_PHASE_END_REQUEST)
+            self._post(PHASE_END_REQUEST)
         if self._drives_follower and self._follower.phases_climbing:
             self._follower.phase_ended(phase.name, self._newest_step)
 
-    def _stations(self) -> list[Station]:
-        host = self._host_watch.station if self._host_watch is not None else None
-        return [self.station] if host is None else [self.station, host]
-
     def _apply_run_state(self) -> None:
         run = self._run_state
-        for station in self._stations():
+        for station in stations(self.station, self._host_watch):
             station.judge.ends_at(run.last_step)
             station.telemetry.restarts_total = run.restarts_so_far
 
@@ -638,153 +633,6 @@ class Watchdog(ActionPath):
         """Into the flight record (what a reinit gave back is on the record already: `reinit_finished`)."""
         if decided.suspects and self._flight is not None:  # every loop's outcome comes through here
             self._flight.observe_action(decided.step, decided.suspects)
-
-    # ---- the sidecar thread --------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            messages = [self._mailbox.get()]
-            while not self._mailbox.empty():
-                messages.append(self._mailbox.get_nowait())
-            self._handle(messages)
-            if any(kind == _STOP for kind, _ in messages):
-                return
-
-    def _handle(self, messages: list[tuple[str, Any]]) -> None:
-        self._tell_saves()  # the saves timed before these messages were posted come first
-        for kind, payload in messages:
-            try:
-                if kind == _SAMPLE:
-                    # Cleared before the step is read, so a step requested meanwhile is either read
-                    # now or posted anew: never lost. Reading memory for a step long gone would
-                    # mislabel it, so only the newest requested step is sampled.
-                    asked = self._asked
-                    asked.posted = False
-                    step, asked_in = asked.step, asked.phase
-                    self._phases_ended(before=step)  # its readings come first: steps never go back
-                    # A reading belongs to a bounded phase the loop was in when it asked or is in
-                    # now (a step asked just before an evaluation is read inside it): then the
-                    # phase's end reading, posted after, is never followed by its own older reading.
-                    self._sample_and_evaluate(step, asked_in if asked_in not in STEADY_LABELS else self._phase)
-                elif kind == _PHASE_END:
-                    self._phases_ended()
-                elif kind == _REINIT:
-                    self._after_reinit(*payload)
-                elif kind == _STAGED:
-                    self._census_held(*payload)
-                elif kind == _BARRIER:
-                    payload.set()
-            except Exception as exc:  # noqa: BLE001 - the sidecar must outlive any single failure
-                self._count_error(kind, exc)
-
-    def _phases_ended(self, before: float = math.inf) -> None:
-        """One reading for each bounded phase that ended before step `before`, labelled with it, in
-        the order they ended. A sample asked for after a phase ended may be handled first (its step
-        is read when it is handled), so each takes the phase ends before its step, and leaves the
-        later ones: the trace's steps never go back, which would read as a new process."""
-        ends = self._asked.ends
-        while ends and ends[0][0] < before:
-            step, label = ends.popleft()
-            self._sample_and_evaluate(step, label, every_memory=True)
-
-    def _sample_and_evaluate(self, step: int, phase: str, every_memory: bool = False) -> None:
-        """One reading of memory at `step`, taken in `phase` (the loop's phase when the step asked for
-        it), judged. `every_memory`: the host's too, whatever its cadence (a phase's end)."""
-        try:
-            reading = self._source.read()  # type: ignore[union-attr]
-        except Exception as exc:  # noqa: BLE001 - a failing source is counted, never raised
-            self._count_error("source_read", exc)
-            return
-        sample = Sample(step, time.time(), reading.bytes_used, reading.bytes_limit, reading.peak_bytes_used, phase)
-        self.history.append(sample)
-        if self._run_state.cycle_from is None:  # this process's first reading begins its first cycle
-            self._run_state.cycle_from = step
-        telemetry = self.telemetry
-        telemetry.chips = reading.devices
-        if reading.allocator is not None:
-            telemetry.part(AllocatorFigures).observe(reading.allocator)
-        verdict, action = self.station.observe(sample)
-        self._act_on(action, verdict, DEVICE)
-        if self._drives_follower:  # an attribute write: the training thread reads it when a phase ends
-            self._follower.phases_climbing = self._climbing_phases()
-        if self._account is not None and self._account.due():  # a stretch of steps for the job file
-            self._chores.append(_FOLLOW)
-        if self._host_watch is not None and (every_memory or self._host_watch.due(step)):
-            self._watch_host_at(step, phase)
-        if self._flight is not None:
-            self._flight.observe(step, verdict, actions={a.value: n for a, n in telemetry.actions_snapshot().items() if n},
-                                 suspects=self.suspects, **self._compile_figures())
-        if self._compile_watch is not None:  # after the memory pipeline: nothing here may delay an action
-            self._compile_watch.observe(sample.step)
-
-    def _compile_figures(self) -> dict:
-        """The compile watch's newest figures, for the flight record (none off XLA)."""
-        if self._compile_watch is None:
-            return {"compilations": None, "recompilation": None}
-        figures = self._compile_watch.figures
-        return {"compilations": figures.compilations, "recompilation": figures.finding}
-
-    def _watch_host_at(self, step: int, phase: str) -> None:
-        try:
-            judged = self._host_watch.observe(step, phase)  # type: ignore[union-attr]
-        except Exception as exc:  # noqa: BLE001 - a failing read is counted, never raised
-            self._count_error("host_read", exc)
-            return
-        if judged is None:  # one memory: the device's series is the host's, and so is its verdict
-            if self._flight is not None and self.verdict is not None:
-                self._flight.observe_host(self._host_watch.reading, self.verdict)  # type: ignore[union-attr]
-            return
-        verdict, action = judged
-        self._act_on(action, verdict, HOST)
-        if self._flight is not None:
-            self._flight.observe_host(self._host_watch.reading, verdict)  # type: ignore[union-attr]
-
-    def _act_on(self, action: Action, verdict: Verdict, memory: str) -> None:
-        """The in-process loop's part of an action (its station logged and counted it): queue a
-        checkpoint for the training thread, and arm the follower when a leak is suspected,
-        whichever memory it is in."""
-        if self._drives_follower and (action is not Action.NONE
-                                      or (verdict.leak_detected and not verdict.oom_projected)):
-            if self._follower.arm():  # a leak is suspected: capture where its tensors are made
-                self._chores.append(_FOLLOW)
-        if action.needs_checkpoint and all(chore is _FOLLOW for chore in tuple(self._chores)):  # one waits at most
-            self._chores.append((action, verdict, memory, "", True))
-
-    def _tell_saves(self) -> None:
-        """Every station's judge learns the saves the loop timed (`observe_checkpoint`): what an action takes."""
-        saves = self._asked.saves
-        while saves:
-            seconds = saves.popleft()
-            for station in self._stations():
-                try:
-                    station.judge.saved(seconds)
-                except Exception as exc:  # noqa: BLE001 - the sidecar must outlive any single failure
-                    self._count_error("saved", exc)
-
-    def _before_rebuild(self, device: MemoryReading | None, host: HostReading | None) -> None:
-        if device is not None:
-            self.station.judge.rebuild_starts(device.bytes_used)
-        if host is not None:
-            self._host_watch.station.judge.rebuild_starts(host.bytes_used)  # type: ignore[union-attr]
-
-    def _census_held(self, before: tuple, after: tuple) -> None:
-        """Readings between steps around a baseline census (each memory's, freed pages handed back
-        first): how far its peak rose is what the census an action takes holds beside memory."""
-        host = self._host_watch.station if self._host_watch is not None else None
-        for station, start, end in ((self.station, before[0], after[0]), (host, before[1], after[1])):
-            if station is not None and start is not None and end is not None:
-                peak = end.peak_bytes_used if end.peak_bytes_used is not None else end.bytes_used
-                station.judge.staged(max(peak, end.bytes_used) - start.bytes_used)
-
-    def _after_reinit(self, before: tuple | None, readings: tuple, took: int | None, held: bool) -> None:
-        if before is not None:  # what the rebuild is measured against, read when it was handed over
-            self._before_rebuild(*before)
-        device, host = readings
-        if self._host_watch is not None:
-            self._host_watch.reinit_finished(host, took, held)
-        if device is None:
-            return
-        self.last_recovery = self.station.reinit_finished(float(device.bytes_used), took, held)
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         self.telemetry.sample_errors_total += 1
@@ -836,19 +684,6 @@ def _projected_oom(step: int, verdict: Verdict | None) -> int | None:
     if verdict is None or verdict.projected_oom_step is None or not math.isfinite(verdict.projected_oom_step):
         return None
     return step + 1 + max(0, round(verdict.projected_oom_step - verdict.step))
-
-
-class _Asked:
-    """What the training thread asked the sidecar to read, in one object (the `Watchdog` stays within
-    CPython's shared-key dict): the newest sampling step and the phase the loop was in then, whether a
-    request is on its way, the bounded phases that ended since, `(step, label)`, and the saves timed
-    since (seconds), which ride with the next message instead of one of their own."""
-
-    __slots__ = ("step", "phase", "posted", "ends", "saves")
-
-    def __init__(self) -> None:
-        # the saves: at most what a judge reads (a loop saving while no sidecar runs keeps the newest)
-        self.step, self.phase, self.posted, self.ends, self.saves = 0, "", False, deque(), deque(maxlen=SAVES_KEPT)
 
 
 class PhaseScope:
