@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from watchdog.core.action_time import SAVES_KEPT
-from watchdog.core.judge import Recovery
 from watchdog.core.phase import STEADY_LABELS
 from watchdog.core.readings import HostReading, MemoryReading, MemorySource
 from watchdog.core.restarts import RunState
@@ -89,7 +88,6 @@ class Sampler:
     compile_watch: CompileWatch | None
     phase_now: Callable[[], str]  # the loop's phase as of now (an attribute read)
     count_error: Callable[[str, BaseException], None]
-    last_recovery: Recovery | None = None  # what the last reinit gave back
 
     def run(self) -> None:
         """The sidecar thread: until `stop` is handled."""
@@ -244,7 +242,7 @@ class Sampler:
             self.host_watch.reinit_finished(host, took, held)
         if device is None:
             return
-        self.last_recovery = self.station.reinit_finished(float(device.bytes_used), took, held)
+        self.station.reinit_finished(float(device.bytes_used), took, held)  # logged as `reinit_measured`
 
     def _before_rebuild(self, device: MemoryReading | None, host: HostReading | None) -> None:
         if device is not None:

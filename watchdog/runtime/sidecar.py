@@ -62,7 +62,7 @@ from typing import Any
 from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS, WatchdogConfig
 from watchdog.core.cycles import futile
 from watchdog.core.errors import EXIT_FUTILE, EXIT_INTERRUPTED, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
-from watchdog.core.judge import Judge, Recovery
+from watchdog.core.judge import Judge
 from watchdog.core.phase import SAVE, parse_label, phase_label
 from watchdog.core.readings import HostReading
 from watchdog.core.restarts import RunState
@@ -137,7 +137,6 @@ class Watchdog(ActionPath):
         self._chores: deque = deque([FOLLOW] if self._drives_follower else [])
         self._flight: FlightRecorder | None = None
         self._thread: threading.Thread | None = None
-        self._sampler: Sampler | None = None  # the sidecar thread's part, built at start()
         self._stall: StallWatch | None = None
         self._host_watch: HostWatch | None = None
         self._error_log = OncePerKind(log, "watchdog_error")  # each kind logged once, every one counted
@@ -181,13 +180,12 @@ class Watchdog(ActionPath):
             self._watch_the_host()
             self._apply_run_state()
         if self._ranks is not None:
-            for station in (self.station, self._host_watch.station if self._host_watch is not None else None):
-                if station is not None:
-                    station.judge.agree_with_ranks()
-        self._sampler = Sampler(self._mailbox, self._asked, self._source, self.station, self._host_watch, self.telemetry,
-                                self.history, self._run_state, self._follower, self._chores, self._account,
-                                self._flight, self._compile_watch, lambda: self._phase, self._count_error)
-        self._thread = threading.Thread(target=self._sampler.run, name="hbm-watchdog", daemon=True)
+            for station in stations(self.station, self._host_watch):
+                station.judge.agree_with_ranks()
+        sampler = Sampler(self._mailbox, self._asked, self._source, self.station, self._host_watch, self.telemetry,
+                          self.history, self._run_state, self._follower, self._chores, self._account,
+                          self._flight, self._compile_watch, lambda: self._phase, self._count_error)
+        self._thread = threading.Thread(target=sampler.run, name="hbm-watchdog", daemon=True)
         self._thread.start()
         self._exit = ExitWatch(self._leave).arm()
         try:
@@ -235,8 +233,8 @@ class Watchdog(ActionPath):
         if self._flight is not None:
             self._flight.ended(clean)
         missed = 0
-        for station in (self.station, self._host_watch.station if self._host_watch is not None else None):
-            if station is not None and station.trace is not None:
+        for station in stations(self.station, self._host_watch):
+            if station.trace is not None:
                 station.close()
                 missed += station.trace.samples_missed
         log.info("watchdog_stopped", samples=self.telemetry.samples_total,
@@ -339,11 +337,6 @@ class Watchdog(ActionPath):
         return self._host_watch.station.verdict if self._host_watch is not None and self._host_watch.station is not None else None
 
     @property
-    def last_recovery(self) -> Recovery | None:
-        """What the last reinit gave back, as the sidecar measured it (None before one)."""
-        return self._sampler.last_recovery if self._sampler is not None else None
-
-    @property
     def judge(self) -> Judge:
         """The device series' Judge (its limit, its detector), for loops and tests that read them."""
         return self.station.judge
@@ -432,8 +425,6 @@ class Watchdog(ActionPath):
     def reinit_finished(self) -> None:
         """After checkpoint-and-reinit: one reading now (between steps, so no activations are live)
         tells the policy whether the rebuild brought memory back down or the leak survived it."""
-        if self._sampler is not None:
-            self._sampler.last_recovery = None
         decided = self._handed.last
         held: list[str] = []
         if self._drives_follower:  # the old state is gone: a new baseline, a new capture
