@@ -47,7 +47,8 @@ CARRY_OUT = "carry_out"  # and the training thread back from carrying the action
 WAITS = {"drain"}  # the training thread waiting for the sidecar
 HANDLED = {("watchdog.runtime.sampler", "handle"),  # the sidecar taking the messages posted to it
            ("watchdog.runtime.sidecar", "_handle")}  # (where an older checkout has it, for --tree)
-HANDED_OVER = ("watchdog.runtime.sidecar", "_hand_over")  # the training thread taking the action
+HANDED_OVER = {("watchdog.runtime.action_path", "hand_over"),  # the training thread taking the action
+               ("watchdog.runtime.sidecar", "_hand_over")}  # (an older checkout's, for --tree)
 
 
 def measure() -> dict:
@@ -96,7 +97,7 @@ def measure() -> dict:
                 state["started"] = time.perf_counter()
             elif (module, name) in HANDLED:
                 crossings.extend(f"to the sidecar: {kind}" for kind, _ in frame.f_locals.get("messages", ()))
-            elif (module, name) == HANDED_OVER and thread == training:
+            elif (module, name) in HANDED_OVER and thread == training:
                 crossings.append("to the training thread: the action")
         elif name in WAITS and thread == training and state["started"] is not None:
             waits.append(time.perf_counter() - state["started"])

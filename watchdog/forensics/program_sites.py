@@ -20,8 +20,13 @@ from __future__ import annotations
 
 import os
 import sysconfig
+import time
 from functools import lru_cache
 from typing import NamedTuple
+
+from watchdog.logs import get_logger
+
+log = get_logger(__name__)
 
 TOP_OPS = 64  # the largest ops kept: an OOM message lists the largest allocations, a few dozen at most
 
@@ -40,6 +45,22 @@ class ProgramOp(NamedTuple):
 
     def to_json(self) -> dict:
         return self._asdict()
+
+
+def record_program(flight, tensors) -> None:
+    """`Watchdog.record_program`: the largest ops of the step's pending graph into the flight record
+    (`flight.observe_program`), logged with their cost; a failure is logged, never raised (a
+    diagnosis aid never stops training). Python lines are in the program only under
+    XLA_IR_DEBUG=1 XLA_HLO_DEBUG=1."""
+    started = time.perf_counter()
+    try:
+        ops = program_sites(list(tensors))
+    except Exception as exc:  # noqa: BLE001 - a diagnosis aid never stops training
+        log.warning("program_sites_failed", error=f"{type(exc).__name__}: {exc}")
+        return
+    flight.observe_program([op.to_json() for op in ops])
+    log.info("program_sites_recorded", ops=len(ops), with_user_lines=sum(1 for op in ops if op.user),
+             seconds=round(time.perf_counter() - started, 3))
 
 
 def program_sites(tensors: list, top: int = TOP_OPS) -> list[ProgramOp]:

@@ -4,24 +4,31 @@ decided (the sidecar, a drill, the loop's own proposal) -> agreed (several ranks
 `step()` -> carried out by the loop's `save` and `rebuild` (`carry_out`) or by exit 42 -> its
 effect measured (a reinit: one reading after the rebuild) -> the watch resumes.
 
-`ActionPath` holds the part every watcher shares: the record of the action handed over (built once,
-`ActionOutcome`), carrying it out, its block on the terminal, and the run's state that spans
-processes (`RunState`: restarts so far, the watchdog's own in a row, where the run ends). The
-`Watchdog` and the unwatched run's stand-in (`runtime/unwatched.py`) are both one.
+`ActionPath` is that life, a part every watcher holds (the `Watchdog`, and the unwatched run's
+stand-in, `runtime/unwatched.py`), not a base class: agreeing with the other ranks, the record of
+the action handed over (built once, `ActionOutcome`), carrying it out, measuring a rebuild on the
+record, its block on the terminal, and the run's state that spans processes (`RunState`: restarts
+so far, the watchdog's own in a row, where the run ends: the one count of restarts).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from contextlib import nullcontext
 from typing import Callable
 
+from watchdog.core.cycles import futile
 from watchdog.core.errors import EXIT_FUTILE, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
+from watchdog.core.policy import PolicyConfig
 from watchdog.core.restarts import RunState
 from watchdog.core.verdict import Action, Verdict
 from watchdog.logs import get_logger, log_event
+from watchdog.records.flight_record import FlightRecorder
+from watchdog.records.job_ledger import LoopAccount
+from watchdog.runtime.agreement import Agreement, severity
 from watchdog.station.blocks import ActionOutcome
 
 log = get_logger(__name__)
@@ -105,46 +112,170 @@ class HandedOver:
 
 
 class ActionPath:
-    """What a watcher does with an action once `step()` has handed it over (see the module docstring).
-    A subclass sets `_handed`, `_run_state` and `restart_window_steps`, and may extend the hooks
-    `_suspects`, `_apply_run_state` and `_measure`."""
+    """The part every watcher holds for an action's life (see the module docstring): the run's state
+    (`RunState`, the one count of restarts), the actions handed over (`HandedOver`), the agreement
+    with the other ranks, and the records the path writes to (the job file's account, the flight
+    record), given at `start()`. A chore is `(action, verdict, memory, origin, own)`: `own` when it
+    is the watchdog's action (its restart counts against the budget), not one a loop proposed.
 
-    _handed: HandedOver
-    _run_state: RunState
-    restart_window_steps: int = 0
-    watches = True  # memory is read and judged (not so for an unwatched run's stand-in)
+    `policy`: the watchdog's (its restart budget and window, whether restarting is in vain); None
+    for a stand-in that judges nothing. `suspects(step)` names what is leaking when an action
+    leaves; `read(kind)` reads each memory between steps (what a rebuild is measured against)."""
 
-    # ---- the run's state ---------------------------------------------------------------------
+    def __init__(self, *, logs_outcomes: bool, policy: PolicyConfig | None = None,
+                 suspects: Callable[[int], list[str]] = lambda step: [],
+                 read: Callable[[str], tuple] | None = None):
+        self.run = RunState.from_environment(os.environ)  # the restart engine's count, until a checkpoint's
+        self.handed = HandedOver(logs_outcomes)
+        self.policy = policy
+        self.ranks: Agreement | None = None  # several ranks: the agreement every action goes through
+        self.account: LoopAccount | None = None  # the job file's share of this process (rank 0)
+        self.flight: FlightRecorder | None = None
+        self._suspects, self._read = suspects, read
 
-    def state_dict(self) -> dict:
-        """What a loop keeps in its checkpoint so the job's restarts, the watchdog's restart budget and
-        its window, and what each restart bought, span processes. Read it when saving: a restart
-        handed over counts at once.
+    @property
+    def last(self) -> ActionOutcome | None:
+        return self.handed.last
 
-        Returns:
-            A small dict of plain ints and lists (JSON-safe), to keep as one entry of the checkpoint
-            (`{"watchdog": wd.state_dict()}`) and give back with `load_state_dict`.
-        """
-        return self._run_state.state_dict()
+    # ---- choosing and agreeing -----------------------------------------------------------------
 
-    def load_state_dict(self, state: dict) -> None:
-        """A resumed process: what `state_dict()` returned in the process that saved the checkpoint.
-        Before `start()`.
+    def take(self, step: int, chore: tuple) -> Action | None:
+        """The most severe action waiting, between steps: handed over now, or with several ranks held
+        for the next offer."""
+        if self.ranks is None:
+            return self.hand_over(step, *chore)
+        held = self.handed.held
+        if held is None or severity(chore[0]) > severity(held[0]):
+            self.handed.held = chore
+        return None
 
-        Args:
-            state: that dict (older checkpoints' subsets load too).
-        Raises:
-            ConfigError: a value of the wrong kind (`saved_state` checks one without raising).
-        """
-        self._run_state.load_state_dict(state)
-        self._apply_run_state()
+    def agree(self, step: int, verdict: Verdict | None, every: int) -> Action | None:
+        """A sampling step with several ranks: take the action agreed on the previous sampling step's
+        offers, and offer the most severe action held now (its answer comes at the next one)."""
+        handed, ranks = self.handed, self.ranks
+        if step == ranks.offered_at:  # the same step again (an accumulation's micro-batches): one offer a step
+            return None
+        agreed = ranks.collect(step)
+        offered, held = handed.offered, handed.held
+        if agreed is not None and held is not None and held[4] and severity(held[0]) <= severity(agreed.action):
+            held = None  # the watchdog's own, decided on the state the agreed action now replaces
+        ranks.post(step, held[0] if held is not None else None, own=held[4] if held is not None else True, every=every)
+        handed.offered, handed.held = held, None
+        if agreed is None:
+            return None
+        mine = offered is not None and offered[0] is agreed.action and agreed.asked_by == ranks.rank
+        # Another rank's restart counts against the watchdog's budget only when its watchdog asked for
+        # it: a preemption of one rank is no restart of the watchdog's on the others.
+        verdict, memory, origin, own = offered[1:] if mine else (verdict, DEVICE, "", agreed.own)
+        return self.hand_over(step, agreed.action, verdict, memory, agreed.origin(origin), own)
 
-    def ends_at(self, last_step: int | None) -> None:
-        """The run ends at `last_step` (the trainer's steps, Lightning's and Hugging Face's `max_steps`),
-        unless the policy's settings name an end: an OOM projected past it is a warning."""
-        if last_step is not None and last_step >= 0:
-            self._run_state.last_step = int(last_step)
-            self._apply_run_state()
+    # ---- handing over --------------------------------------------------------------------------
+
+    def hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "",
+                  own: bool = True) -> Action:
+        """An action leaves for the training loop: its record, built once (what is leaking is named
+        now, and a rebuild's "before" read), and a restart counted (`own`: the watchdog's, not one a
+        loop proposed on its own account, such as a preemption)."""
+        handed, run = self.handed, self.run
+        if handed.unlogged is not None:  # an earlier one whose outcome its loop never said
+            self.log_outcome(HANDED_OVER)
+        futile = None
+        if action.needs_checkpoint and own and origin != FORCED:  # the end of one of the leak's cycles
+            futile = self._futile(action, run.cycle_ended(step))
+        if action is Action.CHECKPOINT_RESTART:
+            run.restart_handed_over(step, self.policy.restart_window_steps if self.policy else 0, own)
+        suspects = self._suspects(step) if action.needs_checkpoint else []
+        handed.last = handed.unlogged = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
+                                                      origin=origin, futile=futile)
+        if action is Action.CHECKPOINT_REINIT and self._read is not None:  # what the rebuild is measured against
+            handed.last.readings_before = self._read("rebuild_read")
+        if self.account is not None and own and action.needs_checkpoint:  # the watchdog's, not a preemption
+            self.account.action(action.value, step, _projected_oom(step, verdict))
+        return action
+
+    def _futile(self, action: Action, cycle: int | None) -> str | None:
+        """Restarting will not save this job: a restart past the watchdog's restart budget (a rebuild
+        did not free the leak, or the host's memory wants a new process, and restarts in a row are
+        spent), or cycles that shrink, or one no longer than the reinit before it took (`core/cycles.py`).
+        Decided on what every rank shares: the cycles' steps, the restarts. Never for a stand-in."""
+        policy, run = self.policy, self.run
+        if policy is None:
+            return None
+        if action is Action.CHECKPOINT_RESTART and run.budget_spent >= policy.max_restarts:
+            return (f"its {policy.max_restarts} restarts in a row are spent and it needs another "
+                    f"(cycles of {', '.join(f'{n:,}' for n in run.cycles) or 'unknown'} steps)")
+        return futile(run.cycles, cycle, run.took_steps)
+
+    # ---- carrying it out -----------------------------------------------------------------------
+
+    def carry_out(self, action: Action | None, *, save: Callable[[], object] | None,
+                  rebuild: Callable[[], None] | None, checkpoint: str | None, step: int,
+                  saved: Callable[[float], None], rebuilt: Callable[[], None]) -> bool:
+        """`Watchdog.carry_out`: `saved(seconds)` is told the save's time, `rebuilt()` runs after the
+        rebuild (its reading); `step`, the newest, stamps the job file's spans."""
+        if action is None or not action.needs_checkpoint:
+            return True
+        if save is not None:
+            started = time.perf_counter()
+            with self._timed("checkpoint_save", step):
+                landed, checkpoint = save_result(save())
+            if not landed:
+                self.log_outcome(UNSAVED, exit_code=EXIT_UNSAVED)
+                return False
+            saved(time.perf_counter() - started)
+        if self.last is not None and self.last.futile:  # a restart, or a rebuild, would be in vain
+            self.log_outcome(STOPPED, checkpoint=checkpoint, exit_code=EXIT_FUTILE)
+            return False
+        if action is Action.CHECKPOINT_REINIT and rebuild is not None:
+            with self._timed("reinit", step):
+                rebuild()
+                rebuilt()
+            self.log_outcome(REINITIALISED, checkpoint=checkpoint)
+            return True
+        self.log_outcome(RESTART_REQUESTED, checkpoint=checkpoint, exit_code=EXIT_RESTART_REQUESTED)
+        return False
+
+    def _timed(self, cause: str, step: int):
+        """A span of the job's time that is no training step (a save, a rebuild), for the job file."""
+        return self.account.timed(cause, step) if self.account is not None else nullcontext()
+
+    def measure_rebuild(self, readings: tuple, step: int, not_freed: list[str]) -> tuple[tuple | None, int | None]:
+        """The newest action's rebuild, measured on its record from the readings after it (like with
+        like: `read`'s pair before and after), and what the reinit took, decided to rebuilt; measured
+        once (a second call is measured against the floor, as before). Returns the readings before
+        it and the steps it took, for the judges."""
+        decided = self.last
+        if decided is None:
+            return None, None
+        decided.not_freed = not_freed
+        before, decided.readings_before = decided.readings_before, None
+        after = _bytes_of(readings, decided.memory)
+        if after is not None:
+            decided.memory_after_bytes = after
+            if before is not None and (then := _bytes_of(before, decided.memory)) is not None:
+                decided.recovered_bytes = then - after
+        took = None
+        if decided.verdict is not None:
+            took = self.run.took_steps = max(0, step - decided.verdict.step)
+        return before, took
+
+    def log_outcome(self, outcome: str, *, checkpoint: str | None = None, exit_code: int | None = None) -> None:
+        """`Watchdog.log_outcome`: the newest action's block, once."""
+        handed = self.handed
+        decided, handed.unlogged = handed.unlogged, None
+        if decided is None:
+            return
+        decided.outcome, decided.checkpoint, decided.exit_code = outcome, checkpoint, exit_code
+        if decided.suspects and self.flight is not None:  # every loop's outcome comes through here
+            self.flight.observe_action(decided.step, decided.suspects)
+        log_event(log, logging.WARNING, "action_outcome", block=decided.block(), **decided.fields())
+
+    def between_steps(self) -> None:
+        """The block of an action whose loop never said what it did, logged at the next step."""
+        if self.handed.unlogged is not None and not self.handed.logs_outcomes:
+            self.log_outcome(HANDED_OVER)
+
+    # ---- the run's state -----------------------------------------------------------------------
 
     @staticmethod
     def saved_state(state: object, where: str) -> dict | None:
@@ -167,115 +298,15 @@ class ActionPath:
             return None
         return kept
 
-    @property
-    def last_action(self) -> ActionOutcome | None:
-        """The action step() handed over last: its record, with the verdict behind it, the suspects and,
-        once carried out, its outcome and the exit status the process ends with (None: it goes on)."""
-        return self._handed.last
 
-    # ---- carrying an action out --------------------------------------------------------------
+def _bytes_of(readings: tuple, memory: str) -> float | None:
+    """The reading of the memory that asked for an action, of a `read` pair (the device's, the host's)."""
+    reading = readings[0] if memory == DEVICE else readings[1]
+    return None if reading is None else float(reading.bytes_used)
 
-    def carry_out(self, action: Action | None, *, save: Callable[[], object] | None = None,
-                  rebuild: Callable[[], None] | None = None, checkpoint: str | None = None) -> bool:
-        """Carry out a checkpoint action with the loop's own `save()` (which may return the
-        checkpoint's path, or False when it could not save: `save_result` reads what it returns)
-        and `rebuild()` (drop the training state and load it back)::
 
-            action = wd.step(step)
-            if action is not None and not wd.carry_out(action, save=save, rebuild=rebuild):
-                sys.exit(wd.last_action.exit_code)   # 42: a restart (44: the save failed; 45: in vain)
-
-        Times the save, measures what a rebuild gave back and logs the action's block.
-
-        Args:
-            action: what `step()` returned (None and WARN are nothing to do).
-            save: writes the checkpoint; returns its path, None/True (saved, no path named), or
-                False (it could not save: exit 44). Where restarting would be in vain, the checkpoint
-                is still saved, then exit 45.
-            rebuild: drops the training state and loads it back; without one a reinit is carried
-                out as a restart (exit 42).
-            checkpoint: where a framework that saves by itself after the step (Hugging Face's
-                Trainer) saves, when it passes no `save`.
-        Returns:
-            True when training goes on in this process (no action, a WARN, a reinit), False when the
-            process should exit with `last_action.exit_code` (42, 44 or 45).
-        """
-        if action is None or not action.needs_checkpoint:
-            return True
-        if save is not None:
-            started = time.perf_counter()
-            with self._timed("checkpoint_save"):
-                landed, checkpoint = save_result(save())
-            if not landed:
-                self.log_outcome(UNSAVED, exit_code=EXIT_UNSAVED)
-                return False
-            self.observe_checkpoint(time.perf_counter() - started)
-        if self.last_action is not None and self.last_action.futile:  # a restart, or a rebuild, would be in vain
-            self.log_outcome(STOPPED, checkpoint=checkpoint, exit_code=EXIT_FUTILE)
-            return False
-        if action is Action.CHECKPOINT_REINIT and rebuild is not None:
-            with self._timed("reinit"):
-                rebuild()
-                self.reinit_finished()
-            self.log_outcome(REINITIALISED, checkpoint=checkpoint)
-            return True
-        self.log_outcome(RESTART_REQUESTED, checkpoint=checkpoint, exit_code=EXIT_RESTART_REQUESTED)
-        return False
-
-    def log_outcome(self, outcome: str, *, checkpoint: str | None = None, exit_code: int | None = None) -> None:
-        """Log the outcome of the action step() handed over last, its block (`action_outcome`): what
-        was seen, what is leaking, what the loop did (`outcome`, `checkpoint`) and, after a reinit,
-        what it gave back. `carry_out` calls it; a loop that carries an action out its own way calls
-        it once done. Once per action: nothing is logged with no action handed over."""
-        handed = self._handed
-        decided, handed.unlogged = handed.unlogged, None
-        if decided is None:
-            return
-        decided.outcome, decided.checkpoint, decided.exit_code = outcome, checkpoint, exit_code
-        self._measure(decided)
-        log_event(log, logging.WARNING, "action_outcome", block=decided.block(), **decided.fields())
-
-    def observe_checkpoint(self, seconds: float) -> None:
-        """A save the loop made, timed."""
-
-    def reinit_finished(self) -> None:
-        """After checkpoint-and-reinit, between steps."""
-
-    # ---- handing over ------------------------------------------------------------------------
-
-    def _hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "",
-                   counts: bool = True) -> Action:
-        """An action leaves for the training loop: its record, built once (what is leaking is named
-        now), and a restart counted (`counts`: the watchdog's, not one a loop proposed on its own
-        account, such as a preemption)."""
-        handed = self._handed
-        if handed.unlogged is not None:  # an earlier one whose outcome its loop never said
-            self.log_outcome(HANDED_OVER)
-        futile = None
-        if action.needs_checkpoint and counts and origin != FORCED:  # the end of one of the leak's cycles
-            futile = self._futile(action, self._run_state.cycle_ended(step))
-        if action is Action.CHECKPOINT_RESTART:
-            self._run_state.restart_handed_over(step, self.restart_window_steps, counts)
-        suspects = self._suspects(step) if action.needs_checkpoint else []
-        handed.last = handed.unlogged = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
-                                                      origin=origin, futile=futile)
-        return action
-
-    def _futile(self, action: Action, cycle: int | None) -> str | None:
-        """Why restarting will not save this job, as of this action (which ends one of its cycles),
-        or None. Decided on what every rank shares (the cycles' steps, the restart budget), so every
-        rank stops alike."""
+def _projected_oom(step: int, verdict: Verdict | None) -> int | None:
+    """The OOM an action was decided against, in the job file's steps (done after `step(step)`)."""
+    if verdict is None or verdict.projected_oom_step is None or not math.isfinite(verdict.projected_oom_step):
         return None
-
-    def _suspects(self, step: int) -> list[str]:
-        return []
-
-    def _timed(self, cause: str):
-        """Time what runs inside as a span of the job file (`checkpoint_save`, `reinit`), where one is kept."""
-        return nullcontext()
-
-    def _apply_run_state(self) -> None:
-        """The run's state changed (resumed, or its end known): tell whoever judges."""
-
-    def _measure(self, decided: ActionOutcome) -> None:
-        """Add what was measured of the action's effect to its record, before its block is logged."""
+    return step + 1 + max(0, round(verdict.projected_oom_step - verdict.step))

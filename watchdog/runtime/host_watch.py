@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable
 
 from watchdog.core.config import WatchdogConfig
+from watchdog.core.errors import InputError
 from watchdog.core.judge import Judge, effective_limit
 from watchdog.core.sample import Sample, labelled_trace_path
 from watchdog.core.verdict import Action, Verdict
@@ -99,6 +101,25 @@ def merge_into_rss(source, config: WatchdogConfig, telemetry: Telemetry) -> Host
              memory_limit_bytes=config.memory_limit_bytes,
              note="one memory, one series: judged against the tightest of its limits")
     return HostWatch(config, telemetry, judged=False, memory=memory)
+
+
+def watch_the_host(source, config: WatchdogConfig, telemetry: Telemetry,
+                   trace_retry_seconds: Callable[[], float]) -> HostWatch | None:
+    """The host's series beside the device's (its telemetry the device's `host_series`), or one
+    series where they are the same memory (the `rss` source); None where the host cannot be read
+    (no /proc: not Linux), said once: the device is still watched."""
+    try:
+        if source.name == "rss":
+            return merge_into_rss(source, config, telemetry)
+        host_telemetry = Telemetry()
+        watch = HostWatch(config, host_telemetry, trace_retry_seconds=trace_retry_seconds)
+        telemetry.host_series = host_telemetry
+        return watch
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no /proc (not Linux): the device is still watched
+        log.warning("host_memory_unwatched", error=f"{type(exc).__name__}: {exc}")
+        return None
 
 
 def _said(described: dict) -> dict:

@@ -42,6 +42,7 @@ from typing import Callable
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS
 from watchdog.core.errors import EXIT_PEER_LOST
 from watchdog.logs import get_logger
 from watchdog.runtime.hard_exit import HardExit
@@ -211,6 +212,18 @@ class StallWatch:
                   + "nothing saved: the job restarts from its newest checkpoint; every thread's stack is in the "
                     "flight record")
         exit_process(EXIT_PEER_LOST)
+
+
+def start_stall_watch(config, newest_step: Callable[[], int], telemetry, flight, ranks, rank: int) -> "StallWatch":
+    """The `Watchdog`'s stall watch, started on the training thread (whose stack says where a stall
+    is). A stalled rank hangs every other rank: with several ranks (`ranks`, the agreement) a stall
+    ends the process unless told otherwise."""
+    exit_after = config.stall_exit_after_seconds
+    if exit_after is None and ranks is not None:
+        exit_after = DEFAULT_STALL_EXIT_SECONDS
+    return StallWatch(newest_step, telemetry, report_after=config.stall_after_seconds,
+                      check_every=config.stall_check_seconds, exit_after=exit_after, flight=flight,
+                      rank=rank, waiting=ranks.waiting_for if ranks is not None else None).start()
 
 
 def _waited(rank: int, waiting: dict) -> str:

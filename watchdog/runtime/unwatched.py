@@ -8,33 +8,35 @@ agreed every step, since nothing else paces the offers.
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
+from typing import Callable
 
-from watchdog.core.restarts import RunState
 from watchdog.core.verdict import Action
-from watchdog.runtime.action_path import DEVICE, FORCED, ActionPath, HandedOver
+from watchdog.runtime.action_path import DEVICE, FORCED, ActionPath
 from watchdog.runtime.agreement import Agreement
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.readers.sources import release_host_memory
+from watchdog.station.blocks import ActionOutcome
 from watchdog.station.telemetry import Telemetry
 
 
-class Unwatched(ActionPath):
-    """The null watchdog: `step()` hands over drills and proposals only."""
+class Unwatched:
+    """The null watchdog: `step()` hands over drills and proposals only, through the action path it
+    holds (`actions`), as the `Watchdog` does; the calls a loop makes are the `Watchdog`'s."""
 
     verdict = host_verdict = limit_bytes = suspects = None
     source_name = "none"
     leak_suspected = watches = False
+    saved_state = staticmethod(ActionPath.saved_state)
 
     def __init__(self, forced_actions: tuple[tuple[int, Action], ...] = (), *, agreement: Agreement | None = None,
                  telemetry: Telemetry | None = None):
         self.telemetry = telemetry
+        self.actions = ActionPath(logs_outcomes=True)
+        self.actions.ranks = agreement
         self._forced = dict(forced_actions)
-        self._ranks = agreement
         self._proposed: tuple[Action, str] | None = None
-        self._handed = HandedOver(logs_outcomes=True)
-        self._run_state = RunState.from_environment(os.environ)
+        self._step = -1
 
     def start(self) -> "Unwatched":
         return self
@@ -53,17 +55,41 @@ class Unwatched(ActionPath):
             self._proposed = (action, origin)
 
     def step(self, step: int) -> Action | None:
+        self._step = step
         proposed, self._proposed = self._proposed, None
         action, origin, own = (*proposed, False) if proposed else (self._forced.get(step), FORCED, True)
-        if self._ranks is not None:
-            agreed = self._ranks.decide(step, action, own=own)
+        ranks = self.actions.ranks
+        if ranks is not None:  # agreed every step: nothing else paces the offers
+            agreed = ranks.decide(step, action, own=own)
             if agreed is None:
                 return None
-            origin = agreed.origin(origin if agreed.asked_by == self._ranks.rank else "")
+            origin = agreed.origin(origin if agreed.asked_by == ranks.rank else "")
             action, own = agreed.action, agreed.own
         if action is None:
             return None
-        return self._hand_over(step, action, None, DEVICE, origin, counts=own)
+        return self.actions.hand_over(step, action, None, DEVICE, origin, own)
+
+    def carry_out(self, action: Action | None, *, save: Callable[[], object] | None = None,
+                  rebuild: Callable[[], None] | None = None, checkpoint: str | None = None) -> bool:
+        return self.actions.carry_out(action, save=save, rebuild=rebuild, checkpoint=checkpoint, step=self._step,
+                                      saved=self.observe_checkpoint, rebuilt=self.reinit_finished)
+
+    def log_outcome(self, outcome: str, *, checkpoint: str | None = None, exit_code: int | None = None) -> None:
+        self.actions.log_outcome(outcome, checkpoint=checkpoint, exit_code=exit_code)
+
+    @property
+    def last_action(self) -> ActionOutcome | None:
+        return self.actions.last
+
+    def state_dict(self) -> dict:
+        return self.actions.run.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actions.run.load_state_dict(state)
+
+    def ends_at(self, last_step: int | None) -> None:
+        if last_step is not None and last_step >= 0:
+            self.actions.run.last_step = int(last_step)
 
     def observe_checkpoint(self, seconds: float) -> None:
         if self.telemetry is not None:
