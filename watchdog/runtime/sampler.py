@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import math
 import queue
+import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from watchdog.core.action_time import SAVES_KEPT
@@ -88,6 +89,24 @@ class Sampler:
     compile_watch: CompileWatch | None
     phase_now: Callable[[], str]  # the loop's phase as of now (an attribute read)
     count_error: Callable[[str, BaseException], None]
+    thread: threading.Thread | None = field(default=None, init=False)
+
+    def start(self) -> "Sampler":
+        """The sidecar thread, running `run`."""
+        self.thread = threading.Thread(target=self.run, name="hbm-watchdog", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """What was posted before is handled, then the thread ends (waited for 30 s at most)."""
+        self.mailbox.put((STOP, None))
+        self.thread.join(timeout=30)
+
+    def drain(self, timeout: float) -> bool:
+        """Block until everything posted so far is handled; False on timeout."""
+        done = threading.Event()
+        self.mailbox.put((BARRIER, done))
+        return done.wait(timeout)
 
     def run(self) -> None:
         """The sidecar thread: until `stop` is handled."""

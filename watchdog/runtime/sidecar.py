@@ -51,7 +51,6 @@ from __future__ import annotations
 import functools
 import queue
 import sys
-import threading
 from collections import deque
 from typing import Any, Callable
 
@@ -77,8 +76,7 @@ from watchdog.runtime.exit_watch import ExitWatch
 from watchdog.runtime.host_watch import watch_the_host
 from watchdog.readers.sources import (MemoryReading, MemorySource, current_device, device_kind, fresh_reading,
                                       release_host_memory, select_source)
-from watchdog.runtime.sampler import (BARRIER, FOLLOW, PHASE_END_REQUEST, REINIT, STAGED, STOP, SAMPLE_REQUEST, Asked,
-                                     Sampler, stations)
+from watchdog.runtime.sampler import FOLLOW, PHASE_END_REQUEST, REINIT, SAMPLE_REQUEST, STAGED, Asked, Sampler, stations
 from watchdog.runtime.stall import start_stall_watch
 from watchdog.station.blocks import ActionOutcome
 from watchdog.station.station import Station
@@ -126,7 +124,7 @@ class Watchdog:
         # Work for the training thread between steps, in one deque so that step() checks one thing:
         # an action to hand over (a chore tuple), or FOLLOW (the follower has work, or a block is due).
         self._chores: deque = deque([FOLLOW] if config.forensics else [])
-        self._flight = self._thread = self._stall = self._host_watch = self._compile_watch = self._exit = None
+        self._flight = self._sampler = self._stall = self._host_watch = self._compile_watch = self._exit = None
         self._joined: Agreement | None = None  # the agreement start() joined (a loop's own is the loop's to close)
         self._error_log = OncePerKind(log, "watchdog_error")  # each kind logged once, every one counted
         self._forced = list(config.forced_actions)  # (step, action), in step order
@@ -139,7 +137,7 @@ class Watchdog:
 
     def start(self) -> "Watchdog":
         """Call on the training thread: the current XLA device is thread-local, so it is captured here."""
-        if self._thread is not None:
+        if self._sampler is not None:
             return self
         ensure_readable_output()  # where the application configured no logging, its lines are still read
         config, actions = self.config, self.actions
@@ -172,11 +170,10 @@ class Watchdog:
         if actions.ranks is not None:
             for station in stations(self.station, self._host_watch):
                 station.judge.agree_with_ranks()
-        sampler = Sampler(self._mailbox, self._asked, self._source, self.station, self._host_watch, self.telemetry,
-                          self.history, actions.run, self._follower, self._chores, actions.account,
-                          self._flight, self._compile_watch, lambda: self._phase, self._count_error)
-        self._thread = threading.Thread(target=sampler.run, name="hbm-watchdog", daemon=True)
-        self._thread.start()
+        self._sampler = Sampler(self._mailbox, self._asked, self._source, self.station, self._host_watch,
+                                self.telemetry, self.history, actions.run, self._follower, self._chores,
+                                actions.account, self._flight, self._compile_watch, lambda: self._phase,
+                                self._count_error).start()
         self._exit = ExitWatch(self._leave).arm()
         try:
             self._stall = start_stall_watch(config, lambda: self._newest_step, self.telemetry, self._flight,
@@ -197,7 +194,7 @@ class Watchdog:
     def _leave(self, how: str, clean: bool) -> None:
         """`stop()`, or any other way out of the process (`ExitWatch`): the trace flushed, the flight
         record ended, the job file told `how` ("restart" where the newest action asked for an exit)."""
-        if self._thread is None:
+        if self._sampler is None:
             return
         self._exit.disarm()
         actions = self.actions
@@ -209,9 +206,8 @@ class Watchdog:
         if self._stall is not None:
             self._stall.stop()
             self._stall = None
-        self._post((STOP, None))
-        self._thread.join(timeout=30)
-        self._thread = None
+        self._sampler.stop()
+        self._sampler = None
         if self._compile_watch is not None:
             self._compile_watch.close()
         if self._joined is not None:
@@ -487,11 +483,7 @@ class Watchdog:
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Block until the sidecar has handled everything posted so far; False on timeout."""
-        if self._thread is None:
-            return True
-        done = threading.Event()
-        self._post((BARRIER, done))
-        return done.wait(timeout)
+        return self._sampler.drain(timeout) if self._sampler is not None else True
 
     # ---- between steps -------------------------------------------------------------------------
 
@@ -574,7 +566,7 @@ class Watchdog:
         phase = parse_label(label)
         if not phase.bounded:
             return
-        if self._thread is not None and self._newest_step >= 0:
+        if self._sampler is not None and self._newest_step >= 0:
             self._asked.ends.append((self._newest_step, label))
             self._post(PHASE_END_REQUEST)
         if self._follower is not None and self._follower.phases_climbing:
