@@ -155,24 +155,29 @@ class ActionPolicy:
         self.last_step = self.config.last_step  # where the run ends, where known (the host may say later)
         self._first_step: int | None = None
         self._confirmed = 0
-        self._quiet_until = -math.inf  # no checkpoint action before this step (one is being carried out)
-        self._carrying_out: int | None = None  # the step of the action whose effect is not measured yet
+        # The one mark of an action in flight here: the step of the checkpoint action this policy asked
+        # for whose effect is not measured yet. No other before its cooldown ends (`_quiet_until`).
+        self._in_flight: int | None = None
         self._warned_until = -math.inf  # no repeated warning before this step
         self._escalate = False  # the last reinit did not bring memory down
         self._after_last_reinit: float | None = None  # memory right after this process's previous reinit
         self._growth_at_action = 0.0
         self._cautious = True  # no checkpoint action yet since the detector's baseline began
-        self._asked = False  # this policy asked for the checkpoint action whose reinit comes next
         self._previous_step: int | None = None
         self._largest_gap = 0  # steps between two verdicts, at most
         self.excursion_seen = 0.0  # after a rebuild: what the transients spanned before it (the Judge's)
 
     @property
+    def _quiet_until(self) -> float:
+        """No checkpoint action before this step: the cooldown of the one in flight."""
+        return -math.inf if self._in_flight is None else self._in_flight + self.config.cooldown_steps
+
+    @property
     def carrying_out(self) -> int | None:
         """The step of the checkpoint action whose effect is not measured yet, while it holds the next."""
-        if self._carrying_out is not None and (self._previous_step or 0) >= self._quiet_until:
+        if self._in_flight is not None and (self._previous_step or 0) >= self._quiet_until:
             return None
-        return self._carrying_out
+        return self._in_flight
 
     def rearm(self) -> None:
         """The detector started a new baseline (a reinit brought memory down): the next climb is a
@@ -249,11 +254,10 @@ class ActionPolicy:
         """The checkpoint action for `verdict`, then the cooldown."""
         action = self._checkpoint_action()
         self._cautious = False
-        self._quiet_until = self._warned_until = verdict.step + self.config.cooldown_steps
-        self._carrying_out = verdict.step
+        self._in_flight = verdict.step
+        self._warned_until = self._quiet_until
         self._confirmed = 0
         self._growth_at_action = max(0.0, verdict.slope_bytes_per_step * verdict.window_steps)
-        self._asked = True
         return action
 
     def observe(self, step: int) -> None:
@@ -287,12 +291,11 @@ class ActionPolicy:
         measured), the leak lives outside what a reinit rebuilds: the next checkpoint action is a
         restart.
         """
-        self._carrying_out = None
-        if not self._asked:  # another rank's action (or a drill): it says nothing about a leak here
+        asked, self._in_flight = self._in_flight is not None, None
+        if not asked:  # another rank's action (or a drill): it says nothing about a leak here
             self._after_last_reinit = floor_after_bytes
             self._watch_again()
             return True
-        self._asked = False
         recovered = floor_before_bytes - floor_after_bytes
         needed = self.config.min_recovery * self._growth_at_action
         # What a reinit leaves is what it cannot free. If that rose since the previous reinit by
@@ -321,8 +324,8 @@ class ActionPolicy:
         self._confirmed = max(self._confirmed, self.config.confirm_verdicts - 1)
 
     def _watch_again(self) -> None:
-        """An action's effect is measured: nothing holds the next one back."""
-        self._quiet_until = self._warned_until = -math.inf
+        """An action's effect is measured: nothing holds the next one back (its mark is off)."""
+        self._warned_until = -math.inf
 
 
 def _seconds_per_step(verdict: Verdict) -> float:

@@ -37,6 +37,18 @@ class Action(str, Enum):
         return self in (Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART)
 
 
+class Decided(NamedTuple):
+    """A checkpoint action decided, on its way to the training loop: what, on which verdict, for which
+    memory, and who decided it. Made where it is decided (the sidecar, a drill, the loop's proposal);
+    the training thread hands it over (`runtime/action_path.py`), whose record it becomes."""
+
+    action: Action
+    verdict: "Verdict | None"
+    memory: str  # which memory asked: "device" or "host"
+    origin: str = ""  # who decided, where not this rank's watchdog alone: "forced (a drill)", "stop signal"
+    own: bool = True  # the watchdog's (its restart counts against the budget), not one a loop proposed
+
+
 class Verdict(NamedTuple):
     """What the detector believes after one sample.
 

@@ -24,7 +24,7 @@ from watchdog.core.cycles import futile
 from watchdog.core.errors import EXIT_FUTILE, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.policy import PolicyConfig
 from watchdog.core.restarts import RunState
-from watchdog.core.verdict import Action, Verdict
+from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.logs import get_logger, log_event
 from watchdog.records.flight_record import FlightRecorder
 from watchdog.records.job_ledger import LoopAccount
@@ -107,16 +107,15 @@ class HandedOver:
         self.last: ActionOutcome | None = None
         self.unlogged: ActionOutcome | None = None
         self.logs_outcomes = logs_outcomes
-        self.held: tuple | None = None
-        self.offered: tuple | None = None
+        self.held: Decided | None = None
+        self.offered: Decided | None = None
 
 
 class ActionPath:
     """The part every watcher holds for an action's life (see the module docstring): the run's state
     (`RunState`, the one count of restarts), the actions handed over (`HandedOver`), the agreement
     with the other ranks, and the records the path writes to (the job file's account, the flight
-    record), given at `start()`. A chore is `(action, verdict, memory, origin, own)`: `own` when it
-    is the watchdog's action (its restart counts against the budget), not one a loop proposed.
+    record), given at `start()`. What it takes is a `Decided` (`core/verdict.py`).
 
     `policy`: the watchdog's (its restart budget and window, whether restarting is in vain); None
     for a stand-in that judges nothing. `suspects(step)` names what is leaking when an action
@@ -139,14 +138,14 @@ class ActionPath:
 
     # ---- choosing and agreeing -----------------------------------------------------------------
 
-    def take(self, step: int, chore: tuple) -> Action | None:
+    def take(self, step: int, decided: Decided) -> Action | None:
         """The most severe action waiting, between steps: handed over now, or with several ranks held
         for the next offer."""
         if self.ranks is None:
-            return self.hand_over(step, *chore)
+            return self.hand_over(step, decided)
         held = self.handed.held
-        if held is None or severity(chore[0]) > severity(held[0]):
-            self.handed.held = chore
+        if held is None or severity(decided.action) > severity(held.action):
+            self.handed.held = decided
         return None
 
     def agree(self, step: int, verdict: Verdict | None, every: int) -> Action | None:
@@ -157,26 +156,27 @@ class ActionPath:
             return None
         agreed = ranks.collect(step)
         offered, held = handed.offered, handed.held
-        if agreed is not None and held is not None and held[4] and severity(held[0]) <= severity(agreed.action):
+        if agreed is not None and held is not None and held.own and severity(held.action) <= severity(agreed.action):
             held = None  # the watchdog's own, decided on the state the agreed action now replaces
-        ranks.post(step, held[0] if held is not None else None, own=held[4] if held is not None else True, every=every)
+        ranks.post(step, held.action if held is not None else None, own=held.own if held is not None else True,
+                   every=every)
         handed.offered, handed.held = held, None
         if agreed is None:
             return None
-        mine = offered is not None and offered[0] is agreed.action and agreed.asked_by == ranks.rank
+        mine = offered is not None and offered.action is agreed.action and agreed.asked_by == ranks.rank
         # Another rank's restart counts against the watchdog's budget only when its watchdog asked for
         # it: a preemption of one rank is no restart of the watchdog's on the others.
-        verdict, memory, origin, own = offered[1:] if mine else (verdict, DEVICE, "", agreed.own)
-        return self.hand_over(step, agreed.action, verdict, memory, agreed.origin(origin), own)
+        ours = offered if mine else Decided(agreed.action, verdict, DEVICE, "", agreed.own)
+        return self.hand_over(step, ours._replace(origin=agreed.origin(ours.origin)))
 
     # ---- handing over --------------------------------------------------------------------------
 
-    def hand_over(self, step: int, action: Action, verdict: Verdict | None, memory: str, origin: str = "",
-                  own: bool = True) -> Action:
+    def hand_over(self, step: int, decided: Decided) -> Action:
         """An action leaves for the training loop: its record, built once (what is leaking is named
         now, and a rebuild's "before" read), and a restart counted (`own`: the watchdog's, not one a
         loop proposed on its own account, such as a preemption)."""
         handed, run = self.handed, self.run
+        action, verdict, memory, origin, own = decided
         if handed.unlogged is not None:  # an earlier one whose outcome its loop never said
             self.log_outcome(HANDED_OVER)
         futile = None

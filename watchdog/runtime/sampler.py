@@ -33,7 +33,7 @@ from watchdog.core.phase import STEADY_LABELS
 from watchdog.core.readings import HostReading, MemoryReading, MemorySource
 from watchdog.core.restarts import RunState
 from watchdog.core.sample import Sample
-from watchdog.core.verdict import Action, Verdict
+from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.forensics.follower import LeakFollower
 from watchdog.records.flight_record import FlightRecorder
 from watchdog.records.job_ledger import LoopAccount
@@ -229,7 +229,7 @@ class Sampler:
             if self.follower.arm():  # a leak is suspected: capture where its tensors are made
                 self.chores.append(FOLLOW)
         if action.needs_checkpoint and all(chore is FOLLOW for chore in tuple(self.chores)):  # one waits at most
-            self.chores.append((action, verdict, memory, "", True))
+            self.chores.append(Decided(action, verdict, memory))
 
     # ---- what the training thread measured ----------------------------------------------------
 

@@ -60,7 +60,7 @@ from watchdog.core.judge import Judge
 from watchdog.core.phase import SAVE, parse_label, phase_label
 from watchdog.core.readings import HostReading
 from watchdog.core.sample import Sample
-from watchdog.core.verdict import Action, Verdict
+from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import OncePerKind, ensure_readable_output, exception_text, get_logger
 from watchdog.records import job_ledger
@@ -122,7 +122,7 @@ class Watchdog:
         self._asked = Asked()  # what the training thread asked the sidecar to read
         self._follower = LeakFollower() if config.forensics else None
         # Work for the training thread between steps, in one deque so that step() checks one thing:
-        # an action to hand over (a chore tuple), or FOLLOW (the follower has work, or a block is due).
+        # an action to hand over (a `Decided`), or FOLLOW (the follower has work, or a block is due).
         self._chores: deque = deque([FOLLOW] if config.forensics else [])
         self._flight = self._sampler = self._stall = self._host_watch = self._compile_watch = self._exit = None
         self._joined: Agreement | None = None  # the agreement start() joined (a loop's own is the loop's to close)
@@ -380,7 +380,7 @@ class Watchdog:
             origin: why, for the action's block ("preempted", "stop signal").
         """
         if action.needs_checkpoint:
-            self._chores.append((action, self.verdict, DEVICE, origin, False))  # not the watchdog's restart to count
+            self._chores.append(Decided(action, self.verdict, DEVICE, origin, own=False))  # not the watchdog's restart to count
 
     def carry_out(self, action: Action | None, *, save: Callable[[], object] | None = None,
                   rebuild: Callable[[], None] | None = None, checkpoint: str | None = None) -> bool:
@@ -499,7 +499,7 @@ class Watchdog:
                 if self._exit is not None and isinstance(chore, agreement.PeerLost):
                     self._exit.failed = True  # exit 43, whatever catches it: no clean end
                 raise chore
-            elif action is None or severity(chore[0]) > severity(action[0]):
+            elif action is None or severity(chore.action) > severity(action.action):
                 action = chore
         if follow:
             self._between_steps(step)
@@ -518,7 +518,7 @@ class Watchdog:
             at, action = forced.pop(0)
             if at == step:
                 log.warning("forced_action", action=action.value, step=step)
-                self._chores.append((action, self.verdict, DEVICE, FORCED, True))  # a drill stands for the watchdog
+                self._chores.append(Decided(action, self.verdict, DEVICE, FORCED))  # a drill stands for the watchdog
         self._forced_at = forced[0][0] if forced else _NEVER
 
     def _between_steps(self, step: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Callable
 
-from watchdog.core.verdict import Action
+from watchdog.core.verdict import Action, Decided
 from watchdog.runtime.action_path import DEVICE, FORCED, ActionPath
 from watchdog.runtime.agreement import Agreement
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
@@ -67,7 +67,7 @@ class Unwatched:
             action, own = agreed.action, agreed.own
         if action is None:
             return None
-        return self.actions.hand_over(step, action, None, DEVICE, origin, own)
+        return self.actions.hand_over(step, Decided(action, None, DEVICE, origin, own))
 
     def carry_out(self, action: Action | None, *, save: Callable[[], object] | None = None,
                   rebuild: Callable[[], None] | None = None, checkpoint: str | None = None) -> bool:
