@@ -65,10 +65,10 @@ class RunState:
         """The restarts the policy's budget counts: the watchdog's own, where they are known."""
         return self.restarts_so_far if self.watchdog_restarts is None else self.watchdog_restarts
 
-    def restart_handed_over(self, step: int, window: int, watchdogs: bool) -> None:
+    def restart_handed_over(self, step: int, window: int, own: bool) -> None:
         """A restart leaves for the loop at `step`: the job's count grows, and so does the watchdog's
-        (starting over `window` steps after its previous one) when it is the watchdog's (`watchdogs`)."""
-        if watchdogs:
+        (starting over `window` steps after its previous one) when it is the watchdog's own (`own`)."""
+        if own:
             self.watchdog_restarts = restarts_in_a_row(self.budget_spent, self.watchdog_restart_step, step, window)
             self.watchdog_restart_step = step
         elif self.watchdog_restarts is None:  # from now on the job's count is no longer the watchdog's

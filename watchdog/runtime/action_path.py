@@ -96,24 +96,9 @@ def _truth_value(value: object) -> bool:
     return kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"))
 
 
-class HandedOver:
-    """The actions step() handed over: the newest, the one whose block is not logged yet, and
-    whether the loop always logs their outcomes itself; with several ranks, the action held for
-    the next offer and the one offered, whose answer comes at the next sampling step."""
-
-    __slots__ = ("last", "unlogged", "logs_outcomes", "held", "offered")
-
-    def __init__(self, logs_outcomes: bool):
-        self.last: ActionOutcome | None = None
-        self.unlogged: ActionOutcome | None = None
-        self.logs_outcomes = logs_outcomes
-        self.held: Decided | None = None
-        self.offered: Decided | None = None
-
-
 class ActionPath:
     """The part every watcher holds for an action's life (see the module docstring): the run's state
-    (`RunState`, the one count of restarts), the actions handed over (`HandedOver`), the agreement
+    (`RunState`, the one count of restarts), the actions on it (below), the agreement
     with the other ranks, and the records the path writes to (the job file's account, the flight
     record), given at `start()`. What it takes is a `Decided` (`core/verdict.py`).
 
@@ -125,16 +110,19 @@ class ActionPath:
                  suspects: Callable[[int], list[str]] = lambda step: [],
                  read: Callable[[str], tuple] | None = None):
         self.run = RunState.from_environment(os.environ)  # the restart engine's count, until a checkpoint's
-        self.handed = HandedOver(logs_outcomes)
+        # The actions on the path, each a fact held here only: the newest handed over (`last`), the
+        # one whose block is not logged yet, and with several ranks the one held for the next offer
+        # and the one offered, whose answer comes at the next sampling step.
+        self.last: ActionOutcome | None = None
+        self.unlogged: ActionOutcome | None = None
+        self.held: Decided | None = None
+        self.offered: Decided | None = None
+        self.logs_outcomes = logs_outcomes  # the loop always says what it did (else: at the next step)
         self.policy = policy
         self.ranks: Agreement | None = None  # several ranks: the agreement every action goes through
         self.account: LoopAccount | None = None  # the job file's share of this process (rank 0)
         self.flight: FlightRecorder | None = None
         self._suspects, self._read = suspects, read
-
-    @property
-    def last(self) -> ActionOutcome | None:
-        return self.handed.last
 
     # ---- choosing and agreeing -----------------------------------------------------------------
 
@@ -143,24 +131,23 @@ class ActionPath:
         for the next offer."""
         if self.ranks is None:
             return self.hand_over(step, decided)
-        held = self.handed.held
-        if held is None or severity(decided.action) > severity(held.action):
-            self.handed.held = decided
+        if self.held is None or severity(decided.action) > severity(self.held.action):
+            self.held = decided
         return None
 
     def agree(self, step: int, verdict: Verdict | None, every: int) -> Action | None:
         """A sampling step with several ranks: take the action agreed on the previous sampling step's
         offers, and offer the most severe action held now (its answer comes at the next one)."""
-        handed, ranks = self.handed, self.ranks
+        ranks = self.ranks
         if step == ranks.offered_at:  # the same step again (an accumulation's micro-batches): one offer a step
             return None
         agreed = ranks.collect(step)
-        offered, held = handed.offered, handed.held
+        offered, held = self.offered, self.held
         if agreed is not None and held is not None and held.own and severity(held.action) <= severity(agreed.action):
             held = None  # the watchdog's own, decided on the state the agreed action now replaces
         ranks.post(step, held.action if held is not None else None, own=held.own if held is not None else True,
                    every=every)
-        handed.offered, handed.held = held, None
+        self.offered, self.held = held, None
         if agreed is None:
             return None
         mine = offered is not None and offered.action is agreed.action and agreed.asked_by == ranks.rank
@@ -175,9 +162,9 @@ class ActionPath:
         """An action leaves for the training loop: its record, built once (what is leaking is named
         now, and a rebuild's "before" read), and a restart counted (`own`: the watchdog's, not one a
         loop proposed on its own account, such as a preemption)."""
-        handed, run = self.handed, self.run
+        run = self.run
         action, verdict, memory, origin, own = decided
-        if handed.unlogged is not None:  # an earlier one whose outcome its loop never said
+        if self.unlogged is not None:  # an earlier one whose outcome its loop never said
             self.log_outcome(HANDED_OVER)
         futile = None
         if action.needs_checkpoint and own and origin != FORCED:  # the end of one of the leak's cycles
@@ -185,10 +172,10 @@ class ActionPath:
         if action is Action.CHECKPOINT_RESTART:
             run.restart_handed_over(step, self.policy.restart_window_steps if self.policy else 0, own)
         suspects = self._suspects(step) if action.needs_checkpoint else []
-        handed.last = handed.unlogged = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
+        self.last = self.unlogged = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
                                                       origin=origin, futile=futile)
         if action is Action.CHECKPOINT_REINIT and self._read is not None:  # what the rebuild is measured against
-            handed.last.readings_before = self._read("rebuild_read")
+            self.last.readings_before = self._read("rebuild_read")
         if self.account is not None and own and action.needs_checkpoint:  # the watchdog's, not a preemption
             self.account.action(action.value, step, _projected_oom(step, verdict))
         return action
@@ -261,8 +248,7 @@ class ActionPath:
 
     def log_outcome(self, outcome: str, *, checkpoint: str | None = None, exit_code: int | None = None) -> None:
         """`Watchdog.log_outcome`: the newest action's block, once."""
-        handed = self.handed
-        decided, handed.unlogged = handed.unlogged, None
+        decided, self.unlogged = self.unlogged, None
         if decided is None:
             return
         decided.outcome, decided.checkpoint, decided.exit_code = outcome, checkpoint, exit_code
@@ -272,7 +258,7 @@ class ActionPath:
 
     def between_steps(self) -> None:
         """The block of an action whose loop never said what it did, logged at the next step."""
-        if self.handed.unlogged is not None and not self.handed.logs_outcomes:
+        if self.unlogged is not None and not self.logs_outcomes:
             self.log_outcome(HANDED_OVER)
 
     # ---- the run's state -----------------------------------------------------------------------

@@ -213,7 +213,7 @@ class Watchdog:
         if self._joined is not None:
             self._joined.close()
             actions.ranks = self._joined = None
-        if actions.handed.unlogged is not None:
+        if actions.unlogged is not None:
             actions.log_outcome(HANDED_OVER)
         if self._follower is not None:
             self._follower.close()
@@ -506,7 +506,7 @@ class Watchdog:
         if action is None:
             return None
         taken = self.actions.take(step, action)
-        if taken is not None and not self.actions.handed.logs_outcomes:  # its block: at the next step, if the loop says nothing
+        if taken is not None and not self.actions.logs_outcomes:  # its block: at the next step, if the loop says nothing
             self._chores.append(FOLLOW)
         return taken
 
