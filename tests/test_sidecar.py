@@ -461,3 +461,36 @@ def test_one_checkpoint_and_reinit_crosses_threads_twice_and_never_waits_on_the_
     assert figures["crossings"] == ["to the training thread: the action", "to the sidecar: reinit"]
     assert figures["training_waits_seconds"] == []
     assert "watchdog.core.policy" in figures["by_module"] and "watchdog.station.station" in figures["by_module"]
+
+
+def test_an_actions_record_says_where_it_is_from_its_hand_over_to_its_measure_or_its_exit():
+    """Issue 59: an action is one record with states. A reinit's goes handed over -> saved -> rebuilt
+    and is closed by the sidecar (measured) once the reading after the rebuild is judged; a restart's,
+    and a failed save's, end exited, with the status the process leaves with."""
+    class Flat:
+        name = "scripted"
+
+        def read(self) -> MemoryReading:
+            return MemoryReading(1 << 30, 4 << 30, None)
+
+    forced = ((3, Action.CHECKPOINT_REINIT), (6, Action.CHECKPOINT_RESTART), (9, Action.CHECKPOINT_RESTART))
+    config = WatchdogConfig(sample_every=1, host_memory=False, forensics=False, memory_limit_bytes=4 << 30,
+                            forced_actions=forced)
+    seen = []
+    with Watchdog(config, source=Flat()) as wd:
+        for step in range(10):
+            action = wd.step(step)
+            assert wd.drain()
+            if action is None:
+                continue
+            record = wd.last_action
+            seen.append(record.state)
+            if action is Action.CHECKPOINT_REINIT:
+                assert wd.carry_out(action, save=lambda: "ckpt", rebuild=lambda: seen.append(record.state))
+                assert record.state in ("rebuilt", "measured")
+                assert wd.drain()
+                seen.append(record.state)
+            else:
+                assert not wd.carry_out(action, save=lambda: "ckpt" if step == 6 else False)
+                seen.append((record.state, record.exit_code))
+    assert seen == ["handed over", "saved", "measured", "handed over", ("exited", 42), "handed over", ("exited", 44)]

@@ -16,6 +16,7 @@ def test_drills_and_proposals_take_the_action_path_and_count_as_the_watchdogs_wo
         pass
     rebuilt = []
     handed = []
+    states = []
     for step in range(9):
         if step == 8:
             stand_in.propose(Action.CHECKPOINT_RESTART, "stop signal")
@@ -24,9 +25,11 @@ def test_drills_and_proposals_take_the_action_path_and_count_as_the_watchdogs_wo
             continue
         handed.append((step, action, stand_in.last_action.origin))
         stand_in.carry_out(action, save=lambda: f"ckpt-{step}.pt", rebuild=lambda: rebuilt.append(step))
+        states.append(stand_in.last_action.state)
     assert handed == [(4, Action.CHECKPOINT_REINIT, FORCED), (7, Action.CHECKPOINT_RESTART, FORCED),
                       (8, Action.CHECKPOINT_RESTART, "stop signal")]
     assert rebuilt == [4]
+    assert states == ["rebuilt", "exited", "exited"], "nothing measures a stand-in's rebuild: it stays rebuilt"
     blocks = events.named("action_outcome")
     assert [(b["step"], b["outcome"], b["exit_code"]) for b in blocks] == [
         (4, REINITIALISED, None), (7, "exit 42: restart requested", EXIT_RESTART_REQUESTED),

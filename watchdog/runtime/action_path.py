@@ -29,7 +29,7 @@ from watchdog.logs import get_logger, log_event
 from watchdog.records.flight_record import FlightRecorder
 from watchdog.records.job_ledger import LoopAccount
 from watchdog.runtime.agreement import Agreement, severity
-from watchdog.station.blocks import ActionOutcome
+from watchdog.station.blocks import EXITED, REBUILT, SAVED, ActionOutcome
 
 log = get_logger(__name__)
 
@@ -209,6 +209,8 @@ class ActionPath:
             if not landed:
                 self.log_outcome(UNSAVED, exit_code=EXIT_UNSAVED)
                 return False
+            if self.last is not None:
+                self.last.state = SAVED
             saved(time.perf_counter() - started)
         if self.last is not None and self.last.futile:  # a restart, or a rebuild, would be in vain
             self.log_outcome(STOPPED, checkpoint=checkpoint, exit_code=EXIT_FUTILE)
@@ -234,7 +236,7 @@ class ActionPath:
         decided = self.last
         if decided is None:
             return None, None
-        decided.not_freed = not_freed
+        decided.state, decided.not_freed = REBUILT, not_freed
         before, decided.readings_before = decided.readings_before, None
         after = _bytes_of(readings, decided.memory)
         if after is not None:
@@ -252,6 +254,8 @@ class ActionPath:
         if decided is None:
             return
         decided.outcome, decided.checkpoint, decided.exit_code = outcome, checkpoint, exit_code
+        if exit_code is not None:
+            decided.state = EXITED
         if decided.suspects and self.flight is not None:  # every loop's outcome comes through here
             self.flight.observe_action(decided.step, decided.suspects)
         log_event(log, logging.WARNING, "action_outcome", block=decided.block(), **decided.fields())

@@ -41,6 +41,7 @@ from watchdog.runtime.action_path import DEVICE
 from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.host_watch import HOST, HostWatch
+from watchdog.station.blocks import MEASURED, ActionOutcome
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 
@@ -253,15 +254,18 @@ class Sampler:
                 peak = end.peak_bytes_used if end.peak_bytes_used is not None else end.bytes_used
                 station.judge.staged(max(peak, end.bytes_used) - start.bytes_used)
 
-    def _after_reinit(self, before: tuple | None, readings: tuple, took: int | None, held: bool) -> None:
+    def _after_reinit(self, record: ActionOutcome | None, before: tuple | None, readings: tuple, took: int | None,
+                      held: bool) -> None:
+        """The rebuild measured (`reinit_measured`), and the action's record closed."""
         if before is not None:  # what the rebuild is measured against, read when it was handed over
             self._before_rebuild(*before)
         device, host = readings
         if self.host_watch is not None:
             self.host_watch.reinit_finished(host, took, held)
-        if device is None:
-            return
-        self.station.reinit_finished(float(device.bytes_used), took, held)  # logged as `reinit_measured`
+        if device is not None:
+            self.station.reinit_finished(float(device.bytes_used), took, held)  # logged as `reinit_measured`
+        if record is not None:
+            record.state = MEASURED
 
     def _before_rebuild(self, device: MemoryReading | None, host: HostReading | None) -> None:
         if device is not None:

@@ -420,7 +420,9 @@ class Watchdog:
     @property
     def last_action(self) -> ActionOutcome | None:
         """The action step() handed over last: its record, with the verdict behind it, the suspects and,
-        once carried out, its outcome and the exit status the process ends with (None: it goes on)."""
+        once carried out, its outcome and the exit status the process ends with (None: it goes on).
+        Its `state` says where it is: handed over, saved, rebuilt, measured (the sidecar judged the
+        reading after the rebuild), or exited (`station/blocks.py`)."""
         return self.actions.last
 
     def state_dict(self) -> dict:
@@ -463,7 +465,7 @@ class Watchdog:
             self._chores.append(FOLLOW)
         readings = self._read_between_steps("reinit_read")
         before, took = self.actions.measure_rebuild(readings, self._newest_step, held)
-        self._post((REINIT, (before, readings, took, bool(held))))  # the action's one message back
+        self._post((REINIT, (self.actions.last, before, readings, took, bool(held))))  # the action's one message back
 
     def observe_checkpoint(self, seconds: float) -> None:
         """A save the loop made, timed (`hbmwatch_checkpoint_seconds`). The judges learn from it what an

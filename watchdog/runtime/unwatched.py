@@ -97,6 +97,7 @@ class Unwatched:
 
     def reinit_finished(self) -> None:
         release_host_memory()
+        self.actions.measure_rebuild((None, None), self._step, [])  # rebuilt; nothing measures it
 
     def processes_grown(self) -> list[str]:
         return []

@@ -20,6 +20,12 @@ from watchdog.core.verdict import Action, Status, Verdict
 
 RULE_WIDTH = 78
 
+# An action's states on its record (`ActionOutcome.state`), in order: handed to the loop by `step()`,
+# its checkpoint saved, the training state rebuilt in process, that rebuild measured by the sidecar
+# (its reading judged); or the process leaving for it (exit 42, 44, 45). Decided and agreed come
+# before the record (`core.verdict.Decided`, the ranks' agreement).
+HANDED, SAVED, REBUILT, MEASURED, EXITED = "handed over", "saved", "rebuilt", "measured", "exited"
+
 
 def _title(text: str) -> str:
     return f"── {text} " + "─" * max(3, RULE_WIDTH - len(text) - 4)
@@ -71,6 +77,7 @@ class ActionOutcome:
     # A reinit's readings of each memory at its hand-over (device, host), which the sidecar measures its
     # rebuild against: they travel with the readings after it, in one message (`Watchdog.reinit_finished`).
     readings_before: tuple | None = field(default=None, repr=False)
+    state: str = HANDED  # where the action is (above): moved by the action path, closed by the sidecar
 
     def block(self) -> str:
         rows = []
