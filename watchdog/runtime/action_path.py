@@ -148,9 +148,19 @@ class ActionPath:
         ranks.post(step, held.action if held is not None else None, own=held.own if held is not None else True,
                    every=every)
         self.offered, self.held = held, None
-        if agreed is None:
-            return None
-        mine = offered is not None and offered.action is agreed.action and agreed.asked_by == ranks.rank
+        return None if agreed is None else self._agreed(step, agreed, offered, verdict)
+
+    def agree_now(self, step: int, decided: Decided | None) -> Action | None:
+        """A stand-in's step with several ranks, which nothing else paces: the most severe action any
+        rank offers at `step`, agreed now (every rank waits for every other) and handed over."""
+        offer = decided.action if decided is not None else None
+        agreed = self.ranks.decide(step, offer, own=decided.own if decided is not None else True)
+        return None if agreed is None else self._agreed(step, agreed, decided, None)
+
+    def _agreed(self, step: int, agreed, offered: Decided | None, verdict: Verdict | None) -> Action:
+        """The agreed action handed over: this rank's own offer where it is the one agreed (its
+        verdict, memory and reason), else the asking rank's, said as such (`Agreed.origin`)."""
+        mine = offered is not None and offered.action is agreed.action and agreed.asked_by == self.ranks.rank
         # Another rank's restart counts against the watchdog's budget only when its watchdog asked for
         # it: a preemption of one rank is no restart of the watchdog's on the others.
         ours = offered if mine else Decided(agreed.action, verdict, DEVICE, "", agreed.own)

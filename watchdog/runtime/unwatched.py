@@ -58,16 +58,10 @@ class Unwatched:
         self._step = step
         proposed, self._proposed = self._proposed, None
         action, origin, own = (*proposed, False) if proposed else (self._forced.get(step), FORCED, True)
-        ranks = self.actions.ranks
-        if ranks is not None:  # agreed every step: nothing else paces the offers
-            agreed = ranks.decide(step, action, own=own)
-            if agreed is None:
-                return None
-            origin = agreed.origin(origin if agreed.asked_by == ranks.rank else "")
-            action, own = agreed.action, agreed.own
-        if action is None:
-            return None
-        return self.actions.hand_over(step, Decided(action, None, DEVICE, origin, own))
+        decided = Decided(action, None, DEVICE, origin, own) if action is not None else None
+        if self.actions.ranks is not None:  # agreed every step: nothing else paces the offers
+            return self.actions.agree_now(step, decided)
+        return None if decided is None else self.actions.hand_over(step, decided)
 
     def carry_out(self, action: Action | None, *, save: Callable[[], object] | None = None,
                   rebuild: Callable[[], None] | None = None, checkpoint: str | None = None) -> bool:
