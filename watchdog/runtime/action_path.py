@@ -103,12 +103,15 @@ class ActionPath:
     record), given at `start()`. What it takes is a `Decided` (`core/verdict.py`).
 
     `policy`: the watchdog's (its restart budget and window, whether restarting is in vain); None
-    for a stand-in that judges nothing. `suspects(step)` names what is leaking when an action
-    leaves; `read(kind)` reads each memory between steps (what a rebuild is measured against)."""
+    for a stand-in that judges nothing. `every`: the sampling period, at whose steps the ranks
+    agree. `suspects(step)` names what is leaking when an action leaves; `read(kind)` reads each
+    memory between steps (what a rebuild is measured against); `verdict()`, the newest, is what an
+    action another rank asked for is said to be decided on."""
 
-    def __init__(self, *, logs_outcomes: bool, policy: PolicyConfig | None = None,
+    def __init__(self, *, logs_outcomes: bool, policy: PolicyConfig | None = None, every: int = 1,
                  suspects: Callable[[int], list[str]] = lambda step: [],
-                 read: Callable[[str], tuple] | None = None):
+                 read: Callable[[str], tuple] | None = None,
+                 verdict: Callable[[], Verdict | None] = lambda: None):
         self.run = RunState.from_environment(os.environ)  # the restart engine's count, until a checkpoint's
         # The actions on the path, each a fact held here only: the newest handed over (`last`), the
         # one whose block is not logged yet, and with several ranks the one held for the next offer
@@ -122,7 +125,7 @@ class ActionPath:
         self.ranks: Agreement | None = None  # several ranks: the agreement every action goes through
         self.account: LoopAccount | None = None  # the job file's share of this process (rank 0)
         self.flight: FlightRecorder | None = None
-        self._suspects, self._read = suspects, read
+        self._every, self._suspects, self._read, self._verdict = every, suspects, read, verdict
 
     # ---- choosing and agreeing -----------------------------------------------------------------
 
@@ -135,7 +138,7 @@ class ActionPath:
             self.held = decided
         return None
 
-    def agree(self, step: int, verdict: Verdict | None, every: int) -> Action | None:
+    def agree(self, step: int) -> Action | None:
         """A sampling step with several ranks: take the action agreed on the previous sampling step's
         offers, and offer the most severe action held now (its answer comes at the next one)."""
         ranks = self.ranks
@@ -146,9 +149,9 @@ class ActionPath:
         if agreed is not None and held is not None and held.own and severity(held.action) <= severity(agreed.action):
             held = None  # the watchdog's own, decided on the state the agreed action now replaces
         ranks.post(step, held.action if held is not None else None, own=held.own if held is not None else True,
-                   every=every)
+                   every=self._every)
         self.offered, self.held = held, None
-        return None if agreed is None else self._agreed(step, agreed, offered, verdict)
+        return None if agreed is None else self._agreed(step, agreed, offered, self._verdict())
 
     def agree_now(self, step: int, decided: Decided | None) -> Action | None:
         """A stand-in's step with several ranks, which nothing else paces: the most severe action any

@@ -111,9 +111,10 @@ class Watchdog:
         self.telemetry.part(CheckpointFigures)  # served from the first scrape
         self.station = Station(Judge(config.detector, config.policy, memory_limit_bytes=config.memory_limit_bytes),
                                self.telemetry, memory=DEVICE)
-        self.actions = ActionPath(logs_outcomes=logs_outcomes, policy=config.policy, suspects=self._suspects,
-                                  read=self._read_between_steps)
-        self.actions.ranks = agreement
+        self.actions = ActionPath(logs_outcomes=logs_outcomes, policy=config.policy, every=config.sample_every,
+                                  suspects=self._suspects, read=self._read_between_steps,
+                                  verdict=lambda: self.telemetry.verdict)
+        self._agree_with(agreement)
         self.history: deque[Sample] = deque(maxlen=config.history_size)
         self._source = source
         self._every, self._newest_step, self._phase = config.sample_every, -1, ""  # the phase: read with each sample
@@ -149,7 +150,8 @@ class Watchdog:
         if flight_path is not None:
             self._flight = actions.flight = FlightRecorder(flight_path, rank=config.rank, trace_file=config.trace_file)
         if actions.ranks is None and config.agree_across_ranks:  # every rank at once: making its group is collective
-            actions.ranks = self._joined = agreement.join(config.agreement_timeout_seconds)
+            self._agree_with(agreement.join(config.agreement_timeout_seconds))
+            self._joined = actions.ranks
         if actions.ranks is not None:  # ranks out of step, or a peer lost: raised by the next step(), sampling or not
             actions.ranks.report_to(self._chores.append)
         if self._rank == 0:  # the job file is rank 0's: the ranks run in step; it begins at the first step()
@@ -212,7 +214,8 @@ class Watchdog:
             self._compile_watch.close()
         if self._joined is not None:
             self._joined.close()
-            actions.ranks = self._joined = None
+            self._agree_with(None)
+            self._joined = None
         if actions.unlogged is not None:
             actions.log_outcome(HANDED_OVER)
         if self._follower is not None:
@@ -304,6 +307,12 @@ class Watchdog:
         """How many ranks take this watchdog's decisions together (1: this process alone)."""
         return self.actions.ranks.ranks if self.actions.ranks is not None else 1
 
+    def _agree_with(self, ranks: Agreement | None) -> None:
+        """The ranks every action is agreed with (None: this process alone): the action path's, and
+        its `agree` bound once for step()'s sampling steps (the hot path skips an attribute lookup)."""
+        self.actions.ranks = ranks
+        self._agree = self.actions.agree if ranks is not None else None
+
     @property
     def _rank(self) -> int:
         return self.actions.ranks.rank if self.actions.ranks is not None else self.config.rank
@@ -330,10 +339,11 @@ class Watchdog:
             if not asked.posted:  # one request in flight at most: the sidecar reads the newest step
                 asked.posted = True
                 self._post(SAMPLE_REQUEST)
-            if self.actions.ranks is not None:
+            agree = self._agree
+            if agree is not None:
                 if self._chores:
                     self._do_chores(step)
-                return self.actions.agree(step, self.verdict, self._every)
+                return agree(step)
         if self._chores:  # rare: an action, a baseline, a capture's steps, a block to log
             return self._do_chores(step)
         return None
