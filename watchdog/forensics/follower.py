@@ -47,10 +47,16 @@ class Suspects(NamedTuple):
 
 
 class LeakFollower:
-    """Baseline, capture and naming of a leak; call its methods on the training thread (but `arm`)."""
+    """Baseline, capture and naming of a leak; call its methods on the training thread (but `arm`).
 
-    def __init__(self, capture_steps: int = 8):
+    `around`: where memory is watched, what a baseline census holds beside it is measured: `read()`
+    before and after the census, told to `staged(before, after)` (the sidecar's judges learn what
+    the census an action takes needs)."""
+
+    def __init__(self, capture_steps: int = 8, *, read: Callable[[], tuple] | None = None,
+                 staged: Callable[[tuple, tuple], None] | None = None):
         self._capture_steps = capture_steps
+        self._read, self._staged = read, staged
         self._baseline = None  # forensics.Census once taken (_FAILED where its census raised)
         self._sites = None  # CreationSites, made with the first baseline (it needs torch)
         self.last: Suspects | None = None  # the newest census's answer
@@ -93,7 +99,10 @@ class LeakFollower:
         """The baseline if it is due; a capture's start, its steps and, when it ends, the census
         that names the leak with its creation sites."""
         if self._baseline is None:
+            before = self._read() if self._read is not None else None
             self.take_baseline(step)
+            if before is not None:  # what the census held beside memory, at least
+                self._staged(before, self._read())
             return
         if self._sites is not None and self._sites.between_steps():
             self.name(step)
@@ -126,6 +135,16 @@ class LeakFollower:
         except Exception:  # noqa: BLE001 - whatever a program's objects do, the loop goes on
             log.error("leak_census_failed", step=step, exc_info=True)
             return None
+
+    def suspects(self, step: int) -> list[str]:
+        """What is leaking, named as an action leaves: a census now, or, where it finds nothing
+        growing, what a climbing phase's newest run held at its end."""
+        return self.name(step) or self.held_by_phase()
+
+    def after_rebuild(self, step: int, *, capture: bool) -> list[str]:
+        """`rebuilt`, then `not_freed`: what the action's census named that the rebuild left held."""
+        self.rebuilt(capture=capture)
+        return self.not_freed(step)
 
     def rebuilt(self, *, capture: bool = False) -> None:
         """The training state was dropped and rebuilt: a new baseline is due, and the capture

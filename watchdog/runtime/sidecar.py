@@ -121,7 +121,8 @@ class Watchdog:
         self._mailbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._post = self._mailbox.put  # bound once: the hot path skips an attribute lookup
         self._asked = Asked()  # what the training thread asked the sidecar to read
-        self._follower = LeakFollower() if config.forensics else None
+        self._follower = LeakFollower(read=lambda: self._read_between_steps("source_read"),
+                                      staged=lambda *around: self._post((STAGED, around))) if config.forensics else None
         # Work for the training thread between steps, in one deque so that step() checks one thing:
         # an action to hand over (a `Decided`), or FOLLOW (the follower has work, or a block is due).
         self._chores: deque = deque([FOLLOW] if config.forensics else [])
@@ -469,9 +470,8 @@ class Watchdog:
         """After checkpoint-and-reinit: one reading now (between steps, so no activations are live)
         tells the policy whether the rebuild brought memory back down or the leak survived it."""
         held: list[str] = []
-        if self._follower is not None:  # the old state is gone: a new baseline, a new capture
-            self._follower.rebuilt(capture=bool(self.telemetry.actions_total))
-            held = self._follower.not_freed(self._newest_step)  # the holder named before, looked at again
+        if self._follower is not None:  # the old state is gone: a new baseline, a new capture; the holder named, again
+            held = self._follower.after_rebuild(self._newest_step, capture=bool(self.telemetry.actions_total))
             self._chores.append(FOLLOW)
         readings = self._read_between_steps("reinit_read")
         before, took = self.actions.measure_rebuild(readings, self._newest_step, held)
@@ -539,10 +539,7 @@ class Watchdog:
             self.actions.account.between_steps(step)
         self.actions.between_steps()
         if self._follower is not None:
-            around = self._read_between_steps("source_read") if self._follower.baseline_due else None
             self._follower.between_steps(step)
-            if around is not None:  # the census an action takes holds this much beside memory, at least
-                self._post((STAGED, (around, self._read_between_steps("source_read"))))
             if self._follower.pending:
                 self._chores.append(FOLLOW)
 
@@ -564,7 +561,7 @@ class Watchdog:
     def _suspects(self, step: int) -> list[str]:
         """What is leaking, named as an action leaves: this process's census (where it finds nothing
         growing, what a climbing phase's newest run held at its end), and the job's processes that grew."""
-        named = (self._follower.name(step) or self._follower.held_by_phase()) if self._follower is not None else []
+        named = self._follower.suspects(step) if self._follower is not None else []
         return named + self.processes_grown()
 
     def _phase_ended(self, label: str) -> None:
