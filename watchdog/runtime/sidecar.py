@@ -28,8 +28,12 @@ the sidecar reads it every `host_sample_every` steps, judges it with a Judge of 
 its verdicts as on the device's, each action saying which memory asked for it. Where the device's
 memory is the host's (the `rss` source), there is one series, judged against both budgets.
 
-Many ranks take one decision (`runtime/agreement.py`): when torch.distributed runs several ranks at
-`start()`, an action is not handed over by the rank that decided it but held, and on each sampling
+An action's life once decided is the action path's (`runtime/action_path.py`, `Watchdog.actions`):
+the hand-over, `carry_out`, the rebuild measured on its record, the block, the restarts.
+
+Many ranks take one decision (`runtime/agreement.py`, through the action path): when
+torch.distributed runs several ranks at `start()`, an action is not handed over by the rank that
+decided it but held, and on each sampling
 step every rank offers what it holds (posted to the agreement's thread, which makes one all_gather
 on a gloo group of the watchdog's own) and, at the next sampling step, every rank gets the most
 severe offer, at the same step. Forced actions (`forced_actions`) and a
@@ -199,7 +203,8 @@ class Watchdog:
         record ended, the job file told `how` ("restart" where the newest action asked for an exit)."""
         if self._sampler is None:
             return
-        self._exit.disarm()
+        if self._exit is not None:
+            self._exit.disarm()
         actions = self.actions
         if actions.account is not None:
             asked = actions.last.exit_code if actions.last is not None else None
