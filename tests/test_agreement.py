@@ -17,7 +17,7 @@ from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, ConfigE
 from watchdog.core.restarts import restarts_so_far
 from watchdog.core.verdict import Action
 from watchdog.runtime.agreement import Agreement, PeerLost, RanksOutOfStep, severity
-from watchdog.runtime.sidecar import FORCED
+from watchdog.runtime.sidecar import FORCED, HANDED_OVER
 
 REINIT, RESTART, WARN = Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART, Action.WARN
 QUIET = dict(host_memory=False, forensics=False, memory_limit_bytes=1 << 40)
@@ -164,6 +164,8 @@ def _agreements(rank, port, out_dir):
             action = wd.step(step)
             if action is not None:
                 handed[step] = [action.value, wd.last_action.origin]
+        # its loop said nothing of it: its block was logged at the next step, not left for stop()
+        result["outcome_next_step"] = wd.last_action.outcome if wd.last_action is not None else None
         result["ranks"] = wd.ranks
     result["watchdog"] = handed
     _write(out_dir, rank, result)
@@ -187,6 +189,7 @@ def test_ranks_take_the_most_severe_offer_at_the_same_step_and_disagreeing_count
         # rank at the one after (15)
         origin = "asked by rank 1, agreed by all 3 ranks"
         assert rank["watchdog"] == {"15": ["checkpoint_reinit", f"{FORCED}; {origin}" if index == 1 else origin]}
+        assert rank["outcome_next_step"] == HANDED_OVER
 
 
 def _trainer_rank(rank, port, out_dir):

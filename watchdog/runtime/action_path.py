@@ -106,12 +106,14 @@ class ActionPath:
     for a stand-in that judges nothing. `every`: the sampling period, at whose steps the ranks
     agree. `suspects(step)` names what is leaking when an action leaves; `read(kind)` reads each
     memory between steps (what a rebuild is measured against); `verdict()`, the newest, is what an
-    action another rank asked for is said to be decided on."""
+    action another rank asked for is said to be decided on; `block_due()` asks for `between_steps`
+    at the next step, where the loop may never say what it did with an action handed over."""
 
     def __init__(self, *, logs_outcomes: bool, policy: PolicyConfig | None = None, every: int = 1,
                  suspects: Callable[[int], list[str]] = lambda step: [],
                  read: Callable[[str], tuple] | None = None,
-                 verdict: Callable[[], Verdict | None] = lambda: None):
+                 verdict: Callable[[], Verdict | None] = lambda: None,
+                 block_due: Callable[[], None] = lambda: None):
         self.run = RunState.from_environment(os.environ)  # the restart engine's count, until a checkpoint's
         # The actions on the path, each a fact held here only: the newest handed over (`last`), the
         # one whose block is not logged yet, and with several ranks the one held for the next offer
@@ -126,6 +128,7 @@ class ActionPath:
         self.account: LoopAccount | None = None  # the job file's share of this process (rank 0)
         self.flight: FlightRecorder | None = None
         self._every, self._suspects, self._read, self._verdict = every, suspects, read, verdict
+        self._block_due = block_due
 
     # ---- choosing and agreeing -----------------------------------------------------------------
 
@@ -191,6 +194,8 @@ class ActionPath:
             self.last.readings_before = self._read("rebuild_read")
         if self.account is not None and own and action.needs_checkpoint:  # the watchdog's, not a preemption
             self.account.action(action.value, step, _projected_oom(step, verdict))
+        if not self.logs_outcomes:  # its block is logged at the next step, if the loop says nothing
+            self._block_due()
         return action
 
     def _futile(self, action: Action, cycle: int | None) -> str | None:

@@ -117,7 +117,8 @@ class Watchdog:
                                self.telemetry, memory=DEVICE)
         self.actions = ActionPath(logs_outcomes=logs_outcomes, policy=config.policy, every=config.sample_every,
                                   suspects=self._suspects, read=self._read_between_steps,
-                                  verdict=lambda: self.telemetry.verdict)
+                                  verdict=lambda: self.telemetry.verdict,
+                                  block_due=lambda: self._chores.append(FOLLOW))
         self._agree_with(agreement)
         self.history: deque[Sample] = deque(maxlen=config.history_size)
         self._source = source
@@ -522,10 +523,7 @@ class Watchdog:
             self._between_steps(step)
         if action is None:
             return None
-        taken = self.actions.take(step, action)
-        if taken is not None and not self.actions.logs_outcomes:  # its block: at the next step, if the loop says nothing
-            self._chores.append(FOLLOW)
-        return taken
+        return self.actions.take(step, action)
 
     def _force(self, step: int) -> None:
         """Forced actions due now join the chores; those of steps this process never ran (it resumed
