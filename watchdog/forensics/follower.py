@@ -49,9 +49,9 @@ class Suspects(NamedTuple):
 class LeakFollower:
     """Baseline, capture and naming of a leak; call its methods on the training thread (but `arm`).
 
-    `around`: where memory is watched, what a baseline census holds beside it is measured: `read()`
-    before and after the census, told to `staged(before, after)` (the sidecar's judges learn what
-    the census an action takes needs)."""
+    `read` and `staged`: where memory is watched, what a baseline census holds beside it is
+    measured: `read()` before and after the census, told to `staged(before, after)` (the sidecar's
+    judges learn what the census an action takes needs)."""
 
     def __init__(self, capture_steps: int = 8, *, read: Callable[[], tuple] | None = None,
                  staged: Callable[[tuple, tuple], None] | None = None):

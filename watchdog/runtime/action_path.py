@@ -285,6 +285,13 @@ class ActionPath:
 
     # ---- the run's state -----------------------------------------------------------------------
 
+    def ends_at(self, last_step: int | None) -> bool:
+        """The run ends at `last_step` (None or negative: not known, ignored); whether it was taken."""
+        if last_step is None or last_step < 0:
+            return False
+        self.run.last_step = int(last_step)
+        return True
+
     @staticmethod
     def saved_state(state: object, where: str) -> dict | None:
         """A `state_dict()` read back from a checkpoint, checked: a plain dict of the keys it keeps, or

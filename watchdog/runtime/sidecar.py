@@ -468,8 +468,7 @@ class Watchdog:
     def ends_at(self, last_step: int | None) -> None:
         """The run ends at `last_step` (the trainer's steps, Lightning's and Hugging Face's `max_steps`),
         unless the policy's settings name an end: an OOM projected past it is a warning."""
-        if last_step is not None and last_step >= 0:
-            self.actions.run.last_step = int(last_step)
+        if self.actions.ends_at(last_step):
             self._apply_run_state()
 
     def reinit_finished(self) -> None:

@@ -82,8 +82,7 @@ class Unwatched:
         self.actions.run.load_state_dict(state)
 
     def ends_at(self, last_step: int | None) -> None:
-        if last_step is not None and last_step >= 0:
-            self.actions.run.last_step = int(last_step)
+        self.actions.ends_at(last_step)
 
     def observe_checkpoint(self, seconds: float) -> None:
         if self.telemetry is not None:
