@@ -189,7 +189,7 @@ class ActionPath:
             run.restart_handed_over(step, self.policy.restart_window_steps if self.policy else 0, own)
         suspects = self._suspects(step) if action.needs_checkpoint else []
         self.last = self.unlogged = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
-                                                      origin=origin, futile=futile)
+                                                  origin=origin, futile=futile)
         if action is Action.CHECKPOINT_REINIT and self._read is not None:  # what the rebuild is measured against
             self.last.readings_before = self._read("rebuild_read")
         if self.account is not None and own and action.needs_checkpoint:  # the watchdog's, not a preemption
