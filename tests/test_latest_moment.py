@@ -348,13 +348,13 @@ def test_the_baseline_census_is_measured_as_what_an_actions_census_holds_beside_
     source.census = False
     config = WatchdogConfig(sample_every=1, forensics=True, host_memory=False, stall_after_seconds=3600)
     wd = Watchdog(config, source=source)
-    taken = wd._follower.take_baseline
+    taken = wd.chores.follower.take_baseline
 
     def census(step=None):
         source.census = True
         taken(step)
 
-    wd._follower.take_baseline = census
+    wd.chores.follower.take_baseline = census
     with wd:
         wd.step(1)
         assert wd.drain()

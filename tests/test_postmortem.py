@@ -168,7 +168,7 @@ def test_the_cuda_allocators_oom_is_written_at_once_and_explained_without_a_log(
     trace = tmp_path / "trace.csv"
     wd = run_leak(trace, 60, stop=False)
     try:
-        wd._flight.observe_device_oom(1, 2 * GiB, 40 * GiB, 512 * MiB)  # the observer's four arguments
+        wd._running.flight.observe_device_oom(1, 2 * GiB, 40 * GiB, 512 * MiB)  # the observer's four arguments
         record = flight_record.read(f"{trace}{flight_record.SUFFIX}")
         assert record["device_oom"] == {"device": "cuda:1", "requested_bytes": 2 * GiB, "limit_bytes": 40 * GiB,
                                         "free_bytes": 512 * MiB, "step": record["last_step"]}

@@ -12,7 +12,7 @@ from watchdog.core.errors import ConfigError
 from watchdog.core.verdict import Action
 from watchdog.core.sample import load_trace
 from watchdog.readers.sources import MemoryReading, RssSource
-from watchdog.runtime import sidecar as sidecar_module
+from watchdog.runtime import running as running_module
 
 
 class BrokenSource:
@@ -113,7 +113,7 @@ def test_a_loop_that_stops_stepping_past_the_bound_records_every_stack_and_exits
 
     def exit_process(code):  # the real one ends the process (the slow tests'), and so would the deadline in C
         exits.append(code)
-        wd._stall._hard.arm(3600)
+        wd._running.stall._hard.arm(3600)
 
     monkeypatch.setattr(stall, "exit_process", exit_process)
     trace = tmp_path / "trace.csv"
@@ -145,7 +145,7 @@ def test_a_single_process_is_never_ended_for_a_stall_unless_asked(captured):
                             stall_after_seconds=0.2, stall_check_seconds=0.05, forensics=False)
     with Watchdog(config) as wd:
         wd.step(0)
-        assert wd._stall.exit_after is None, "one process: only reported"
+        assert wd._running.stall.exit_after is None, "one process: only reported"
         deadline = time.monotonic() + 10  # a loaded machine delays the scheduler's thread
         while not wd.telemetry.stalled and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -168,7 +168,7 @@ def test_a_start_that_fails_leaves_no_thread_behind(monkeypatch):
     def refuse(*args):
         raise OverflowError("date value out of range")
 
-    monkeypatch.setattr(sidecar_module, "start_stall_watch", refuse)
+    monkeypatch.setattr(running_module, "start_stall_watch", refuse)
     before = {t.name for t in threading.enumerate()}
     wd = Watchdog(WatchdogConfig(sample_every=10, source="rss", memory_limit_bytes=1 << 40, forensics=False))
     with pytest.raises(OverflowError):
@@ -400,13 +400,13 @@ def test_every_stall_watch_with_an_exit_bound_keeps_a_deadline_where_the_gil_doe
                             stall_exit_after_seconds=60, forensics=False, host_memory=False)
     with Watchdog(config) as wd:
         wd.step(0)
-        hard = wd._stall._hard
+        hard = wd._running.stall._hard
         assert hard is not None and hard.exit_code == 43, hard and hard.why
         armed = flight_record.read(f"{trace}{flight_record.SUFFIX}")["stall"]
         assert armed["armed"] and armed["exit_code"] == 43 and armed["seconds"] >= 60
         assert int(armed["training_thread"], 16) == threading.get_ident()
         with Watchdog(config) as second:  # one deadline per process: the second keeps its Python bound
-            assert second._stall._hard is None
+            assert second._running.stall._hard is None
     assert flight_record.read(f"{trace}{flight_record.SUFFIX}")["stall"] is None
     again = HardExit.acquire()
     assert again is not None, "released with the watch"
@@ -414,7 +414,7 @@ def test_every_stall_watch_with_an_exit_bound_keeps_a_deadline_where_the_gil_doe
     unbounded = Watchdog(WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40, forensics=False,
                                         host_memory=False))
     with unbounded:
-        assert unbounded._stall._hard is None, "no exit bound (one process, none asked): no deadline"
+        assert unbounded._running.stall._hard is None, "no exit bound (one process, none asked): no deadline"
 
 
 class LaggingSource(ScriptedSource):

@@ -53,6 +53,11 @@ class ExitWatch:
                     self._installed.append(signum)
         return self
 
+    def fail(self) -> None:
+        """The watchdog raised what ends the process in failure (`PeerLost`, exit 43): no clean end,
+        whatever catches it."""
+        self.failed = True
+
     def disarm(self) -> None:
         """Nothing left to see (the watchdog stopped). Idempotent; a handler the program installed
         since over this one stays. Called from `leave` too, inside atexit or the handler."""

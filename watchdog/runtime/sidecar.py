@@ -18,8 +18,9 @@ Actions are carried out by the training thread between steps; the sidecar only a
 What is leaking is named on the training thread too (`LeakFollower`), at the few moments it is
 due: a baseline census at the first `step()` and after each rebuild, a capture of creation sites
 armed once a leak is suspected, and a census when an action is handed over. `step()` checks one
-deque for that and for actions (`_chores`); the census itself (milliseconds to seconds, logged
-with its cost) runs only then.
+deque for that and for actions (`runtime/chores.py`); the census itself (milliseconds to seconds,
+logged with its cost) runs only then. What runs once started is built and ended in one place
+(`runtime/running.py`).
 The action's outcome, its block for the terminal (`action_outcome`), is logged when the loop says
 what it did (`log_outcome`, or `carry_out`, which does both), or at the next `step()` if it never says.
 
@@ -67,37 +68,31 @@ from watchdog.core.sample import Sample
 from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import OncePerKind, ensure_readable_output, exception_text, get_logger
-from watchdog.records import job_ledger
-from watchdog.records.flight_record import FlightRecorder, path_for
-from watchdog.records.job_ledger import LoopAccount
+from watchdog.readers.sources import MemoryReading, MemorySource, current_device, select_source
 from watchdog.runtime import agreement, xla_stats
 from watchdog.runtime.action_path import (DEVICE, FORCED, HANDED_OVER, REINITIALISED, RESTART_REQUESTED, UNSAVED,
                                           ActionPath)
-from watchdog.runtime.agreement import Agreement, severity
+from watchdog.runtime.agreement import Agreement
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
-from watchdog.runtime.compile_watch import CompileWatch
-from watchdog.runtime.exit_watch import ExitWatch
-from watchdog.runtime.host_watch import watch_the_host
-from watchdog.readers.sources import (MemoryReading, MemorySource, current_device, device_kind, fresh_reading,
-                                      release_host_memory, select_source)
-from watchdog.runtime.sampler import FOLLOW, PHASE_END_REQUEST, REINIT, SAMPLE_REQUEST, STAGED, Asked, Sampler, stations
-from watchdog.runtime.stall import start_stall_watch
+from watchdog.runtime.chores import Chores
+from watchdog.runtime.host_watch import HostWatch
+from watchdog.runtime.running import Running
+from watchdog.runtime.sampler import FOLLOW, PHASE_END_REQUEST, REINIT, SAMPLE_REQUEST, STAGED, Asked
 from watchdog.station.blocks import ActionOutcome
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
-from watchdog.station.trace_sink import TraceSink
 
 log = get_logger(__name__)
 
 __all__ = ["Watchdog", "PhaseScope", "DEVICE", "FORCED", "HANDED_OVER", "REINITIALISED", "RESTART_REQUESTED", "UNSAVED"]
-_NEVER = 1 << 62  # no forced action to come
 
 
 class Watchdog:
     """Watches device memory from a sidecar thread (the module docstring says how), built from parts
-    it holds: the station that judges (`station`, and the host's in `HostWatch`), the sampler that
-    runs the sidecar (`runtime/sampler.py`, from `start()`), the follower that names what leaks, and
-    the action path (`actions`, `runtime/action_path.py`): an action's life once decided."""
+    it holds: the station that judges (`station`), the action path (`actions`, `runtime/action_path.py`:
+    an action's life once decided), the work between steps and the follower that names what leaks
+    (`chores`, `runtime/chores.py`), and what runs once started (`runtime/running.py`: the sampler
+    on the sidecar thread, the host's watch, the records, the stall and exit watches)."""
 
     trace_retry_seconds = 30.0  # after a trace I/O error, wait this long before reopening the file
     watches = True  # memory is read and judged (not so for the unwatched run's stand-in)
@@ -119,23 +114,19 @@ class Watchdog:
                                   suspects=self._suspects, read=self._read_between_steps,
                                   verdict=lambda: self.telemetry.verdict,
                                   block_due=lambda: self._chores.append(FOLLOW))
-        self._agree_with(agreement)
-        self.history: deque[Sample] = deque(maxlen=config.history_size)
-        self._source = source
-        self._every, self._newest_step, self._phase = config.sample_every, -1, ""  # the phase: read with each sample
         self._mailbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._post = self._mailbox.put  # bound once: the hot path skips an attribute lookup
+        follower = LeakFollower(read=lambda: self._read_between_steps("source_read"),
+                                staged=lambda *around: self._post((STAGED, around))) if config.forensics else None
+        self.chores = Chores(self.actions, follower, config.forced_actions)
+        self._chores = self.chores.queue  # step() checks this one deque, bound once
+        self._agree_with(agreement)
+        self.history: deque[Sample] = deque(maxlen=config.history_size)
+        self._source, self._running = source, None  # the parts start() runs (None: not running)
+        self._every, self._newest_step, self._phase = config.sample_every, -1, ""  # the phase: read with each sample
         self._asked = Asked()  # what the training thread asked the sidecar to read
-        self._follower = LeakFollower(read=lambda: self._read_between_steps("source_read"),
-                                      staged=lambda *around: self._post((STAGED, around))) if config.forensics else None
-        # Work for the training thread between steps, in one deque so that step() checks one thing:
-        # an action to hand over (a `Decided`), or FOLLOW (the follower has work, or a block is due).
-        self._chores: deque = deque([FOLLOW] if config.forensics else [])
-        self._flight = self._sampler = self._stall = self._host_watch = self._compile_watch = self._exit = None
-        self._joined: Agreement | None = None  # the agreement start() joined (a loop's own is the loop's to close)
         self._error_log = OncePerKind(log, "watchdog_error")  # each kind logged once, every one counted
-        self._forced = list(config.forced_actions)  # (step, action), in step order
-        self._forced_at = self._forced[0][0] if self._forced else _NEVER
+        self._forced_at = self.chores.next_forced
         if config.recompilation.explain and "torch_xla" in sys.modules:
             xla_stats.prepare_compile_analysis()  # before the first graph, or torch_xla never reads it
         self._apply_run_state()
@@ -144,51 +135,21 @@ class Watchdog:
 
     def start(self) -> "Watchdog":
         """Call on the training thread: the current XLA device is thread-local, so it is captured here."""
-        if self._sampler is not None:
+        if self._running is not None:
             return self
         ensure_readable_output()  # where the application configured no logging, its lines are still read
-        config, actions = self.config, self.actions
+        config = self.config
         device = config.device or current_device()
         if self._source is None:
             self._source, _ = select_source(config.source, device, config.memory_limit_bytes, config.replay_trace)
         self.telemetry.device, self.telemetry.source = device, self._source.name
-        flight_path = path_for(config.trace_file)  # first: a foreign file there is refused before anything is written
-        if flight_path is not None:
-            self._flight = actions.flight = FlightRecorder(flight_path, rank=config.rank, trace_file=config.trace_file)
-        if actions.ranks is None and config.agree_across_ranks:  # every rank at once: making its group is collective
-            self._agree_with(agreement.join(config.agreement_timeout_seconds))
-            self._joined = actions.ranks
-        if actions.ranks is not None:  # ranks out of step, or a peer lost: raised by the next step(), sampling or not
-            actions.ranks.report_to(self._chores.append)
-        if self._rank == 0:  # the job file is rank 0's: the ranks run in step; it begins at the first step()
-            compile_seconds = xla_stats.compile_seconds if device_kind(device) == "xla" else (lambda: None)
-            actions.account = LoopAccount.open(job_ledger.path_for(config.trace_file),
-                                               compile_seconds=compile_seconds, telemetry=self.telemetry)
-            if actions.account is not None:
-                self._chores.append(FOLLOW)
-        if device_kind(device) == "xla":
-            self._compile_watch = CompileWatch(config.recompilation, self.telemetry)
-        if device_kind(device) == "cuda" and self._flight is not None:
-            _observe_cuda_ooms(self._flight)
-        if config.trace_file is not None:
-            self.station.trace = TraceSink(config.trace_file, self.telemetry, lambda: self.trace_retry_seconds)
-        if config.host_memory:
-            self._host_watch = watch_the_host(self._source, config, self.telemetry, lambda: self.trace_retry_seconds)
-            self._apply_run_state()
-        if actions.ranks is not None:
-            for station in stations(self.station, self._host_watch):
-                station.judge.agree_with_ranks()
-        self._sampler = Sampler(self._mailbox, self._asked, self._source, self.station, self._host_watch,
-                                self.telemetry, self.history, actions.run, self._follower, self._chores,
-                                actions.account, self._flight, self._compile_watch, lambda: self._phase,
-                                self._count_error).start()
-        self._exit = ExitWatch(self._leave).arm()
-        try:
-            self._stall = start_stall_watch(config, lambda: self._newest_step, self.telemetry, self._flight,
-                                            actions.ranks, self._rank)
-        except BaseException:  # a failed start leaves no thread behind
-            self.stop(clean=False)
-            raise
+        self._running = Running.start(
+            config, device=device, source=self._source, telemetry=self.telemetry, station=self.station,
+            actions=self.actions, chores=self.chores, history=self.history, mailbox=self._mailbox,
+            asked=self._asked, rank=lambda: self._rank, newest_step=lambda: self._newest_step,
+            phase_now=lambda: self._phase, count_error=self._count_error, leave=self._leave,
+            retry_seconds=lambda: self.trace_retry_seconds, run_state_changed=self._apply_run_state)
+        self._agree_with(self.actions.ranks)  # the ranks start() joined, if it did
         log.info("watchdog_started", device=device, source=self._source.name, sample_every=self._every,
                  memory_limit_bytes=config.memory_limit_bytes, rank=config.rank,
                  trace_file=str(config.trace_file) if config.trace_file else None)
@@ -200,43 +161,12 @@ class Watchdog:
         self._leave("done" if clean else "error", clean)
 
     def _leave(self, how: str, clean: bool) -> None:
-        """`stop()`, or any other way out of the process (`ExitWatch`): the trace flushed, the flight
-        record ended, the job file told `how` ("restart" where the newest action asked for an exit)."""
-        if self._sampler is None:
-            return
-        if self._exit is not None:
-            self._exit.disarm()
-        actions = self.actions
-        if actions.account is not None:
-            asked = actions.last.exit_code if actions.last is not None else None
-            if asked and how in ("done", "exit"):  # the newest action asked for an exit
-                how = "futile" if asked == EXIT_FUTILE else "restart"
-            actions.account.end(how, max(self._newest_step, 0))
-        if self._stall is not None:
-            self._stall.stop()
-            self._stall = None
-        self._sampler.stop()
-        self._sampler = None
-        if self._compile_watch is not None:
-            self._compile_watch.close()
-        if self._joined is not None:
-            self._joined.close()
-            self._agree_with(None)
-            self._joined = None
-        if actions.unlogged is not None:
-            actions.log_outcome(HANDED_OVER)
-        if self._follower is not None:
-            self._follower.close()
-        if self._flight is not None:
-            self._flight.ended(clean)
-        missed = 0
-        for station in stations(self.station, self._host_watch):
-            if station.trace is not None:
-                station.close()
-                missed += station.trace.samples_missed
-        log.info("watchdog_stopped", samples=self.telemetry.samples_total,
-                 sample_errors=self.telemetry.sample_errors_total, trace_errors=self.telemetry.trace_errors_total,
-                 samples_missing_from_trace=missed)
+        """`stop()`, or any other way out of the process (`ExitWatch`): every running part ended."""
+        running = self._running
+        if running is not None:
+            running.end(how, clean, newest_step=max(self._newest_step, 0), telemetry=self.telemetry)
+            self._running = None
+            self._agree_with(self.actions.ranks)  # an agreement start() joined is closed and gone
 
     def __enter__(self) -> "Watchdog":
         return self.start()
@@ -258,10 +188,11 @@ class Watchdog:
         on the training thread, after a step is traced and before its sync, with what the step
         computes (the loss, the parameters, the optimizer's state): it lowers that graph to HLO (no
         compilation, no execution, no transfer)."""
-        if self._flight is not None and "torch_xla" in sys.modules:
+        flight = self._running.flight if self._running is not None else None
+        if flight is not None and "torch_xla" in sys.modules:
             from watchdog.forensics.program_sites import record_program
 
-            record_program(self._flight, tensors)
+            record_program(flight, tensors)
 
     # ---- what a loop reads ---------------------------------------------------------------------
 
@@ -307,7 +238,7 @@ class Watchdog:
     @property
     def suspects(self) -> Suspects | None:
         """The newest census's answer to "what is leaking" (also logged as `leak_suspects`)."""
-        return self._follower.last if self._follower is not None else None
+        return self.chores.follower.last if self.chores.follower is not None else None
 
     @property
     def ranks(self) -> int:
@@ -324,6 +255,10 @@ class Watchdog:
     def _rank(self) -> int:
         return self.actions.ranks.rank if self.actions.ranks is not None else self.config.rank
 
+    @property
+    def _host_watch(self) -> HostWatch | None:
+        return self._running.host_watch if self._running is not None else None
+
     # ---- the training thread's side ------------------------------------------------------------
 
     def step(self, step: int) -> Action | None:
@@ -338,8 +273,8 @@ class Watchdog:
             None, or the `Action` to carry out now (`carry_out`); `last_action` is its record.
         """
         self._newest_step = step
-        if step >= self._forced_at:
-            self._force(step)
+        if step >= self._forced_at:  # a drill due
+            self._forced_at = self.chores.force(step, self.telemetry.verdict)
         if step % self._every == 0:
             asked = self._asked
             asked.step, asked.phase = step, self._phase
@@ -349,10 +284,10 @@ class Watchdog:
             agree = self._agree
             if agree is not None:
                 if self._chores:
-                    self._do_chores(step)
+                    self.chores.do(step)
                 return agree(step)
         if self._chores:  # rare: an action, a baseline, a capture's steps, a block to log
-            return self._do_chores(step)
+            return self.chores.do(step)
         return None
 
     def phase(self, name: str, steps: int | None = None) -> "PhaseScope":
@@ -474,10 +409,7 @@ class Watchdog:
     def reinit_finished(self) -> None:
         """After checkpoint-and-reinit: one reading now (between steps, so no activations are live)
         tells the policy whether the rebuild brought memory back down or the leak survived it."""
-        held: list[str] = []
-        if self._follower is not None:  # the old state is gone: a new baseline, a new capture; the holder named, again
-            held = self._follower.after_rebuild(self._newest_step, capture=bool(self.telemetry.actions_total))
-            self._chores.append(FOLLOW)
+        held = self.chores.after_rebuild(self._newest_step, capture=bool(self.telemetry.actions_total))
         readings = self._read_between_steps("reinit_read")
         before, took = self.actions.measure_rebuild(readings, self._newest_step, held)
         self._post((REINIT, (self.actions.last, before, readings, took, bool(held))))  # the action's one message back
@@ -490,81 +422,21 @@ class Watchdog:
         self.checkpoint_figures.observe_save(seconds)
         self._asked.saves.append(seconds)  # told before whatever the sidecar handles next: no message of its own
 
-    def processes_grown(self) -> list[str]:
-        """The job's other processes (DataLoader workers) whose own memory grew by
-        `host_memory.GROWN_SAID_BYTES` or more since they started, most first, a line each: what the
-        census of this process cannot reach, for an action's block."""
-        source, host = self._source, self._host_watch
-        tree = getattr(source, "tree", None) or (host.memory.tree if host is not None else None)
-        return [descendant.line() for descendant in tree.grown()] if tree is not None else []
-
     def drain(self, timeout: float = 5.0) -> bool:
         """Block until the sidecar has handled everything posted so far; False on timeout."""
-        return self._sampler.drain(timeout) if self._sampler is not None else True
+        sampler = self._running.sampler if self._running is not None else None
+        return sampler.drain(timeout) if sampler is not None else True
 
     # ---- between steps -------------------------------------------------------------------------
 
-    def _do_chores(self, step: int) -> Action | None:
-        """Between steps, on the training thread: the follower's work, then the most severe action
-        waiting, taken by the action path (handed over, or with several ranks held for the next offer)."""
-        chores, follow, action = self._chores, False, None
-        while chores:
-            chore = chores.popleft()
-            if chore is FOLLOW:
-                follow = True
-            elif isinstance(chore, BaseException):  # from the agreement's thread: ranks out of step, a peer lost
-                if self._exit is not None and isinstance(chore, agreement.PeerLost):
-                    self._exit.failed = True  # exit 43, whatever catches it: no clean end
-                raise chore
-            elif action is None or severity(chore.action) > severity(action.action):
-                action = chore
-        if follow:
-            self._between_steps(step)
-        if action is None:
-            return None
-        return self.actions.take(step, action)
-
-    def _force(self, step: int) -> None:
-        """Forced actions due now join the chores; those of steps this process never ran (it resumed
-        past them) are dropped."""
-        forced = self._forced
-        while forced and forced[0][0] <= step:
-            at, action = forced.pop(0)
-            if at == step:
-                log.warning("forced_action", action=action.value, step=step)
-                self._chores.append(Decided(action, self.verdict, DEVICE, FORCED))  # a drill stands for the watchdog
-        self._forced_at = forced[0][0] if forced else _NEVER
-
-    def _between_steps(self, step: int) -> None:
-        # Its marker was taken off before looking: a capture the sidecar arms meanwhile queues another.
-        if self.actions.account is not None:
-            self.actions.account.between_steps(step)
-        self.actions.between_steps()
-        if self._follower is not None:
-            self._follower.between_steps(step)
-            if self._follower.pending:
-                self._chores.append(FOLLOW)
-
     def _read_between_steps(self, kind: str) -> tuple[MemoryReading | None, HostReading | None]:
-        """One reading of each memory between steps, on the training thread, freed heap pages handed
-        back first (glibc's `malloc_trim`): before a rebuild and after it alike, so what a rebuild is
-        credited with is what it freed, never what the allocator gave back."""
-        release_host_memory()
-        device = host = None
-        try:
-            device = fresh_reading(self._source) if self._source is not None else None
-            watch = self._host_watch
-            if watch is not None and watch.station is not None:
-                host = watch.memory.read()
-        except Exception as exc:  # noqa: BLE001 - never raise into training
-            self._count_error(kind, exc)
-        return device, host
+        """One reading of each memory between steps (`Running.read`); none before `start()`."""
+        return self._running.read(kind) if self._running is not None else (None, None)
 
     def _suspects(self, step: int) -> list[str]:
         """What is leaking, named as an action leaves: this process's census (where it finds nothing
         growing, what a climbing phase's newest run held at its end), and the job's processes that grew."""
-        named = self._follower.suspects(step) if self._follower is not None else []
-        return named + self.processes_grown()
+        return self.chores.suspects(step) + (self._running.processes_grown() if self._running is not None else [])
 
     def _phase_ended(self, label: str) -> None:
         """The loop's phase changed on the training thread (a scope left, or another phase said): the
@@ -577,16 +449,16 @@ class Watchdog:
         phase = parse_label(label)
         if not phase.bounded:
             return
-        if self._sampler is not None and self._newest_step >= 0:
+        if self._running is not None and self._newest_step >= 0:
             self._asked.ends.append((self._newest_step, label))
             self._post(PHASE_END_REQUEST)
-        if self._follower is not None and self._follower.phases_climbing:
-            self._follower.phase_ended(phase.name, self._newest_step)
+        self.chores.phase_ended(phase.name, self._newest_step)
 
-    def _apply_run_state(self) -> None:
-        """The run's state changed (resumed, or its end known): the judges and the telemetry are told."""
+    def _apply_run_state(self, judged: list[Station] | None = None) -> None:
+        """The run's state changed (resumed, its end known, or the stations started): the judges and
+        the telemetry are told."""
         run = self.actions.run
-        for station in stations(self.station, self._host_watch):
+        for station in judged or (self._running.stations() if self._running is not None else [self.station]):
             station.judge.ends_at(run.last_step)
             station.telemetry.restarts_total = run.restarts_so_far
 
@@ -638,13 +510,3 @@ class PhaseScope:
         ended, watchdog._phase = watchdog._phase, self._previous
         if ended != self._previous:
             watchdog._phase_ended(ended)
-
-
-def _observe_cuda_ooms(flight: FlightRecorder) -> None:
-    """Have PyTorch's CUDA allocator tell the flight record of an OOM as it happens (torch's OOM
-    observer; it cannot be removed, so it outlives the watchdog and keeps recording)."""
-    import torch
-
-    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
-    if attach is not None:
-        attach(flight.observe_device_oom)

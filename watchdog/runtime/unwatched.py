@@ -92,8 +92,5 @@ class Unwatched:
         release_host_memory()
         self.actions.measure_rebuild((None, None), self._step, [])  # rebuilt; nothing measures it
 
-    def processes_grown(self) -> list[str]:
-        return []
-
     def record_program(self, tensors) -> None:
         """Nothing to record it in."""
