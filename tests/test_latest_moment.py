@@ -273,7 +273,7 @@ def test_what_an_action_holds_beside_memory_is_measured_from_its_decision_to_its
         verdict, action = judge.judge(Sample(step, 1.7e9 + 0.01 * step, BASE + step * 64 * 1024, None))
         acted = step if action.needs_checkpoint else None
         step += 1
-    level = judge._level_at_action
+    level = judge.policy.in_flight.level
     judge.judge(Sample(step, 1.7e9 + 0.01 * step, int(level + 5 * MiB), None))  # the census at the hand-over
     judge.reinit_finished(BASE, took_steps=3)
     assert judge.action_time.own_bytes == pytest.approx(5 * MiB, abs=64 * 1024)

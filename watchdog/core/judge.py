@@ -97,7 +97,6 @@ class Judge:
         self._unjudged: Sample | None = None  # the newest sample, when judge_quietly built no verdict for it
         self._device_limit: int | None = _NO_LIMIT_SEEN
         self._floor_before_restart: float | None = None
-        self._floor_at_action: float | None = None  # the floor the last checkpoint action was taken at
         self._update = self.detector.update  # bound once: judge() runs once per sample
         self._route = self._update
         self._previous_step = -math.inf
@@ -116,9 +115,7 @@ class Judge:
         self._lesson: Lesson | None = None  # that rate, carried into the cycle after a rebuild (core/cycles.py)
         self._gap = 0.0  # steps between the newest two readings
         self._spread = 0.0  # what the transients spanned in this process, seen so far (`Pace.spread`)
-        self._level_at_action: float | None = None  # the floor (or, in warm-up, the reading) the newest action came at
         self._before_rebuild: float | None = None  # a reading when the newest reinit was handed over
-        self._action_peak: float | None = None  # the highest reading since the newest action, until its rebuild
         self._set_limit(effective_limit(None, memory_limit_bytes))
 
     def agree_with_ranks(self) -> None:
@@ -176,8 +173,9 @@ class Judge:
             self._transition(sample)
         self._begin(sample)
         self._unjudged = None
-        if self._action_peak is not None:  # an action is being carried out: what it holds beside memory
-            self._action_peak = max(self._action_peak, sample.bytes_used, sample.peak_bytes_used or 0)
+        in_flight = self.policy.in_flight
+        if in_flight is not None and in_flight.peak is not None:  # being carried out: what it holds beside memory
+            in_flight.peak = max(in_flight.peak, sample.bytes_used, sample.peak_bytes_used or 0)
         fresh = self._pace.add(sample.step, sample.timestamp, sample.bytes_used)
         verdict = self._route(sample)  # the detector, or the watch on a bounded phase
         if fresh:  # what the transients span about the readings' line, for the cycles after a rebuild
@@ -201,7 +199,7 @@ class Judge:
         step = sample.step
         if (sample.bytes_limit != self._device_limit or sample.phase != self._label or step < self._previous_step
                 or self._episode is not None or self._next_run is not None or self._cycle is None
-                or self._lesson is not None or self._action_peak is not None):
+                or self._lesson is not None or self.policy.in_flight is not None):
             return self.judge(sample)  # a limit, a phase, a process or a cycle changed: the whole way
         self._gap, self._previous_step = step - self._previous_step, step
         fresh = self._pace.add(step, sample.timestamp, sample.bytes_used)
@@ -293,9 +291,9 @@ class Judge:
     def _acted_at(self, verdict: Verdict, level: float | None) -> None:
         """A checkpoint action ends this cycle: its floor, and the rate it measured (the detector's,
         else the cycle's rise from its first reading), for the next cycle."""
-        self._floor_at_action, self._level_at_action = verdict.floor_bytes, level
-        if level is not None:
-            self._action_peak = level
+        in_flight = self.policy.in_flight  # the policy opened it as it asked
+        if in_flight is not None:
+            in_flight.floor, in_flight.level, in_flight.peak = verdict.floor_bytes, level, level
         cycle = self._cycle
         rate = verdict.slope_bytes_per_step
         if rate <= 0 and cycle is not None and level is not None:
@@ -340,8 +338,7 @@ class Judge:
         """Steps went back: a restarted process appending to the same trace. Its sidecar started
         from scratch (the detector sees the same and resets itself), so a replay does too; the
         run's end carries over (the restarts are counted by `RunState`, never here)."""
-        self._use_policy(self._fresh_policy())
-        self._floor_at_action = self._action_peak = None
+        self._use_policy(self._fresh_policy())  # no action in flight: it was the old process's
         self._cycle, self._previous_step = None, -math.inf  # the new process's first reading starts a cycle
         self._label, self._episode, self._phase_steps = "", None, NewestPhases()
         self._pace.clear()
@@ -418,13 +415,13 @@ class Judge:
         None when nothing was known to compare against.
         """
         before, self._before_rebuild = self._before_rebuild, None
-        peak, self._action_peak = self._action_peak, None
-        if peak is not None and self._level_at_action is not None:  # its census, its save's copy, beside memory
-            self.action_time.staged(peak - self._level_at_action)
+        in_flight = self.policy.in_flight  # closed by the policy below
+        level = in_flight.level if in_flight is not None else None
+        if level is not None and in_flight.peak is not None:  # its census, its save's copy, beside memory
+            self.action_time.staged(in_flight.peak - level)
         if before is None:
             verdict = self.latest
-            before = verdict.floor_bytes if verdict is not None and verdict.floor_bytes is not None \
-                else self._level_at_action
+            before = verdict.floor_bytes if verdict is not None and verdict.floor_bytes is not None else level
         if before is None:
             return None
         if took_steps is not None:
@@ -464,10 +461,10 @@ class Judge:
         verdict's floor.
         """
         verdict = self.latest
-        before = self._floor_at_action
+        before = self.policy.in_flight.floor if self.policy.in_flight is not None else None
         if before is None and verdict is not None:
             before = verdict.floor_bytes
-        self._floor_before_restart, self._floor_at_action, self._action_peak = before, None, None
+        self._floor_before_restart = before
         self._latest = self._unjudged = None
         self.detector.reset()
         self._pace.clear()

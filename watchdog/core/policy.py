@@ -145,6 +145,22 @@ class PolicyConfig:
             raise ConfigError("policy.min_recovery", f"must be between 0 and 1, got {self.min_recovery!r}")
 
 
+@dataclass(slots=True)
+class InFlight:
+    """The checkpoint action a series' policy asked for whose effect is not measured yet: the one
+    holder, on the sidecar's side, of "an action is in flight". The policy opens it when it asks
+    (`ActionPolicy._checkpoint`) and closes it when the rebuild is measured (`reinit_finished`); a
+    restart replaces the policy, and it, with the process. The `Judge` asks it whether one flies and
+    keeps on it what it measures meanwhile (the training side's record of the same action is its
+    `ActionOutcome`, whose `state` the sidecar sets to measured as this one closes)."""
+
+    step: int  # the step of the verdict it was decided on
+    growth: float  # what the leak grew over that verdict's window: what a rebuild should give back
+    floor: float | None = None  # the floor it was decided at
+    level: float | None = None  # the floor it came at (in the detector's warm-up, the reading)
+    peak: float | None = None  # the highest reading since, from its level on, until its rebuild
+
+
 class ActionPolicy:
     """Turns the detector's verdicts into at most one action per cooldown; see the module docstring."""
 
@@ -155,13 +171,12 @@ class ActionPolicy:
         self.last_step = self.config.last_step  # where the run ends, where known (the host may say later)
         self._first_step: int | None = None
         self._confirmed = 0
-        # The one mark of an action in flight here: the step of the checkpoint action this policy asked
-        # for whose effect is not measured yet. No other before its cooldown ends (`_quiet_until`).
-        self._in_flight: int | None = None
+        # The checkpoint action this policy asked for whose effect is not measured yet: the one mark of
+        # an action in flight for this series (the Judge asks it too). No other before its cooldown ends.
+        self.in_flight: InFlight | None = None
         self._warned_until = -math.inf  # no repeated warning before this step
         self._escalate = False  # the last reinit did not bring memory down
         self._after_last_reinit: float | None = None  # memory right after this process's previous reinit
-        self._growth_at_action = 0.0
         self._cautious = True  # no checkpoint action yet since the detector's baseline began
         self._previous_step: int | None = None
         self._largest_gap = 0  # steps between two verdicts, at most
@@ -170,14 +185,14 @@ class ActionPolicy:
     @property
     def _quiet_until(self) -> float:
         """No checkpoint action before this step: the cooldown of the one in flight."""
-        return -math.inf if self._in_flight is None else self._in_flight + self.config.cooldown_steps
+        return -math.inf if self.in_flight is None else self.in_flight.step + self.config.cooldown_steps
 
     @property
     def carrying_out(self) -> int | None:
         """The step of the checkpoint action whose effect is not measured yet, while it holds the next."""
-        if self._in_flight is not None and (self._previous_step or 0) >= self._quiet_until:
+        if self.in_flight is None or (self._previous_step or 0) >= self._quiet_until:
             return None
-        return self._in_flight
+        return self.in_flight.step
 
     def rearm(self) -> None:
         """The detector started a new baseline (a reinit brought memory down): the next climb is a
@@ -254,10 +269,9 @@ class ActionPolicy:
         """The checkpoint action for `verdict`, then the cooldown."""
         action = self._checkpoint_action()
         self._cautious = False
-        self._in_flight = verdict.step
+        self.in_flight = InFlight(verdict.step, max(0.0, verdict.slope_bytes_per_step * verdict.window_steps))
         self._warned_until = self._quiet_until
         self._confirmed = 0
-        self._growth_at_action = max(0.0, verdict.slope_bytes_per_step * verdict.window_steps)
         return action
 
     def observe(self, step: int) -> None:
@@ -291,13 +305,13 @@ class ActionPolicy:
         measured), the leak lives outside what a reinit rebuilds: the next checkpoint action is a
         restart.
         """
-        asked, self._in_flight = self._in_flight is not None, None
-        if not asked:  # another rank's action (or a drill): it says nothing about a leak here
+        asked, self.in_flight = self.in_flight, None
+        if asked is None:  # another rank's action (or a drill): it says nothing about a leak here
             self._after_last_reinit = floor_after_bytes
             self._watch_again()
             return True
         recovered = floor_before_bytes - floor_after_bytes
-        needed = self.config.min_recovery * self._growth_at_action
+        needed = self.config.min_recovery * asked.growth
         # What a reinit leaves is what it cannot free. If that rose since the previous reinit by
         # `min_recovery` of what this one freed, a second leak lives outside the rebuilt state and
         # each reinit buys a shorter stretch (the endurance bench: nine reinits, the memory after
