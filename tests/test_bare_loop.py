@@ -171,7 +171,7 @@ def test_one_record_per_action_carries_its_outcome_and_the_exit_status(tmp_path,
     `carry_out` completes that same record: its outcome, its checkpoint and the status the process
     ends with. A save that returns False is no checkpoint: exit 44, said in the block, not timed."""
     from watchdog.core.errors import EXIT_RESTART_REQUESTED, EXIT_UNSAVED
-    from watchdog.runtime.action_path import UNSAVED
+    from watchdog.actions.action_path import UNSAVED
 
     drills = ((3, Action.CHECKPOINT_RESTART), (6, Action.CHECKPOINT_REINIT), (9, Action.CHECKPOINT_RESTART))
     wd = Watchdog(WatchdogConfig(sample_every=100, source="rss", memory_limit_bytes=1 << 40, host_memory=False,
@@ -231,7 +231,7 @@ def test_every_kind_of_value_a_save_returns_is_judged_as_the_docs_say(tmp_path, 
     import numpy as np
 
     from watchdog.core.errors import EXIT_RESTART_REQUESTED, EXIT_UNSAVED
-    from watchdog.runtime.action_path import save_result
+    from watchdog.actions.action_path import save_result
 
     cases = [  # (what save() returns, whether it saved, the checkpoint named, whether it is said to be unclear)
         (tmp_path / "ckpt-3.pt", True, str(tmp_path / "ckpt-3.pt"), False), ("ckpt-3.pt", True, "ckpt-3.pt", False),

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from watchdog.core.verdict import Action, Status, Verdict
-from watchdog.station.blocks import ActionOutcome, RunSummary
+from watchdog.station.blocks import RunSummary
+from watchdog.actions.record import ActionOutcome
 
 MiB, GiB = 1 << 20, 1 << 30
 

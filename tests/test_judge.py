@@ -330,7 +330,7 @@ def test_a_fast_leak_at_the_limit_names_the_rate_seen_not_zero():
 def test_an_action_at_the_limit_says_the_rise_it_saw_even_before_the_pace_has_a_window():
     """Issue 53: an action taken at the limit said "floor rising +0 B/step ... OOM in ~0 s" for a leak
     of 2 MiB/step: with too few readings for a pace, the rise from the first to the newest is named."""
-    from watchdog.station.blocks import ActionOutcome
+    from watchdog.actions.record import ActionOutcome
 
     judge = Judge(memory_limit_bytes=GiB)
     samples = rising_from(GiB - 6 * MiB, 4, rate=2 * MiB)

@@ -6,8 +6,10 @@ reaches up into what drives it; the station (one series' path and its sinks, sha
 uses only the core; the `watch` daemon, which runs outside the job, uses the station and the host's
 /proc reader, never the in-process runtime (the sidecar, its sources) or the forensics that walk a
 training process's objects; the forensics, which only read a process's objects, use nothing
-above the core; and the records (the files a process leaves for readers outside it) use the core
-and the station's figures, never the runtime that writes them.
+above the core; the records (the files a process leaves for readers outside it) use the core
+and the station's figures, never the runtime that writes them; and an action's life (actions/:
+its path, record, agreement, checkpoints, restarts) uses the core, the records it writes to and
+the station's words for its block, never the runtime that carries it out.
 """
 
 import ast
@@ -28,8 +30,10 @@ MAY_IMPORT = {  # layer -> prefixes of our modules it may import (its own always
     "readers": {"watchdog.core", *SHARED},  # memory as each kind of device and host tells it, in or out of process
     "records": {"watchdog.core", *SHARED, "watchdog.station"},  # files read from outside the process
     "runtime": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.forensics", "watchdog.readers",
-                "watchdog.records"},
-    "actions": {"watchdog.core", *SHARED},
+                "watchdog.records", "watchdog.actions"},
+    # an action's life: its path, record, agreement, checkpoints and restarts; what it writes to
+    # (the records) and the words of its block (the station's), never the runtime that carries it
+    "actions": {"watchdog.core", *SHARED, "watchdog.station", "watchdog.records"},
     "daemon": {"watchdog.core", *SHARED, "watchdog.station",
                "watchdog.readers.outside", "watchdog.readers.host_memory",  # a target's memory, by PID
                "watchdog.records"},  # the job file, for a target that keeps none
@@ -81,7 +85,8 @@ def test_the_check_catches_a_wrong_import(tmp_path):
     """The test itself can fail: core reaching into runtime, the daemon into the sidecar."""
     assert not allowed("core", "watchdog.runtime.sidecar.Watchdog")
     assert not allowed("daemon", "watchdog.runtime.sidecar.Watchdog")
-    assert not allowed("daemon", "watchdog.runtime.agreement.Agreement")  # nothing of the in-process runtime
+    assert not allowed("daemon", "watchdog.actions.agreement.Agreement")  # nothing of the in-process runtime
+    assert not allowed("actions", "watchdog.runtime.stall.StallWatch")  # an action's life, not what carries it
     assert not allowed("readers", "watchdog.station.station.Station")
     assert not allowed("daemon", "watchdog.forensics.census.census")
     assert not allowed("forensics", "watchdog.runtime.sidecar.Watchdog")

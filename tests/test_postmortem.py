@@ -19,7 +19,7 @@ from watchdog.commands.cli import main
 from watchdog.core.postmortem import diagnose
 from watchdog.core.sample import Sample
 from watchdog.records import flight_record
-from watchdog.runtime.agreement import PeerLost
+from watchdog.actions.agreement import PeerLost
 from watchdog.readers.sources import MemoryReading
 
 MiB, GiB = 1 << 20, 1 << 30

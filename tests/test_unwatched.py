@@ -3,7 +3,7 @@ nothing, and still takes drills and a loop's own proposals through the one actio
 
 from watchdog import Action
 from watchdog.core.errors import EXIT_RESTART_REQUESTED
-from watchdog.runtime.action_path import FORCED, REINITIALISED
+from watchdog.actions.action_path import FORCED, REINITIALISED
 from watchdog.runtime.unwatched import Unwatched
 
 

@@ -301,3 +301,15 @@ def ensure_readable_output() -> None:
     handler.addFilter(_WhileNothingElse())
     handler.addFilter(_without_routine_events)
     logger.addHandler(handler)
+
+
+def exit_process(code: int) -> None:
+    """End the process now, whatever the training thread is stuck in, the stdio buffers flushed first:
+    the lines that say why (a stall, a peer lost) reach the reader. The stall watch and the agreement
+    end a process this way (exit 43)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken stream must not keep the process alive
+            pass
+    os._exit(code)

@@ -68,7 +68,7 @@ def _rank_main(rank: int, world: int, port: int, every: int, calls: int, samples
     import torch.distributed as dist
 
     from watchdog.core.config import WatchdogConfig
-    from watchdog.runtime.agreement import Agreement
+    from watchdog.actions.agreement import Agreement
     from watchdog.runtime.sidecar import Watchdog
 
     devnull = os.open(os.devnull, os.O_WRONLY)

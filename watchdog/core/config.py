@@ -58,7 +58,7 @@ class WatchdogConfig:
     rank: int = 0
     agree_across_ranks: bool = True
     """With torch.distributed initialised and several ranks, every rank takes the most severe action
-    any rank offered at a sampling step, at the next sampling step (`runtime/agreement.py`). Every
+    any rank offered at a sampling step, at the next sampling step (`actions/agreement.py`). Every
     rank must then call `step()` with the same step numbers, as often."""
     agreement_timeout_seconds: float = 600.0
     """How long a rank waits for the others' offers before it exits 43 (a rank died or stalled),

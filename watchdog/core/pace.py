@@ -57,7 +57,7 @@ class Pace:
         self._time = self._previous_time = 0.0
         self._highest = -math.inf  # the highest reading since the last clear ...
         self._readings_since_high = 0  # ... and how many readings ago it came
-        self.agreement_gaps = 0  # gaps more before an action reaches the loop: 1 where ranks agree on it (runtime/agreement.py)
+        self.agreement_gaps = 0  # gaps more before an action reaches the loop: 1 where ranks agree on it (actions/agreement.py)
 
     def clear(self) -> None:
         """Memory was rebuilt or the process replaced: the readings before describe another state."""

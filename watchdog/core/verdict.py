@@ -40,7 +40,7 @@ class Action(str, Enum):
 class Decided(NamedTuple):
     """A checkpoint action decided, on its way to the training loop: what, on which verdict, for which
     memory, and who decided it. Made where it is decided (the sidecar, a drill, the loop's proposal);
-    the training thread hands it over (`runtime/action_path.py`), whose record it becomes."""
+    the training thread hands it over (`actions/action_path.py`), whose record it becomes."""
 
     action: Action
     verdict: "Verdict | None"

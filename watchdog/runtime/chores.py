@@ -17,8 +17,8 @@ from typing import Callable
 from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.forensics.follower import LeakFollower
 from watchdog.logs import get_logger
-from watchdog.runtime.action_path import DEVICE, FORCED, ActionPath
-from watchdog.runtime.agreement import PeerLost, severity
+from watchdog.actions.action_path import DEVICE, FORCED, ActionPath
+from watchdog.actions.agreement import PeerLost, severity
 from watchdog.runtime.sampler import FOLLOW
 
 log = get_logger(__name__)

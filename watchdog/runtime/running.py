@@ -25,8 +25,9 @@ from watchdog.readers.sources import MemoryReading, MemorySource, device_kind, f
 from watchdog.records import job_ledger
 from watchdog.records.flight_record import FlightRecorder, path_for
 from watchdog.records.job_ledger import LoopAccount
-from watchdog.runtime import agreement, xla_stats
-from watchdog.runtime.action_path import HANDED_OVER, ActionPath
+from watchdog.actions import agreement
+from watchdog.runtime import xla_stats
+from watchdog.actions.action_path import HANDED_OVER, ActionPath
 from watchdog.runtime.chores import Chores
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.exit_watch import ExitWatch

@@ -37,11 +37,11 @@ from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.forensics.follower import LeakFollower
 from watchdog.records.flight_record import FlightRecorder
 from watchdog.records.job_ledger import LoopAccount
-from watchdog.runtime.action_path import DEVICE
+from watchdog.actions.action_path import DEVICE
 from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.host_watch import HOST, HostWatch
-from watchdog.station.blocks import MEASURED, ActionOutcome
+from watchdog.actions.record import MEASURED, ActionOutcome
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 

@@ -29,10 +29,10 @@ the sidecar reads it every `host_sample_every` steps, judges it with a Judge of 
 its verdicts as on the device's, each action saying which memory asked for it. Where the device's
 memory is the host's (the `rss` source), there is one series, judged against both budgets.
 
-An action's life once decided is the action path's (`runtime/action_path.py`, `Watchdog.actions`):
+An action's life once decided is the action path's (`actions/action_path.py`, `Watchdog.actions`):
 the hand-over, `carry_out`, the rebuild measured on its record, the block, the restarts.
 
-Many ranks take one decision (`runtime/agreement.py`, through the action path): when
+Many ranks take one decision (`actions/agreement.py`, through the action path): when
 torch.distributed runs several ranks at `start()`, an action is not handed over by the rank that
 decided it but held, and on each sampling
 step every rank offers what it holds (posted to the agreement's thread, which makes one all_gather
@@ -69,16 +69,17 @@ from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import OncePerKind, ensure_readable_output, exception_text, get_logger
 from watchdog.readers.sources import MemoryReading, MemorySource, current_device, select_source
-from watchdog.runtime import agreement, xla_stats
-from watchdog.runtime.action_path import (DEVICE, FORCED, HANDED_OVER, REINITIALISED, RESTART_REQUESTED, UNSAVED,
+from watchdog.actions import agreement
+from watchdog.runtime import xla_stats
+from watchdog.actions.action_path import (DEVICE, FORCED, HANDED_OVER, REINITIALISED, RESTART_REQUESTED, UNSAVED,
                                           ActionPath)
-from watchdog.runtime.agreement import Agreement
+from watchdog.actions.agreement import Agreement
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.chores import Chores
 from watchdog.runtime.host_watch import HostWatch
 from watchdog.runtime.running import Running
 from watchdog.runtime.sampler import FOLLOW, PHASE_END_REQUEST, REINIT, SAMPLE_REQUEST, STAGED, Asked
-from watchdog.station.blocks import ActionOutcome
+from watchdog.actions.record import ActionOutcome
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 
@@ -89,7 +90,7 @@ __all__ = ["Watchdog", "PhaseScope", "DEVICE", "FORCED", "HANDED_OVER", "REINITI
 
 class Watchdog:
     """Watches device memory from a sidecar thread (the module docstring says how), built from parts
-    it holds: the station that judges (`station`), the action path (`actions`, `runtime/action_path.py`:
+    it holds: the station that judges (`station`), the action path (`actions`, `actions/action_path.py`:
     an action's life once decided), the work between steps and the follower that names what leaks
     (`chores`, `runtime/chores.py`), and what runs once started (`runtime/running.py`: the sampler
     on the sidecar thread, the host's watch, the records, the stall and exit watches)."""
@@ -374,7 +375,7 @@ class Watchdog:
         """The action step() handed over last: its record, with the verdict behind it, the suspects and,
         once carried out, its outcome and the exit status the process ends with (None: it goes on).
         Its `state` says where it is: handed over, saved, rebuilt, measured (the sidecar judged the
-        reading after the rebuild), or exited (`station/blocks.py`)."""
+        reading after the rebuild), or exited (`actions/record.py`)."""
         return self.actions.last
 
     def state_dict(self) -> dict:

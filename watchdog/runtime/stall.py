@@ -44,7 +44,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from watchdog.core.config import DEFAULT_STALL_EXIT_SECONDS
 from watchdog.core.errors import EXIT_PEER_LOST
-from watchdog.logs import get_logger
+from watchdog.logs import exit_process, get_logger
 from watchdog.runtime.hard_exit import HardExit
 
 log = get_logger(__name__)
@@ -96,16 +96,6 @@ def where(stacks: list[dict]) -> tuple[str | None, str | None]:
                  if not os.path.abspath(frame.split(":", 1)[0]).startswith(library)
                  and not frame.startswith("<")), None)
     return training["frames"][-1], user
-
-
-def exit_process(code: int) -> None:
-    """End the process now, whatever the training thread is stuck in (the stdio buffers flushed)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed or broken stream must not keep the process alive
-            pass
-    os._exit(code)
 
 
 class StallWatch:

@@ -1,7 +1,7 @@
 """What an unwatched run gets in the `Watchdog`'s place: one that reads and judges nothing.
 
 A loop then has no `None` to test for. Drills (`forced_actions`) and the loop's own proposals (a
-preemption) still take the action path a watched run's take (`runtime/action_path.py`): the
+preemption) still take the action path a watched run's take (`actions/action_path.py`): the
 record, `carry_out`, the block, the restarts kept in the checkpoint. With several ranks they are
 agreed every step, since nothing else paces the offers.
 """
@@ -12,11 +12,11 @@ from contextlib import nullcontext
 from typing import Callable
 
 from watchdog.core.verdict import Action, Decided
-from watchdog.runtime.action_path import DEVICE, FORCED, ActionPath
-from watchdog.runtime.agreement import Agreement
+from watchdog.actions.action_path import DEVICE, FORCED, ActionPath
+from watchdog.actions.agreement import Agreement
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.readers.sources import release_host_memory
-from watchdog.station.blocks import ActionOutcome
+from watchdog.actions.record import ActionOutcome
 from watchdog.station.telemetry import Telemetry
 
 

@@ -23,7 +23,7 @@ from watchdog.actions.checkpoint import CheckpointSaveError, DiskSpace, capture_
 from watchdog.core.phase import SAVE
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
-from watchdog.runtime.agreement import Agreement
+from watchdog.actions.agreement import Agreement
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.records.job_ledger import JobLedger
 from watchdog.trainer import leaks

@@ -5,7 +5,7 @@
     -> for each step: batch, forward, backward, optimizer step, (leak), sync, ask the watchdog
        -> every `eval_every` steps, a small evaluation under the watchdog's "eval" phase (evaluator.py)
        -> carry out what it asks for, between steps, through the watchdog's one action path
-          (`Watchdog.carry_out`, runtime/action_path.py) with the checkpointer's save:
+          (`Watchdog.carry_out`, actions/action_path.py) with the checkpointer's save:
           checkpoint-and-reinit: save, drop every reference to the state, collect, rebuild
                                  from the checkpoint (the watchdog re-measures the floor)
           checkpoint-and-restart: save, exit 42 (a supervisor or the cluster restarts the job)
@@ -52,8 +52,8 @@ from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.records import job_ledger
 from watchdog.records.job_ledger import JobLedger
-from watchdog.runtime import agreement
-from watchdog.runtime.agreement import Agreement
+from watchdog.actions import agreement
+from watchdog.actions.agreement import Agreement
 from watchdog.runtime.footprint import retained_bytes
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.runtime.unwatched import Unwatched

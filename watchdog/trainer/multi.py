@@ -2,7 +2,7 @@
 
 Each replica reads its own shard of the data through `MpDeviceLoader`, all-reduces gradients in
 `xm.optimizer_step`, and runs its own watchdog (rank = its ordinal, metrics on port + rank).
-Replicas agree on actions on sampling steps through their watchdogs (`runtime/agreement.py`), over
+Replicas agree on actions on sampling steps through their watchdogs (`actions/agreement.py`), over
 torch.distributed: a gloo group is set up over torch_xla's `xla://` rendezvous when the launcher did
 not make one. Rank 0 writes
 checkpoints; the others wait for it at a rendezvous.
