@@ -48,7 +48,8 @@ WAITS = {"drain"}  # the training thread waiting for the sidecar
 HANDLED = {("watchdog.runtime.sampler", "handle"),  # the sidecar taking the messages posted to it
            ("watchdog.runtime.sidecar", "_handle")}  # (where an older checkout has it, for --tree)
 HANDED_OVER = {("watchdog.actions.action_path", "hand_over"),  # the training thread taking the action
-               ("watchdog.runtime.sidecar", "_hand_over")}  # (an older checkout's, for --tree)
+               ("watchdog.runtime.action_path", "hand_over"),  # (where older checkouts have it, for --tree)
+               ("watchdog.runtime.sidecar", "_hand_over")}
 
 
 def measure() -> dict:
