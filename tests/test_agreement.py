@@ -13,10 +13,10 @@ import pytest
 import torch.multiprocessing as mp
 
 from watchdog import Watchdog, WatchdogConfig
+from watchdog.actions.agreement import Agreement, PeerLost, RanksOutOfStep, severity
 from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, ConfigError, InputError
 from watchdog.core.restarts import restarts_so_far
 from watchdog.core.verdict import Action
-from watchdog.actions.agreement import Agreement, PeerLost, RanksOutOfStep, severity
 from watchdog.runtime.sidecar import FORCED, HANDED_OVER
 
 REINIT, RESTART, WARN = Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART, Action.WARN

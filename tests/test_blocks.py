@@ -8,9 +8,9 @@ import re
 
 import pytest
 
+from watchdog.actions.record import ActionOutcome
 from watchdog.core.verdict import Action, Status, Verdict
 from watchdog.station.blocks import RunSummary
-from watchdog.actions.record import ActionOutcome
 
 MiB, GiB = 1 << 20, 1 << 30
 

@@ -15,12 +15,12 @@ from conftest import ONE_BLOCK, REPO, hbm_watchdog_env, watchdog_cli
 from test_oom_message import COMPILE_HBM, CUDA_2_5
 
 from watchdog import Watchdog, WatchdogConfig
+from watchdog.actions.agreement import PeerLost
 from watchdog.commands.cli import main
 from watchdog.core.postmortem import diagnose
 from watchdog.core.sample import Sample
-from watchdog.records import flight_record
-from watchdog.actions.agreement import PeerLost
 from watchdog.readers.sources import MemoryReading
+from watchdog.records import flight_record
 
 MiB, GiB = 1 << 20, 1 << 30
 

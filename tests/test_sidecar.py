@@ -9,8 +9,8 @@ import pytest
 
 from watchdog import Watchdog, WatchdogConfig
 from watchdog.core.errors import ConfigError
-from watchdog.core.verdict import Action
 from watchdog.core.sample import load_trace
+from watchdog.core.verdict import Action
 from watchdog.readers.sources import MemoryReading, RssSource
 from watchdog.runtime import running as running_module
 

@@ -2,8 +2,8 @@
 nothing, and still takes drills and a loop's own proposals through the one action path."""
 
 from watchdog import Action
-from watchdog.core.errors import EXIT_RESTART_REQUESTED
 from watchdog.actions.action_path import FORCED, REINITIALISED
+from watchdog.core.errors import EXIT_RESTART_REQUESTED
 from watchdog.runtime.unwatched import Unwatched
 
 

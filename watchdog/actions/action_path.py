@@ -20,6 +20,8 @@ import time
 from contextlib import nullcontext
 from typing import Callable
 
+from watchdog.actions.agreement import Agreement, severity
+from watchdog.actions.record import EXITED, REBUILT, SAVED, ActionOutcome
 from watchdog.core.cycles import futile
 from watchdog.core.errors import EXIT_FUTILE, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.policy import PolicyConfig
@@ -28,8 +30,6 @@ from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.logs import get_logger, log_event
 from watchdog.records.flight_record import FlightRecorder
 from watchdog.records.job_ledger import LoopAccount
-from watchdog.actions.agreement import Agreement, severity
-from watchdog.actions.record import EXITED, REBUILT, SAVED, ActionOutcome
 
 log = get_logger(__name__)
 

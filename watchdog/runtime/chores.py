@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
+from watchdog.actions.action_path import DEVICE, FORCED, ActionPath
+from watchdog.actions.agreement import PeerLost, severity
 from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.forensics.follower import LeakFollower
 from watchdog.logs import get_logger
-from watchdog.actions.action_path import DEVICE, FORCED, ActionPath
-from watchdog.actions.agreement import PeerLost, severity
 from watchdog.runtime.sampler import FOLLOW
 
 log = get_logger(__name__)

@@ -17,17 +17,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from watchdog.actions import agreement
+from watchdog.actions.action_path import HANDED_OVER, ActionPath
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_FUTILE
-from watchdog.logs import get_logger
 from watchdog.core.readings import HostReading
+from watchdog.logs import get_logger
 from watchdog.readers.sources import MemoryReading, MemorySource, device_kind, fresh_reading, release_host_memory
 from watchdog.records import job_ledger
 from watchdog.records.flight_record import FlightRecorder, path_for
 from watchdog.records.job_ledger import LoopAccount
-from watchdog.actions import agreement
 from watchdog.runtime import xla_stats
-from watchdog.actions.action_path import HANDED_OVER, ActionPath
 from watchdog.runtime.chores import Chores
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.exit_watch import ExitWatch

@@ -28,6 +28,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from watchdog.actions.action_path import DEVICE
+from watchdog.actions.record import MEASURED, ActionOutcome
 from watchdog.core.action_time import SAVES_KEPT
 from watchdog.core.phase import STEADY_LABELS
 from watchdog.core.readings import HostReading, MemoryReading, MemorySource
@@ -37,11 +39,9 @@ from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.forensics.follower import LeakFollower
 from watchdog.records.flight_record import FlightRecorder
 from watchdog.records.job_ledger import LoopAccount
-from watchdog.actions.action_path import DEVICE
 from watchdog.runtime.allocator_figures import AllocatorFigures
 from watchdog.runtime.compile_watch import CompileWatch
 from watchdog.runtime.host_watch import HOST, HostWatch
-from watchdog.actions.record import MEASURED, ActionOutcome
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 
@@ -229,7 +229,7 @@ class Sampler:
                                           or (verdict.leak_detected and not verdict.oom_projected)):
             if self.follower.arm():  # a leak is suspected: capture where its tensors are made
                 self.chores.append(FOLLOW)
-        if action.needs_checkpoint and all(chore is FOLLOW for chore in tuple(self.chores)):  # one waits at most
+        if action.needs_checkpoint:  # the training thread takes the most severe waiting (`Chores.do`)
             self.chores.append(Decided(action, verdict, memory))
 
     # ---- what the training thread measured ----------------------------------------------------

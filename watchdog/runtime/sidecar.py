@@ -59,6 +59,11 @@ import sys
 from collections import deque
 from typing import Any, Callable
 
+from watchdog.actions import agreement
+from watchdog.actions.action_path import (DEVICE, FORCED, HANDED_OVER, REINITIALISED, RESTART_REQUESTED, UNSAVED,
+                                          ActionPath)
+from watchdog.actions.agreement import Agreement
+from watchdog.actions.record import ActionOutcome
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_FUTILE, EXIT_INTERRUPTED, EXIT_RESTART_REQUESTED, EXIT_UNSAVED
 from watchdog.core.judge import Judge
@@ -69,17 +74,12 @@ from watchdog.core.verdict import Action, Decided, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import OncePerKind, ensure_readable_output, exception_text, get_logger
 from watchdog.readers.sources import MemoryReading, MemorySource, current_device, select_source
-from watchdog.actions import agreement
 from watchdog.runtime import xla_stats
-from watchdog.actions.action_path import (DEVICE, FORCED, HANDED_OVER, REINITIALISED, RESTART_REQUESTED, UNSAVED,
-                                          ActionPath)
-from watchdog.actions.agreement import Agreement
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.chores import Chores
 from watchdog.runtime.host_watch import HostWatch
 from watchdog.runtime.running import Running
 from watchdog.runtime.sampler import FOLLOW, PHASE_END_REQUEST, REINIT, SAMPLE_REQUEST, STAGED, Asked
-from watchdog.actions.record import ActionOutcome
 from watchdog.station.station import Station
 from watchdog.station.telemetry import Telemetry
 

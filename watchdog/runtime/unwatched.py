@@ -11,12 +11,12 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Callable
 
-from watchdog.core.verdict import Action, Decided
 from watchdog.actions.action_path import DEVICE, FORCED, ActionPath
 from watchdog.actions.agreement import Agreement
-from watchdog.runtime.checkpoint_figures import CheckpointFigures
-from watchdog.readers.sources import release_host_memory
 from watchdog.actions.record import ActionOutcome
+from watchdog.core.verdict import Action, Decided
+from watchdog.readers.sources import release_host_memory
+from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.station.telemetry import Telemetry
 
 

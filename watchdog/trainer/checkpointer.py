@@ -19,13 +19,13 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Protocol
 
+from watchdog.actions.agreement import Agreement
 from watchdog.actions.checkpoint import CheckpointSaveError, DiskSpace, capture_rng_state
 from watchdog.core.phase import SAVE
 from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
-from watchdog.actions.agreement import Agreement
-from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.records.job_ledger import JobLedger
+from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.trainer import leaks
 
 log = get_logger(__name__)

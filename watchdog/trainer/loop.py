@@ -44,6 +44,8 @@ from typing import Callable, Protocol
 
 import torch
 
+from watchdog.actions import agreement
+from watchdog.actions.agreement import Agreement
 from watchdog.actions.checkpoint import CheckpointManager, restore_rng_state
 from watchdog.core.config import WatchdogConfig
 from watchdog.core.errors import EXIT_FUTILE, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
@@ -52,8 +54,6 @@ from watchdog.core.verdict import Action
 from watchdog.logs import get_logger
 from watchdog.records import job_ledger
 from watchdog.records.job_ledger import JobLedger
-from watchdog.actions import agreement
-from watchdog.actions.agreement import Agreement
 from watchdog.runtime.footprint import retained_bytes
 from watchdog.runtime.sidecar import Watchdog
 from watchdog.runtime.unwatched import Unwatched
