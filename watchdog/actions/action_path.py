@@ -115,11 +115,10 @@ class ActionPath:
                  verdict: Callable[[], Verdict | None] = lambda: None,
                  block_due: Callable[[], None] = lambda: None):
         self.run = RunState.from_environment(os.environ)  # the restart engine's count, until a checkpoint's
-        # The actions on the path, each a fact held here only: the newest handed over (`last`), the
-        # one whose block is not logged yet, and with several ranks the one held for the next offer
-        # and the one offered, whose answer comes at the next sampling step.
+        # The actions on the path, each a fact held here only: the newest handed over (`last`, its
+        # record, which says whether its block is logged), and with several ranks the one held for
+        # the next offer and the one offered, whose answer comes at the next sampling step.
         self.last: ActionOutcome | None = None
-        self.unlogged: ActionOutcome | None = None
         self.held: Decided | None = None
         self.offered: Decided | None = None
         self.logs_outcomes = logs_outcomes  # the loop always says what it did (else: at the next step)
@@ -188,8 +187,8 @@ class ActionPath:
         if action is Action.CHECKPOINT_RESTART:
             run.restart_handed_over(step, self.policy.restart_window_steps if self.policy else 0, own)
         suspects = self._suspects(step) if action.needs_checkpoint else []
-        self.last = self.unlogged = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
-                                                  origin=origin, futile=futile)
+        self.last = ActionOutcome(step, action, verdict, suspects=suspects, memory=memory,
+                                  origin=origin, futile=futile)
         if action is Action.CHECKPOINT_REINIT and self._read is not None:  # what the rebuild is measured against
             self.last.readings_before = self._read("rebuild_read")
         if self.account is not None and own and action.needs_checkpoint:  # the watchdog's, not a preemption
@@ -268,15 +267,22 @@ class ActionPath:
 
     def log_outcome(self, outcome: str, *, checkpoint: str | None = None, exit_code: int | None = None) -> None:
         """`Watchdog.log_outcome`: the newest action's block, once."""
-        decided, self.unlogged = self.unlogged, None
+        decided = self.unlogged
         if decided is None:
             return
+        decided.logged = True
         decided.outcome, decided.checkpoint, decided.exit_code = outcome, checkpoint, exit_code
         if exit_code is not None:
             decided.state = EXITED
         if decided.suspects and self.flight is not None:  # every loop's outcome comes through here
             self.flight.observe_action(decided.step, decided.suspects)
         log_event(log, logging.WARNING, "action_outcome", block=decided.block(), **decided.fields())
+
+    @property
+    def unlogged(self) -> ActionOutcome | None:
+        """The newest action handed over, while its block is not logged yet."""
+        last = self.last
+        return last if last is not None and not last.logged else None
 
     def between_steps(self) -> None:
         """The block of an action whose loop never said what it did, logged at the next step."""

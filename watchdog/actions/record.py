@@ -43,6 +43,7 @@ class ActionOutcome:
     # rebuild against: they travel with the readings after it, in one message (`Watchdog.reinit_finished`).
     readings_before: tuple | None = field(default=None, repr=False)
     state: str = HANDED  # where the action is (above): moved by the action path, closed by the sidecar
+    logged: bool = field(default=False, repr=False)  # its block is logged (once: `ActionPath.log_outcome`)
 
     def block(self) -> str:
         rows = []
