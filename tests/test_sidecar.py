@@ -176,6 +176,35 @@ def test_a_start_that_fails_leaves_no_thread_behind(monkeypatch):
     assert "hbm-watchdog" not in {t.name for t in threading.enumerate()} - before
 
 
+def test_a_start_that_fails_midway_ends_what_it_had_built_and_a_second_start_runs(tmp_path, monkeypatch):
+    """Only the stall watch's start was undone when it failed: a host's watch refused (a budget it
+    cannot read) after the flight record was opened left that record saying the process still ran,
+    and with several ranks the agreement's thread and group behind. Any part failing ends the rest."""
+    import threading
+
+    from watchdog.core.errors import InputError
+    from watchdog.records import flight_record
+
+    def refuse(*args):
+        raise InputError("--host-memory-limit: refused")
+
+    trace = tmp_path / "trace.csv"
+    config = WatchdogConfig(sample_every=10, source="rss", memory_limit_bytes=1 << 40, forensics=False,
+                            trace_file=trace)
+    before = {t.name for t in threading.enumerate()}
+    wd = Watchdog(config)
+    with monkeypatch.context() as patched:
+        patched.setattr(running_module, "watch_the_host", refuse)
+        with pytest.raises(InputError):
+            wd.start()
+    assert flight_record.read(f"{trace}{flight_record.SUFFIX}")["ended"] == "unclean"
+    assert not {t.name for t in threading.enumerate()} - before, "no thread left behind"
+    with wd:
+        wd.step(0)
+        assert wd.drain()
+    assert flight_record.read(f"{trace}{flight_record.SUFFIX}")["ended"] == "clean"
+
+
 def test_samples_go_to_the_trace_and_a_second_run_appends(tmp_path):
     trace = tmp_path / "run" / "trace.csv"
     for run in range(2):

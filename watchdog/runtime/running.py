@@ -66,13 +66,25 @@ class Running:
               rank: Callable[[], int], newest_step: Callable[[], int], phase_now: Callable[[], str],
               count_error: Callable[[str, BaseException], None], leave: Callable[[str, bool], None],
               retry_seconds: Callable[[], float], run_state_changed: Callable[[list[Station]], None]) -> "Running":
-        """Build and start every part, on the training thread (`Watchdog.start`'s docstring says why)."""
+        """Build and start every part, on the training thread (`Watchdog.start`'s docstring says why); a
+        start that fails ends what it built and raises."""
         running = cls(source, actions, chores, station, count_error)
+        try:
+            running._build(config, device, telemetry, history, mailbox, asked, rank, newest_step, phase_now, leave,
+                           retry_seconds, run_state_changed)
+        except BaseException:  # a start that fails anywhere leaves no thread, agreement or open record behind
+            running.end("error", False, newest_step=max(newest_step(), 0), telemetry=telemetry)
+            raise
+        return running
+
+    def _build(self, config: WatchdogConfig, device: str, telemetry: Telemetry, history: deque, mailbox,
+               asked: Asked, rank, newest_step, phase_now, leave, retry_seconds, run_state_changed) -> None:
+        actions, chores, station = self.actions, self.chores, self.station
         flight_path = path_for(config.trace_file)
         if flight_path is not None:
-            running.flight = actions.flight = FlightRecorder(flight_path, rank=config.rank, trace_file=config.trace_file)
+            self.flight = actions.flight = FlightRecorder(flight_path, rank=config.rank, trace_file=config.trace_file)
         if actions.ranks is None and config.agree_across_ranks:
-            actions.ranks = running.joined = agreement.join(config.agreement_timeout_seconds)
+            actions.ranks = self.joined = agreement.join(config.agreement_timeout_seconds)
         if actions.ranks is not None:  # ranks out of step, or a peer lost: raised by the next step()
             actions.ranks.report_to(chores.queue.append)
         if rank() == 0:  # the job file is rank 0's: the ranks run in step; it begins at the first step()
@@ -82,28 +94,23 @@ class Running:
             if actions.account is not None:
                 chores.queue.append(FOLLOW)
         if device_kind(device) == "xla":
-            running.compile_watch = CompileWatch(config.recompilation, telemetry)
-        if device_kind(device) == "cuda" and running.flight is not None:
-            _observe_cuda_ooms(running.flight)
+            self.compile_watch = CompileWatch(config.recompilation, telemetry)
+        if device_kind(device) == "cuda" and self.flight is not None:
+            _observe_cuda_ooms(self.flight)
         if config.trace_file is not None:
             station.trace = TraceSink(config.trace_file, telemetry, retry_seconds)
         if config.host_memory:
-            running.host_watch = watch_the_host(source, config, telemetry, retry_seconds)
-        run_state_changed(running.stations())  # the host's judge too
+            self.host_watch = watch_the_host(self.source, config, telemetry, retry_seconds)
+        run_state_changed(self.stations())  # the host's judge too
         if actions.ranks is not None:
-            for judged in running.stations():
+            for judged in self.stations():
                 judged.judge.agree_with_ranks()
-        running.sampler = Sampler(mailbox, asked, source, station, running.host_watch, telemetry, history,
-                                  actions.run, chores.follower, chores.queue, actions.account, running.flight,
-                                  running.compile_watch, phase_now, count_error).start()
-        running.exit = ExitWatch(leave).arm()
-        chores.failed = running.exit.fail
-        try:
-            running.stall = start_stall_watch(config, newest_step, telemetry, running.flight, actions.ranks, rank())
-        except BaseException:  # a failed start leaves no thread behind
-            running.end("error", False, newest_step=max(newest_step(), 0), telemetry=telemetry)
-            raise
-        return running
+        self.sampler = Sampler(mailbox, asked, self.source, station, self.host_watch, telemetry, history,
+                               actions.run, chores.follower, chores.queue, actions.account, self.flight,
+                               self.compile_watch, phase_now, self.count_error).start()
+        self.exit = ExitWatch(leave).arm()
+        chores.failed = self.exit.fail
+        self.stall = start_stall_watch(config, newest_step, telemetry, self.flight, actions.ranks, rank())
 
     def stations(self) -> list[Station]:
         """The stations that judge: the device's, and the host's where it is judged apart."""
@@ -166,8 +173,9 @@ class Running:
             if station.trace is not None:
                 station.close()
                 missed += station.trace.samples_missed
-        log.info("watchdog_stopped", samples=telemetry.samples_total, sample_errors=telemetry.sample_errors_total,
-                 trace_errors=telemetry.trace_errors_total, samples_missing_from_trace=missed)
+        if self.sampler is not None:  # a start refused before anything ran says only why (its error)
+            log.info("watchdog_stopped", samples=telemetry.samples_total, sample_errors=telemetry.sample_errors_total,
+                     trace_errors=telemetry.trace_errors_total, samples_missing_from_trace=missed)
 
 
 def _observe_cuda_ooms(flight: FlightRecorder) -> None:
