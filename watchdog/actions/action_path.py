@@ -192,7 +192,7 @@ class ActionPath:
         if action is Action.CHECKPOINT_REINIT and self._read is not None:  # what the rebuild is measured against
             self.last.readings_before = self._read("rebuild_read")
         if self.account is not None and own and action.needs_checkpoint:  # the watchdog's, not a preemption
-            self.account.action(action.value, step, _projected_oom(step, verdict))
+            self.account.action(action.value, step, projected_oom(step + 1, verdict))
         if not self.logs_outcomes:  # its block is logged at the next step, if the loop says nothing
             self._block_due()
         return action
@@ -326,8 +326,10 @@ def _bytes_of(readings: tuple, memory: str) -> float | None:
     return None if reading is None else float(reading.bytes_used)
 
 
-def _projected_oom(step: int, verdict: Verdict | None) -> int | None:
-    """The OOM an action was decided against, in the job file's steps (done after `step(step)`)."""
+def projected_oom(steps_done: int, verdict: Verdict | None) -> int | None:
+    """The OOM an action was decided on `verdict` against, in the job file's steps (`steps_done` when
+    it was handed over: `step(n)` means n + 1 done); None where none was projected. Every job file's
+    writer counts it here (the action path's account, the trainer's ledger)."""
     if verdict is None or verdict.projected_oom_step is None or not math.isfinite(verdict.projected_oom_step):
         return None
-    return step + 1 + max(0, round(verdict.projected_oom_step - verdict.step))
+    return steps_done + max(0, round(verdict.projected_oom_step - verdict.step))

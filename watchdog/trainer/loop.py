@@ -45,6 +45,7 @@ from typing import Callable, Protocol
 import torch
 
 from watchdog.actions import agreement
+from watchdog.actions.action_path import projected_oom
 from watchdog.actions.agreement import Agreement
 from watchdog.actions.checkpoint import CheckpointManager, restore_rng_state
 from watchdog.core.config import WatchdogConfig
@@ -591,10 +592,7 @@ class Trainer:
             return
         decided = self.watchdog.last_action
         verdict = decided.verdict if decided is not None else None
-        projected = None
-        if verdict is not None and verdict.projected_oom_step is not None and math.isfinite(verdict.projected_oom_step):
-            projected = self.state.step + max(0, round(verdict.projected_oom_step - verdict.step))
-        self.ledger.action(action.value, self.state.step, projected)
+        self.ledger.action(action.value, self.state.step, projected_oom(self.state.step, verdict))
 
     def _payload(self, reinits: int | None = None) -> dict:
         """What the trainer adds to a checkpoint beside the state and the watchdog's state."""
