@@ -15,9 +15,11 @@ from prometheus_client.core import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from watchdog.actions.action_path import projected_oom
 from watchdog.commands.cli import main
 from watchdog.core import goodput
 from watchdog.core.errors import InputError
+from watchdog.core.verdict import Status, Verdict
 from watchdog.records.job_ledger import GoodputFigures, JobLedger, start_job
 from watchdog.station.exporter import TelemetryCollector
 from watchdog.station.telemetry import Telemetry
@@ -478,3 +480,14 @@ def test_watch_never_brings_back_the_folder_of_a_job_file_that_went_with_its_job
     account.record(signalled=True, exited=True)
     assert not folder.exists()
     assert events.named("job_file_gone") and not events.named("job_file_not_written")
+
+
+def test_the_oom_an_action_was_decided_against_is_counted_in_the_job_files_steps():
+    """One rule for every writer of the job file (the action path's account, the trainer's ledger):
+    the steps the verdict projected past its own step, counted from the steps done at the hand-over."""
+    verdict = Verdict(step=100, timestamp=0.0, status=Status.OOM_PROJECTED, projected_oom_step=350.4)
+    assert projected_oom(101, verdict) == 351
+    assert projected_oom(101, verdict._replace(projected_oom_step=90.0)) == 101, "never before the hand-over"
+    assert projected_oom(101, verdict._replace(projected_oom_step=math.inf)) is None
+    assert projected_oom(101, verdict._replace(projected_oom_step=None)) is None
+    assert projected_oom(101, None) is None
