@@ -219,6 +219,8 @@ def test_the_ledger_partitions_a_process_into_steps_and_spans_and_the_next_proce
     assert account.processes == 2 and account.steps_kept == 3 and account.ended == "done"
     live = telemetry.part(GoodputFigures).account
     assert live is not None and live.steps_kept == 2  # the live account, first process
+    for record in records:  # the writer writes what its readers check (`goodput.FIELDS`), nothing else
+        assert set(record) - {"v", "event"} <= {"t", *goodput.FIELDS.get(record["event"], {})}, record
 
 
 def test_a_job_file_that_cannot_be_written_never_reaches_training(tmp_path, events):
