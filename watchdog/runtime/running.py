@@ -4,7 +4,8 @@
 foreign file at its path is refused before anything is written), the agreement with the other
 ranks (joining it is collective: every rank at once), the job file (rank 0's), the compile watch
 (XLA), the CUDA allocator's OOM observer, the trace, the host's watch, the sidecar thread
-(`Sampler`), the exit watch and the stall watch. A start that fails leaves no thread behind.
+(`Sampler`), the exit watch and the stall watch. A start that fails anywhere ends what it built:
+no thread, agreement or open record is left behind (the flight record says `unclean`).
 
 `end()` is every way out (`stop()`, and whatever `ExitWatch` sees): the job file told how the run
 ended, the threads stopped (what was posted is handled first), the agreement a start joined
