@@ -539,6 +539,9 @@ SAVE_STAGING = HARNESS + textwrap.dedent("""
                 result["saves"] += 1
             if acted(wd, step):
                 break
+            # A real step outlasts the sidecar's reading; 2 ms do not under load (in CI the action
+            # decided on the 10th save's reading came after the 11th had crossed): wait for it here.
+            wd.drain()
     print(json.dumps(result))
 """)
 
