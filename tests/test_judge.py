@@ -339,3 +339,36 @@ def test_an_action_at_the_limit_says_the_rise_it_saw_even_before_the_pace_has_a_
     assert action.needs_checkpoint and verdict.slope_bytes_per_step == pytest.approx(2 * MiB)
     block = ActionOutcome(sample.step, action, verdict).block()
     assert "floor rising +2.0 MiB/step" in block and "at the limit now" in block and "+0 B/step" not in block, block
+
+
+def _climb_then(judge: Judge, *, stall_at: int, stall: int, stops: bool, limit: int) -> list[tuple[int, float]]:
+    """Flat at 500 MiB, then +10 MiB a step from step 100 (for 30 steps where it `stops`, then +5 MiB
+    and flat), read every step but once: no reading for `stall` steps after `stall_at`."""
+    acted = []
+    for step in [*range(stall_at + 1), *range(stall_at + stall, 400)]:
+        climbed = step - 100 if not stops else min(step - 100, 30) + (0.5 if step > 130 else 0)
+        used = int(500 * MiB + 10 * MiB * max(climbed, 0))
+        _, action = judge.judge(Sample(step, step * 0.1, used, limit, used, ""))
+        if action.needs_checkpoint:
+            acted.append((step, used / MiB))
+    return acted
+
+
+@pytest.mark.parametrize("stall", [1, 8, 16, 32])
+def test_a_climb_that_stops_is_no_reason_to_act_because_the_sidecar_was_held_up_once(stall):
+    """CI: an optimizer's state for a group unfrozen and the allocator's heap climbed 300 MiB in 30
+    steps and stopped; the sidecar, held up once, read again 16 steps on, and the newest readings'
+    pace carried over two gaps of that stall put the peak past the limit: an action at 785 MiB of
+    1.04 GiB. The look-ahead is two gaps as readings come (their median), not two of one stall."""
+    limit = 1000 * MiB
+    judge = Judge(policy_config=PolicyConfig(cooldown_steps=150, checkpoint_margin_steps=50), memory_limit_bytes=limit)
+    assert _climb_then(judge, stall_at=130, stall=stall, stops=True, limit=limit) == []
+
+
+@pytest.mark.parametrize("stall", [1, 8, 16])
+@pytest.mark.parametrize("stall_at", [110, 120, 130])
+def test_a_climb_that_goes_on_through_a_stall_is_still_acted_on_before_the_limit(stall, stall_at):
+    limit = 1000 * MiB
+    judge = Judge(policy_config=PolicyConfig(cooldown_steps=150, checkpoint_margin_steps=50), memory_limit_bytes=limit)
+    acted = _climb_then(judge, stall_at=stall_at, stall=stall, stops=False, limit=limit)
+    assert acted and acted[0][1] * MiB < limit, acted

@@ -35,6 +35,7 @@ its peak.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 
@@ -86,14 +87,23 @@ class Pace:
     @property
     def seconds_per_step(self) -> float:
         """Over the newest gap (0 when unknown)."""
-        gap = self.gap
-        return (self._time - self._previous_time) / gap if gap > 0 and len(self._bytes) > 1 else 0.0
+        steps = self._steps
+        newest = steps[-1] - steps[-2] if len(steps) > 1 else 0.0
+        return (self._time - self._previous_time) / newest if newest > 0 else 0.0
 
     @property
     def gap(self) -> float:
-        """Steps from the previous reading to the newest (0 before two readings)."""
+        """Steps between two readings as they come: the median of the kept readings' gaps (0 before two).
+        Not the newest alone: a sidecar held up once (a compile holding the GIL, a loaded machine)
+        reads again at its usual pace, and a look-ahead of twice that one stall made a climb that
+        stops (an optimizer's state for a group unfrozen, and the allocator's heap growing with it,
+        +300 MiB in 30 steps) reach the limit on paper: a 16-step stall after it acted, at 785 MiB of
+        1.04 GiB (a CI run's trace replayed with the stall; tests/test_judge.py's climb that stops)."""
         steps = self._steps
-        return steps[-1] - steps[-2] if len(steps) > 1 else 0.0
+        if len(steps) < 2:
+            return 0.0
+        gaps = sorted(b - a for a, b in zip(steps, itertools.islice(steps, 1, None)))
+        return gaps[len(gaps) // 2]
 
     def rate(self) -> float:
         """The slower of the floor's and the peak's climb per step, when both rise through every quarter; else 0."""
