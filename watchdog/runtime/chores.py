@@ -35,7 +35,12 @@ class Chores:
         self.actions, self.follower = actions, follower
         self.failed: Callable[[], None] = lambda: None  # the way out is no clean end (set at start: exit 43)
         self._forced = list(forced)
-        self.next_forced = self._forced[0][0] if self._forced else NEVER  # read by step(): one comparison
+
+    @property
+    def next_forced(self) -> int:
+        """The step of the next drill (`NEVER`: none left); `step()` keeps it for its one comparison,
+        from `force`'s answer."""
+        return self._forced[0][0] if self._forced else NEVER
 
     def force(self, step: int, verdict: Verdict | None) -> int:
         """Forced actions due at `step` join the queue, each standing for the watchdog's own (decided on
@@ -47,7 +52,6 @@ class Chores:
             if at == step:
                 log.warning("forced_action", action=action.value, step=step)
                 self.queue.append(Decided(action, verdict, DEVICE, FORCED))
-        self.next_forced = forced[0][0] if forced else NEVER
         return self.next_forced
 
     def do(self, step: int) -> Action | None:
