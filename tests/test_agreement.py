@@ -18,6 +18,7 @@ from watchdog.core.errors import EXIT_PEER_LOST, EXIT_RESTART_REQUESTED, ConfigE
 from watchdog.core.restarts import restarts_so_far
 from watchdog.core.verdict import Action
 from watchdog.runtime.sidecar import FORCED, HANDED_OVER
+from watchdog.runtime.unwatched import Unwatched
 
 REINIT, RESTART, WARN = Action.CHECKPOINT_REINIT, Action.CHECKPOINT_RESTART, Action.WARN
 QUIET = dict(host_memory=False, forensics=False, memory_limit_bytes=1 << 40)
@@ -168,6 +169,17 @@ def _agreements(rank, port, out_dir):
         result["outcome_next_step"] = wd.last_action.outcome if wd.last_action is not None else None
         result["ranks"] = wd.ranks
     result["watchdog"] = handed
+    # the unwatched run's stand-in: agreed every step; a drill more severe than the loop's own
+    # proposal at its step is the one offered (rank 0), as with a Watchdog
+    drills = {0: ((5, RESTART),), 1: ((5, REINIT),), 2: ((3, RESTART),)}[rank]
+    stand_in, handed = Unwatched(drills, agreement=Agreement(timeout_seconds=60)), {}
+    for step in range(8):
+        if rank == 0 and step == 5:
+            stand_in.propose(REINIT, "the loop's own")
+        action = stand_in.step(step)
+        if action is not None:
+            handed[step] = [action.value, stand_in.last_action.origin]
+    result["unwatched"] = handed
     _write(out_dir, rank, result)
     # No interpreter teardown with gloo groups alive: once in about fifteen runs of this three-rank
     # test a rank died of SIGABRT there ("terminate called without an active exception"), after
@@ -190,6 +202,9 @@ def test_ranks_take_the_most_severe_offer_at_the_same_step_and_disagreeing_count
         origin = "asked by rank 1, agreed by all 3 ranks"
         assert rank["watchdog"] == {"15": ["checkpoint_reinit", f"{FORCED}; {origin}" if index == 1 else origin]}
         assert rank["outcome_next_step"] == HANDED_OVER
+        by_2, by_0 = "asked by rank 2, agreed by all 3 ranks", "asked by rank 0, agreed by all 3 ranks"
+        assert rank["unwatched"] == {"3": ["checkpoint_restart", f"{FORCED}; {by_2}" if index == 2 else by_2],
+                                     "5": ["checkpoint_restart", f"{FORCED}; {by_0}" if index == 0 else by_0]}
 
 
 def _trainer_rank(rank, port, out_dir):

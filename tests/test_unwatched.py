@@ -36,3 +36,20 @@ def test_drills_and_proposals_take_the_action_path_and_count_as_the_watchdogs_wo
         (8, "exit 42: restart requested", EXIT_RESTART_REQUESTED)]
     # the drill's restart stands for the watchdog's; the stop signal's is the job's only
     assert stand_in.state_dict() == {"restarts_so_far": 2, "watchdog_restarts": 1, "watchdog_restart_step": 7, "cycles": []}
+
+
+def test_a_drill_and_a_proposal_at_one_step_hand_over_the_more_severe_as_the_watchdog_does(events, monkeypatch):
+    """The stand-in's drills and proposals wait in the `Watchdog`'s chores: a proposal no longer
+    hides a more severe drill of its step, and drills given out of order still come at their steps."""
+    monkeypatch.delenv("HBMWATCH_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    stand_in = Unwatched(((6, Action.CHECKPOINT_REINIT), (3, Action.CHECKPOINT_RESTART))).start()
+    handed = []
+    for step in range(8):
+        if step == 3:
+            stand_in.propose(Action.CHECKPOINT_REINIT, "the loop's own")
+        action = stand_in.step(step)
+        if action is not None:
+            handed.append((step, action, stand_in.last_action.origin))
+            stand_in.carry_out(action, save=lambda: True, rebuild=lambda: None)
+    assert handed == [(3, Action.CHECKPOINT_RESTART, FORCED), (6, Action.CHECKPOINT_REINIT, FORCED)]

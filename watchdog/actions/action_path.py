@@ -155,12 +155,14 @@ class ActionPath:
         self.offered, self.held = held, None
         return None if agreed is None else self._agreed(step, agreed, offered, self._verdict())
 
-    def agree_now(self, step: int, decided: Decided | None) -> Action | None:
+    def agree_now(self, step: int) -> Action | None:
         """A stand-in's step with several ranks, which nothing else paces: the most severe action any
-        rank offers at `step`, agreed now (every rank waits for every other) and handed over."""
-        offer = decided.action if decided is not None else None
-        agreed = self.ranks.decide(step, offer, own=decided.own if decided is not None else True)
-        return None if agreed is None else self._agreed(step, agreed, decided, None)
+        rank offers at `step` (this rank's, the one held), agreed now (every rank waits for every
+        other) and handed over."""
+        held, self.held = self.held, None
+        agreed = self.ranks.decide(step, held.action if held is not None else None,
+                                   own=held.own if held is not None else True)
+        return None if agreed is None else self._agreed(step, agreed, held, None)
 
     def _agreed(self, step: int, agreed, offered: Decided | None, verdict: Verdict | None) -> Action:
         """The agreed action handed over: this rank's own offer where it is the one agreed (its

@@ -27,14 +27,14 @@ NEVER = 1 << 62  # no forced action to come
 
 class Chores:
     """The deque the training thread checks, and the work it asks for (the module docstring).
-    `follower`: the census driver (None: forensics off). `forced`: drills, `(step, action)` in step
-    order (`WatchdogConfig.forced_actions`)."""
+    `follower`: the census driver (None: forensics off). `forced`: drills, `(step, action)`
+    (`WatchdogConfig.forced_actions`)."""
 
     def __init__(self, actions: ActionPath, follower: LeakFollower | None, forced=()):
         self.queue: deque = deque([FOLLOW] if follower is not None else [])  # a baseline at the first step
         self.actions, self.follower = actions, follower
         self.failed: Callable[[], None] = lambda: None  # the way out is no clean end (set at start: exit 43)
-        self._forced = list(forced)
+        self._forced = sorted(forced, key=lambda drill: drill[0])  # a trainer's drills may come in any order
 
     @property
     def next_forced(self) -> int:

@@ -1,9 +1,10 @@
 """What an unwatched run gets in the `Watchdog`'s place: one that reads and judges nothing.
 
-A loop then has no `None` to test for. Drills (`forced_actions`) and the loop's own proposals (a
-preemption) still take the action path a watched run's take (`actions/action_path.py`): the
-record, `carry_out`, the block, the restarts kept in the checkpoint. With several ranks they are
-agreed every step, since nothing else paces the offers.
+A loop then has no `None` to test for. It is the `Watchdog`'s parts without a sampler: drills
+(`forced_actions`) and the loop's own proposals (a preemption) wait in the same chores
+(`runtime/chores.py`: the most severe is taken) and take the same action path
+(`actions/action_path.py`): the record, `carry_out`, the block, the restarts kept in the
+checkpoint. With several ranks they are agreed every step, since nothing else paces the offers.
 """
 
 from __future__ import annotations
@@ -11,18 +12,20 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Callable
 
-from watchdog.actions.action_path import DEVICE, FORCED, ActionPath
+from watchdog.actions.action_path import DEVICE, ActionPath
 from watchdog.actions.agreement import Agreement
 from watchdog.actions.record import ActionOutcome
 from watchdog.core.verdict import Action, Decided
 from watchdog.readers.sources import release_host_memory
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
+from watchdog.runtime.chores import Chores
 from watchdog.station.telemetry import Telemetry
 
 
 class Unwatched:
-    """The null watchdog: `step()` hands over drills and proposals only, through the action path it
-    holds (`actions`), as the `Watchdog` does; the calls a loop makes are the `Watchdog`'s."""
+    """The null watchdog: `step()` hands over drills and proposals only, through the chores and the
+    action path it holds (`chores`, `actions`), as the `Watchdog` does; the calls a loop makes are
+    the `Watchdog`'s."""
 
     verdict = host_verdict = limit_bytes = suspects = None
     source_name = "none"
@@ -34,8 +37,7 @@ class Unwatched:
         self.telemetry = telemetry
         self.actions = ActionPath(logs_outcomes=True)
         self.actions.ranks = agreement
-        self._forced = dict(forced_actions)
-        self._proposed: tuple[Action, str] | None = None
+        self.chores = Chores(self.actions, None, forced_actions)
         self._step = -1
 
     def start(self) -> "Unwatched":
@@ -52,16 +54,17 @@ class Unwatched:
 
     def propose(self, action: Action, origin: str) -> None:
         if action.needs_checkpoint:
-            self._proposed = (action, origin)
+            self.chores.queue.append(Decided(action, None, DEVICE, origin, own=False))
 
     def step(self, step: int) -> Action | None:
         self._step = step
-        proposed, self._proposed = self._proposed, None
-        action, origin, own = (*proposed, False) if proposed else (self._forced.get(step), FORCED, True)
-        decided = Decided(action, None, DEVICE, origin, own) if action is not None else None
+        chores = self.chores
+        if step >= chores.next_forced:  # a drill due
+            chores.force(step, None)
+        action = chores.do(step) if chores.queue else None  # with several ranks: held for the offer
         if self.actions.ranks is not None:  # agreed every step: nothing else paces the offers
-            return self.actions.agree_now(step, decided)
-        return None if decided is None else self.actions.hand_over(step, decided)
+            return self.actions.agree_now(step)
+        return action
 
     def carry_out(self, action: Action | None, *, save: Callable[[], object] | None = None,
                   rebuild: Callable[[], None] | None = None, checkpoint: str | None = None) -> bool:
