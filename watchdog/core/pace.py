@@ -94,7 +94,7 @@ class Pace:
     @property
     def gap(self) -> float:
         """Steps between two readings as they come: the median of the kept readings' gaps (0 before two).
-        Not the newest alone: a sidecar held up once (a compile holding the GIL, a loaded machine)
+        Not the newest alone: a sidecar held up once (on a loaded machine)
         reads again at its usual pace, and a look-ahead of twice that one stall made a climb that
         stops (an optimizer's state for a group unfrozen, and the allocator's heap growing with it,
         +300 MiB in 30 steps) reach the limit on paper: a 16-step stall after it acted, at 785 MiB of
