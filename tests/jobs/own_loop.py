@@ -26,5 +26,5 @@ with Watchdog(WatchdogConfig(sample_every=2, source="rss", memory_limit_bytes=li
         action = wd.step(step)
         if action is not None and not wd.carry_out(action, save=save, rebuild=rebuild):
             sys.exit(42)
-        if wd.telemetry.actions_total:
+        if wd.last_action is not None:  # handed over on this thread (a decision's count is the sidecar's)
             break
