@@ -159,6 +159,41 @@ def test_validation_runs_under_the_eval_phase_and_the_counter_keeps_rising_throu
     assert account.badput_seconds["eval"] > 0 and account.goodput > 0
 
 
+class PredictionsKeepingModule(LeakyModule):
+    """Validation keeps every batch's predictions until its epoch ends: 4 MiB a batch, written."""
+
+    def __init__(self):
+        super().__init__(leak=False)
+        self.predictions = []
+
+    def validation_step(self, batch, batch_idx):
+        x, _ = batch
+        self.predictions.append(self.layer(x).detach() + torch.zeros(LEAK_BYTES // 4))
+
+    def on_validation_epoch_end(self):
+        self.predictions.clear()
+
+
+def test_an_action_asked_for_during_validation_is_carried_out_once_when_validation_ends(tmp_path, events):
+    """Lightning's validation cannot be stopped from a callback: the action handed over in it waits
+    on its record (`ActionPath.waiting`) and is carried out, once, when validation ends. 80 batches
+    of 4 MiB against 200 MiB of room."""
+    torch.manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randn(64, 1)), batch_size=8)
+    validation = DataLoader(TensorDataset(torch.randn(640, 16), torch.randn(640, 1)), batch_size=8)
+    config = WatchdogConfig(sample_every=1, source="rss", memory_limit_bytes=settled_job_memory() + (200 << 20))
+    callback = HbmWatchdogCallback(config, checkpoint_dir=tmp_path / "ckpt")
+    trainer = L.Trainer(max_steps=40, val_check_interval=8, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        callbacks=[callback])
+    trainer.fit(PredictionsKeepingModule(), data, validation)
+    assert callback.exit_code == 42 and callback.action_step == 8 == trainer.global_step, "acted on as validation ended"
+    (acted,) = events.named("action_outcome")
+    assert "exit 42" in acted["outcome"] and acted["checkpoint"] == str(callback.checkpoint_path)
+    assert torch.load(callback.resume_path(), weights_only=True)["global_step"] == 8
+    assert callback.watchdog.actions.waiting is None, "carried out: nothing waits"
+
+
 def test_a_resume_checkpoint_that_is_a_link_or_no_file_is_not_resumed_from_and_is_kept(tmp_path):
     callback = HbmWatchdogCallback(checkpoint_dir=tmp_path / "ckpt")
     callback.checkpoint_dir.mkdir()

@@ -17,11 +17,12 @@ import logging
 import math
 import os
 import time
+from concurrent.futures import Future
 from contextlib import nullcontext
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from watchdog.actions.agreement import Agreement, severity
-from watchdog.actions.record import EXITED, REBUILT, SAVED, ActionOutcome
+from watchdog.actions.record import EXITED, HANDED, REBUILT, SAVED, ActionOutcome
 from watchdog.core.cycles import futile
 from watchdog.core.errors import EXIT_FUTILE, EXIT_RESTART_REQUESTED, EXIT_UNSAVED, InputError
 from watchdog.core.policy import PolicyConfig
@@ -42,6 +43,15 @@ FORCED = "forced (a drill)"
 
 
 _ABSENT = object()
+
+
+class Offer(NamedTuple):
+    """An offer in flight to the other ranks: the step it was posted at, the action offered (None:
+    nothing), and its answer to come (`Agreement.post`), collected at the next sampling step."""
+
+    step: int
+    decided: Decided | None
+    answer: Future
 
 
 def _reason(exc: Exception) -> str:
@@ -117,10 +127,10 @@ class ActionPath:
         self.run = RunState.from_environment(os.environ)  # the restart engine's count, until a checkpoint's
         # The actions on the path, each a fact held here only: the newest handed over (`last`, its
         # record, which says whether its block is logged), and with several ranks the one held for
-        # the next offer and the one offered, whose answer comes at the next sampling step.
+        # the next offer and the offer in flight, whose answer comes at the next sampling step.
         self.last: ActionOutcome | None = None
         self.held: Decided | None = None
-        self.offered: Decided | None = None
+        self.offered: Offer | None = None
         self.logs_outcomes = logs_outcomes  # the loop always says what it did (else: at the next step)
         self.policy = policy
         self.ranks: Agreement | None = None  # several ranks: the agreement every action goes through
@@ -143,17 +153,16 @@ class ActionPath:
     def agree(self, step: int) -> Action | None:
         """A sampling step with several ranks: take the action agreed on the previous sampling step's
         offers, and offer the most severe action held now (its answer comes at the next one)."""
-        ranks = self.ranks
-        if step == ranks.offered_at:  # the same step again (an accumulation's micro-batches): one offer a step
-            return None
-        agreed = ranks.collect(step)
-        offered, held = self.offered, self.held
+        ranks, offered, held = self.ranks, self.offered, self.held
+        if offered is not None and step == offered.step:  # the same step again (an accumulation's micro-batches)
+            return None  # one offer a step
+        agreed = ranks.collect(offered.answer, offered.step, step) if offered is not None else None
         if agreed is not None and held is not None and held.own and severity(held.action) <= severity(agreed.action):
             held = None  # the watchdog's own, decided on the state the agreed action now replaces
-        ranks.post(step, held.action if held is not None else None, own=held.own if held is not None else True,
-                   every=self._every)
-        self.offered, self.held = held, None
-        return None if agreed is None else self._agreed(step, agreed, offered, self._verdict())
+        answer = ranks.post(step, held.action if held is not None else None,
+                            own=held.own if held is not None else True, every=self._every)
+        self.offered, self.held = Offer(step, held, answer), None
+        return None if agreed is None else self._agreed(step, agreed, offered.decided, self._verdict())
 
     def agree_now(self, step: int) -> Action | None:
         """A stand-in's step with several ranks, which nothing else paces: the most severe action any
@@ -285,6 +294,16 @@ class ActionPath:
         """The newest action handed over, while its block is not logged yet."""
         last = self.last
         return last if last is not None and not last.logged else None
+
+    @property
+    def waiting(self) -> Action | None:
+        """The checkpoint action handed over that the loop has not carried out yet (its record still
+        says handed over): what a loop that cannot stop where it is (Lightning's validation, Hugging
+        Face's evaluation) carries out once it can. Held on the record, nowhere else."""
+        last = self.last
+        if last is None or last.logged or last.state != HANDED or not last.action.needs_checkpoint:
+            return None
+        return last.action
 
     def between_steps(self) -> None:
         """The block of an action whose loop never said what it did, logged at the next step."""

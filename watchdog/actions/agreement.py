@@ -146,7 +146,6 @@ class Agreement:
         self._store, self._key = _job_store(), f"{_KEY}/{next(_FORMED)}"
         self._group = _form_group(self.timeout_seconds, self.rank, self.ranks, self._store, self._key)
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending: tuple[int, Future] | None = None  # the newest offer posted, and its answer to come
         self._listeners: list[Callable[[BaseException], None]] = []
         self._collectives, counted = collective_counter()
         self._shift = Shift()
@@ -162,24 +161,17 @@ class Agreement:
 
     # ---- the training thread's side ------------------------------------------------------------
 
-    @property
-    def offered_at(self) -> int | None:
-        """The step of the newest offer posted, until its answer is collected."""
-        return self._pending[0] if self._pending is not None else None
+    def post(self, step: int, proposal: Action | None, *, own: bool = True, every: int = 0) -> Future:
+        """Offer `proposal` (None: nothing) at `step`; returns its answer to come, for `collect` (the
+        offer in flight is its caller's to hold: the action path's). `own`: the watchdog's decision
+        (or a drill), False for a loop's proposal (a preemption); `every`: the sampling period this
+        offer keeps (`sample_every`), which every rank must share."""
+        return self._ask(step, proposal, own, every)
 
-    def post(self, step: int, proposal: Action | None, *, own: bool = True, every: int = 0) -> None:
-        """Offer `proposal` (None: nothing) at `step`; its answer comes with the next `collect`.
-        `own`: the watchdog's decision (or a drill), False for a loop's proposal (a preemption);
-        `every`: the sampling period this offer keeps (`sample_every`), which every rank must share."""
-        self._pending = (step, self._ask(step, proposal, own, every))
-
-    def collect(self, step: int) -> Agreed | None:
-        """What the ranks agreed on the offers posted last, to be carried out at `step` on every
-        rank (None: nobody asked for anything, or nothing was posted). Waits only where another
-        rank has not made that offer yet: said after `SAY_WAITING_SECONDS`, bounded by the timeout."""
-        if self._pending is None:
-            return None
-        (offered_at, answer), self._pending = self._pending, None
+    def collect(self, answer: Future, offered_at: int, step: int) -> Agreed | None:
+        """What the ranks agreed on the offers posted at `offered_at` (`answer`: what `post` returned),
+        to be carried out at `step` on every rank (None: nobody asked for anything). Waits only where
+        another rank has not made that offer yet: said after `SAY_WAITING_SECONDS`, bounded by the timeout."""
         agreed = self._answer(answer, offered_at)
         return replace(agreed, step=step) if agreed is not None else None
 
@@ -219,14 +211,8 @@ class Agreement:
         """The newest offer's all_gather is finished (every rank made it), so that a group torn
         down after this has no work in flight; then the thread ends and the group is destroyed."""
         atexit.unregister(self.close)
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            try:
-                pending[1].exception(timeout=_GRACE_SECONDS)
-            except NotYet:
-                pass
-        self._requests.put(None)
-        self._thread.join(timeout=_GRACE_SECONDS)
+        self._requests.put(None)  # after the offers posted: the thread ends once their all_gathers are done
+        self._thread.join(timeout=2 * _GRACE_SECONDS)
         group, self._group = self._group, None
         if group is not None and not self._thread.is_alive():  # never under an all_gather still waiting
             import torch.distributed as dist

@@ -73,7 +73,6 @@ class HbmWatchdogCallback(TrainerCallback):
         self.findings: list[str] = []
         self._eval_batches = 0  # run so far in this process: the watchdog's counter adds them
         self._phase = None  # the eval phase scope while an evaluation runs
-        self._pending = None  # an action asked for during an evaluation, carried out when it ends
 
     # ---- training ------------------------------------------------------------------------------
 
@@ -86,7 +85,7 @@ class HbmWatchdogCallback(TrainerCallback):
             if parameter is not None:
                 config = dataclasses.replace(config, device=str(parameter.device))  # metadata, no transfer
         self._stop()  # a watchdog left from an earlier train() with this callback
-        self._eval_batches, self._phase, self._pending = 0, None, None
+        self._eval_batches, self._phase = 0, None
         self.exit_code, self.action_step, self.findings = EXIT_OK, None, []  # this train()'s, not an earlier one's
         # Every rank starts its watchdog here, together: with several ranks they agree on every action.
         self.watchdog = Watchdog(config, source=self.source, logs_outcomes=True)
@@ -124,9 +123,8 @@ class HbmWatchdogCallback(TrainerCallback):
         if self._phase is None:
             self._phase = self.watchdog.phase("eval", steps=_planned_batches(eval_dataloader))
         self._eval_batches += 1
-        action = self.watchdog.step(state.global_step + self._eval_batches)
-        if action is not None and action.needs_checkpoint and self._pending is None:
-            self._pending = action  # the evaluation cannot be stopped from here: act when it ends
+        # The evaluation cannot be stopped from here: an action handed over waits on its record until it ends.
+        self.watchdog.step(state.global_step + self._eval_batches)
 
     def on_evaluate(self, args, state, control, **kwargs):
         self._after_evaluation(args, state, control)
@@ -136,7 +134,7 @@ class HbmWatchdogCallback(TrainerCallback):
 
     def _after_evaluation(self, args, state, control) -> None:
         self._end_evaluation()
-        action, self._pending = self._pending, None
+        action = self.watchdog.actions.waiting if self.watchdog is not None else None
         if action is not None and self.exit_code == EXIT_OK:
             if args.eval_accumulation_steps is None:
                 self.findings.append(EVAL_ACCUMULATION_FINDING)

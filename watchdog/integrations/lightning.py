@@ -67,7 +67,6 @@ class HbmWatchdogCallback(Callback):
         self.action_step: int | None = None
         self._validation_batches = 0  # run so far in this process: the watchdog's counter adds them
         self._phase = None  # the eval phase scope while validation runs
-        self._pending = None  # an action asked for during validation, carried out when it ends
         self._resumed: dict | None = None  # the watchdog's state from the checkpoint fit resumed from
 
     @property
@@ -103,7 +102,7 @@ class HbmWatchdogCallback(Callback):
         if config.device is None:
             config = dataclasses.replace(config, device=str(trainer.strategy.root_device))
         self._stop()  # a watchdog left from an earlier fit with this callback
-        self._validation_batches, self._phase, self._pending = 0, None, None
+        self._validation_batches, self._phase = 0, None
         self.exit_code, self.action_step = EXIT_OK, None  # what this fit asks for, not an earlier one's
         self.watchdog = Watchdog(config, source=self.source, logs_outcomes=True)
         self.watchdog.ends_at(_last_step(trainer))
@@ -140,15 +139,14 @@ class HbmWatchdogCallback(Callback):
         if self.watchdog is None:
             return
         self._validation_batches += 1
-        action = self.watchdog.step(trainer.global_step + self._validation_batches)
-        if action is not None and self._pending is None:
-            self._pending = action
+        # Validation cannot stop here: an action handed over waits on its record until it ends.
+        self.watchdog.step(trainer.global_step + self._validation_batches)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._phase is not None:
             self._phase.end()  # back to training
             self._phase = None
-        action, self._pending = self._pending, None
+        action = self.watchdog.actions.waiting if self.watchdog is not None else None
         if action is not None:
             self._checkpoint_and_stop(trainer, action)
 

@@ -163,7 +163,7 @@ class Running:
             self.compile_watch.close()
         if self.joined is not None:
             self.joined.close()
-            actions.ranks = None
+            actions.ranks = actions.offered = None  # its offer in flight went with it
         if actions.unlogged is not None:
             actions.log_outcome(HANDED_OVER)
         self.chores.close()
