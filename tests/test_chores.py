@@ -32,8 +32,8 @@ def test_when_both_memories_ask_at_one_reading_the_more_severe_action_is_handed_
     actions = ActionPath(logs_outcomes=True)
     chores = Chores(actions, follower=None)
     sidecar = sidecar_for(chores)
-    sidecar._act_on(Action.CHECKPOINT_REINIT, projected(100), DEVICE)
-    sidecar._act_on(Action.CHECKPOINT_RESTART, projected(100), HOST)
+    sidecar._queue(DEVICE, Action.CHECKPOINT_REINIT, projected(100))
+    sidecar._queue(HOST, Action.CHECKPOINT_RESTART, projected(100))
     assert chores.do(101) is Action.CHECKPOINT_RESTART
     assert actions.last.memory == HOST and actions.last.action is Action.CHECKPOINT_RESTART
     assert not chores.queue and chores.do(102) is None, "one action leaves; the other is not handed over later"

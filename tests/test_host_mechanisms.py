@@ -52,6 +52,16 @@ WHERE = textwrap.dedent('''
         WHERE = dict(device=str(torch_xla.device()), source="auto")
     else:
         WHERE = dict(device="cpu", source="rss")
+
+    def stepped(wd, step):
+        """`wd.step(step)`, and on a sampling step a wait for its reading. A real step outlasts the
+        sidecar's reading; these loops' 2 to 4 ms do not on a loaded machine, and in CI the sidecar
+        fell that far behind (a save's staging copy, an evaluation's end-of-pass copy crossed before
+        the verdict on the one before came). Each loop tests the decision, not the machine's load."""
+        action = wd.step(step)
+        if step % wd.config.sample_every == 0:
+            wd.drain()
+        return action
 ''')
 ON = pytest.mark.parametrize("on", ["cpu", "xla"])
 
@@ -97,7 +107,7 @@ WORKER_CACHE = WHERE + textwrap.dedent('''
         release_host_memory()
         for step, batch in enumerate(batches):
             time.sleep(0.004)
-            action = wd.step(step)
+            action = stepped(wd, step)
             used = job_memory()
             result["highest"] = max(result.get("highest", 0), used)
             if action is not None and action.needs_checkpoint:
@@ -151,7 +161,7 @@ HARNESS = WHERE + textwrap.dedent('''
     def acted(wd, step):
         """The step's call, the highest memory so far; True when a checkpoint action came."""
         result["highest"] = max(result.get("highest", 0), job_memory())
-        action = wd.step(step)
+        action = stepped(wd, step)
         if action is not None and action.needs_checkpoint:
             result.update(acted=step, suspects=list(wd.last_action.suspects))
             return True
@@ -198,7 +208,7 @@ EVAL_PEAKS = WHERE + textwrap.dedent('''
             predictions.append(bytearray(b"x" * (size * MiB)))
             time.sleep(0.002)
             step += 1
-            action = wd.step(step)
+            action = stepped(wd, step)
             if action is not None:
                 break  # the evaluation stops where the action comes, as the callbacks' do
 
@@ -206,7 +216,7 @@ EVAL_PEAKS = WHERE + textwrap.dedent('''
         while evaluations < 12 and action is None:
             step += 1
             time.sleep(0.002)
-            action = wd.step(step)
+            action = stepped(wd, step)
             if action is None and step % 100 == 0:
                 predictions = []
                 if plain:
@@ -466,15 +476,6 @@ EVAL_CONCAT = WHERE + textwrap.dedent("""
     config = WatchdogConfig(sample_every=5, **WHERE, host_memory_limit_bytes=budget)
     result, predictions, step, action = {"budget": budget, "evaluations": []}, [], 0, None
 
-    def stepped(wd, step):
-        # A step of 2 ms outruns a sidecar starved of CPU: on a loaded machine (CI, once) the verdicts
-        # after the 4th pass came too late for the 5th, whose copy crossed. Real steps are far longer:
-        # the loop waits for each reading, so this is a test of the decision, not of the machine's load.
-        action = wd.step(step)
-        if step % 5 == 0:
-            wd.drain()
-        return action
-
     with Watchdog(config) as wd:
         while len(result["evaluations"]) < 9 and action is None:
             step += 1
@@ -539,9 +540,6 @@ SAVE_STAGING = HARNESS + textwrap.dedent("""
                 result["saves"] += 1
             if acted(wd, step):
                 break
-            # A real step outlasts the sidecar's reading; 2 ms do not under load (in CI the action
-            # decided on the 10th save's reading came after the 11th had crossed): wait for it here.
-            wd.drain()
     print(json.dumps(result))
 """)
 
@@ -583,7 +581,7 @@ CGROUP_BUDGET = WHERE + textwrap.dedent("""
             if bounded and len(kept) > 20:
                 kept.pop(0)
             result["highest"] = max(result.get("highest", 0), group.working_set())
-            action = wd.step(step)
+            action = stepped(wd, step)
             if action is not None and action.needs_checkpoint:
                 result.update(acted=step, domain=wd.last_action.verdict.explanation)
                 break
@@ -629,7 +627,7 @@ ADDRESS_SPACE = WHERE + textwrap.dedent("""
                 kept.append(bytearray(b"a" * (2 * MiB)))
                 if bounded and len(kept) > 20:
                     kept.pop(0)
-                action = wd.step(step)
+                action = stepped(wd, step)
                 if action is not None and action.needs_checkpoint:
                     result.update(acted=step, explanation=wd.last_action.verdict.explanation)
                     break

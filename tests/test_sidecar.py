@@ -523,3 +523,53 @@ def test_an_actions_record_says_where_it_is_from_its_hand_over_to_its_measure_or
                 assert not wd.carry_out(action, save=lambda: "ckpt" if step == 6 else False)
                 seen.append((record.state, record.exit_code))
     assert seen == ["handed over", "saved", "measured", "handed over", ("exited", 42), "handed over", ("exited", 44)]
+
+
+class Unread(logging.Handler):
+    """A stderr nobody reads (or a terminal that renders slowly): writing `event`'s line blocks
+    until the test lets it go."""
+
+    def __init__(self, event: str):
+        super().__init__()
+        self.event, self.writing, self.let_go = event, threading.Event(), threading.Event()
+
+    def emit(self, record):
+        if isinstance(record.msg, dict) and record.msg.get("event") == self.event:
+            self.writing.set()
+            self.let_go.wait(30)
+
+
+def test_an_action_reaches_the_loop_while_its_line_cannot_be_written():
+    """The sidecar wrote `action_decided` before it queued the action: a slow terminal held the
+    action back for as long as the line took (the README's loop, on a terminal in CI, ended with the
+    action decided and never handed over), and a stderr nobody reads held it back for good. The
+    station now hands the action to the loop before it writes anything."""
+    source = ScriptedSource()  # 1 GiB of a 2 GiB limit
+    unread = Unread("action_decided")
+    logger = logging.getLogger("watchdog.station.station")
+    level = logger.level
+    logger.addHandler(unread)
+    logger.setLevel(logging.INFO)
+    config = WatchdogConfig(sample_every=1, host_memory=False, forensics=False, memory_limit_bytes=2 << 30)
+    try:
+        with Watchdog(config, source=source) as wd:
+            step = 0
+            while not unread.writing.is_set() and step < 250:  # 4 MiB a step: the limit at step 256
+                step += 1
+                source.bytes_used = (1 << 30) + step * (4 << 20)
+                action = wd.step(step)
+                assert action is None, "no action handed over before its line"
+                wd.drain(timeout=0.5)  # returns early once the sidecar is held in the line's write
+            assert unread.writing.is_set(), "the leak was acted on"
+            decided_at, deadline = step, time.monotonic() + 5
+            while action is None and time.monotonic() < deadline:
+                step += 1
+                action = wd.step(step)
+                time.sleep(0.01)
+            assert action is not None and action.needs_checkpoint, "handed over while its line is still being written"
+            assert not unread.let_go.is_set() and wd.last_action.step == decided_at + 1
+            unread.let_go.set()
+    finally:
+        unread.let_go.set()
+        logger.removeHandler(unread)
+        logger.setLevel(level)

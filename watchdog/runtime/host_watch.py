@@ -66,9 +66,10 @@ class HostWatch:
     def due(self, step: int) -> bool:
         return step >= self._next_step or step < self._next_step - self.every  # a step going back: a new run
 
-    def observe(self, step: int, phase: str) -> tuple[Verdict, Action] | None:
-        """Read the host, judge it, record it (None: read only, not judged). Raises what the reading
-        raises (the sidecar counts it)."""
+    def observe(self, step: int, phase: str, act: Callable[[Action, Verdict], None] | None = None
+                ) -> tuple[Verdict, Action] | None:
+        """Read the host, judge it, record it (None: read only, not judged); an action goes to `act`
+        first (`Station.observe`). Raises what the reading raises (the sidecar counts it)."""
         self._next_step = step + self.every
         if self.station is None:  # one memory: the device's source has just read it
             reading = self.reading = self.memory.last or self.memory.read()
@@ -77,7 +78,7 @@ class HostWatch:
         reading = self.reading = self.memory.read()
         self.telemetry.host_reading = reading
         return self.station.observe(Sample(step, time.time(), reading.bytes_used, reading.bytes_limit,
-                                           reading.peak_bytes_used, phase))
+                                           reading.peak_bytes_used, phase), act)
 
     def reinit_finished(self, reading: HostReading | None, took_steps: int | None = None, held: bool = False) -> None:
         """After a reinit in process: what it gave back of the host's memory too (`reading`, taken

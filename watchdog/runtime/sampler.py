@@ -20,6 +20,7 @@ The saves the loop timed ride with whatever comes next (`Asked.saves`), told to 
 
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import threading
@@ -177,8 +178,8 @@ class Sampler:
         telemetry.chips = reading.devices
         if reading.allocator is not None:
             telemetry.part(AllocatorFigures).observe(reading.allocator)
-        verdict, action = self.station.observe(sample)
-        self._act_on(action, verdict, DEVICE)
+        verdict, action = self.station.observe(sample, functools.partial(self._queue, DEVICE))
+        self._arm_follower(action, verdict)
         if self.follower is not None:  # an attribute write: the training thread reads it when a phase ends
             self.follower.phases_climbing = self._climbing_phases()
         if self.account is not None and self.account.due():  # a stretch of steps for the job file
@@ -208,7 +209,7 @@ class Sampler:
     def _watch_host_at(self, step: int, phase: str) -> None:
         host = self.host_watch
         try:
-            judged = host.observe(step, phase)  # type: ignore[union-attr]
+            judged = host.observe(step, phase, functools.partial(self._queue, HOST))  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - a failing read is counted, never raised
             self.count_error("host_read", exc)
             return
@@ -217,20 +218,24 @@ class Sampler:
                 self.flight.observe_host(host.reading, self.telemetry.verdict)  # type: ignore[union-attr]
             return
         verdict, action = judged
-        self._act_on(action, verdict, HOST)
+        self._arm_follower(action, verdict)
         if self.flight is not None:
             self.flight.observe_host(host.reading, verdict)  # type: ignore[union-attr]
 
-    def _act_on(self, action: Action, verdict: Verdict, memory: str) -> None:
-        """The in-process loop's part of an action (its station logged and counted it): queue a
-        checkpoint for the training thread, and arm the follower when a leak is suspected,
-        whichever memory it is in."""
+    def _queue(self, memory: str, action: Action, verdict: Verdict) -> None:
+        """The in-process loop's part of an action, called by its station as it is decided, before
+        any line is written: a checkpoint queued for the training thread, which takes the most severe
+        waiting (`Chores.do`)."""
+        if action.needs_checkpoint:
+            self.chores.append(Decided(action, verdict, memory))
+
+    def _arm_follower(self, action: Action, verdict: Verdict) -> None:
+        """A leak suspected in either memory (an action, or a leak with no OOM projected): the follower
+        captures where its tensors are made."""
         if self.follower is not None and (action is not Action.NONE
                                           or (verdict.leak_detected and not verdict.oom_projected)):
-            if self.follower.arm():  # a leak is suspected: capture where its tensors are made
+            if self.follower.arm():
                 self.chores.append(FOLLOW)
-        if action.needs_checkpoint:  # the training thread takes the most severe waiting (`Chores.do`)
-            self.chores.append(Decided(action, verdict, memory))
 
     # ---- what the training thread measured ----------------------------------------------------
 

@@ -1,14 +1,15 @@
 """The station: one memory series' whole path, written once for every loop.
 
-    sample -> trace -> telemetry -> Judge -> verdict, action
-           -> the leak report's lines (up, cleared) -> the action's line (`action_decided`)
-           -> the action, handed back to the loop to carry out
+    sample -> telemetry -> Judge -> verdict, action -> the action, to the loop (`act`)
+           -> trace -> the leak report's lines (up, cleared) -> the action's line (`action_decided`)
     what the action gave back (a reinit, a restart) -> the Judge, and its line
 
 Every series goes through one: the sidecar's device series and its host series (in the training
 process), and each device the `watch` daemon reads (outside it). A loop supplies only what it alone
 knows: how memory is read (it builds the `Sample`), and what it does with an action (queue it for
-the training thread, or signal a process). It never decides what to log or count: the station's
+the training thread, or signal a process: `act`, called before anything is written, so that a trace
+on a slow disk, a slow terminal or a stderr nobody reads never holds an action back). It never
+decides what to log or count: the station's
 lines and counters are the same whichever loop drives it, so a log pipeline or a dashboard reads
 the trainer, a Lightning job and a watched process alike.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from watchdog.core.judge import Judge, Recovery
 from watchdog.core.sample import Sample
@@ -53,19 +54,23 @@ class Station:
         """The newest verdict (None before the first sample)."""
         return self.telemetry.verdict
 
-    def observe(self, sample: Sample) -> tuple[Verdict, Action]:
-        """Record `sample`, judge it, log what changed, count the action; the host carries it out."""
-        if self.trace is not None:
-            self.trace.write(sample)
+    def observe(self, sample: Sample, act: Callable[[Action, Verdict], None] | None = None) -> tuple[Verdict, Action]:
+        """Judge `sample`; an action goes to `act` (the loop's: it carries it out) and is counted
+        before the sample is traced and the lines are logged."""
         telemetry = self.telemetry
         telemetry.sample = sample
         telemetry.peak_bytes_seen = max(telemetry.peak_bytes_seen, sample.bytes_used, sample.peak_bytes_used or 0)
         telemetry.samples_total += 1
         verdict, action = self.judge.judge(sample)
-        leak_report.log_change(log, telemetry.verdict, verdict, **self.context)
-        telemetry.verdict = verdict
+        previous, telemetry.verdict = telemetry.verdict, verdict
         if action is not Action.NONE:
+            if act is not None:
+                act(action, verdict)
             telemetry.count_action(action)
+        if self.trace is not None:
+            self.trace.write(sample)
+        leak_report.log_change(log, previous, verdict, **self.context)
+        if action is not Action.NONE:
             log_action(action, verdict, self.context)
         return verdict, action
 
