@@ -5,7 +5,7 @@ import pytest
 
 from watchdog.actions.action_path import DEVICE, FORCED, ActionPath
 from watchdog.actions.agreement import PeerLost
-from watchdog.core.verdict import Action, Status, Verdict
+from watchdog.core.verdict import Action, Decided, Status, Verdict
 from watchdog.runtime.chores import NEVER, Chores
 from watchdog.runtime.host_watch import HOST
 from watchdog.runtime.sampler import Sampler
@@ -58,3 +58,18 @@ def test_a_lost_peer_is_raised_into_the_loop_and_marks_the_way_out_failed():
     with pytest.raises(PeerLost):
         chores.do(7)
     assert failed == [True]
+
+
+def test_a_loops_proposal_waits_with_the_watchdogs_actions_and_is_no_restart_of_the_watchdogs():
+    """`propose` (the Watchdog's and the stand-in's, one rule): a checkpoint action joins the queue and
+    the most severe waiting leaves; a preemption's restart counts as the job's, not the watchdog's."""
+    actions = ActionPath(logs_outcomes=True)
+    chores = Chores(actions, None)
+    chores.propose(Action.WARN, None, "not a checkpoint")
+    assert not chores.queue
+    chores.propose(Action.CHECKPOINT_RESTART, projected(10), "preempted")
+    chores.queue.append(Decided(Action.CHECKPOINT_REINIT, projected(10), DEVICE))
+    assert chores.do(11) is Action.CHECKPOINT_RESTART
+    assert actions.last.origin == "preempted"
+    kept = actions.run.state_dict()
+    assert kept["restarts_so_far"] == 1 and kept["watchdog_restarts"] == 0, kept

@@ -54,6 +54,13 @@ class Chores:
                 self.queue.append(Decided(action, verdict, DEVICE, FORCED))
         return self.next_forced
 
+    def propose(self, action: Action, verdict: Verdict | None, origin: str) -> None:
+        """A loop's own checkpoint action (`origin`: why, e.g. "preempted"), decided on `verdict` (the
+        newest, if any): it waits with the watchdog's and is taken as they are, but is not the
+        watchdog's restart to count (`own=False`). Any other action is ignored."""
+        if action.needs_checkpoint:
+            self.queue.append(Decided(action, verdict, DEVICE, origin, own=False))
+
     def do(self, step: int) -> Action | None:
         """Between steps: every chore waiting, then the most severe action, taken by the action path."""
         queue, follow, decided = self.queue, False, None

@@ -70,7 +70,7 @@ from watchdog.core.judge import Judge
 from watchdog.core.phase import SAVE, parse_label, phase_label
 from watchdog.core.readings import HostReading
 from watchdog.core.sample import Sample
-from watchdog.core.verdict import Action, Decided, Verdict
+from watchdog.core.verdict import Action, Verdict
 from watchdog.forensics.follower import LeakFollower, Suspects
 from watchdog.logs import OncePerKind, ensure_readable_output, exception_text, get_logger
 from watchdog.readers.sources import MemoryReading, MemorySource, current_device, select_source
@@ -332,8 +332,7 @@ class Watchdog:
             action: `Action.CHECKPOINT_RESTART` (save, exit 42) or `CHECKPOINT_REINIT`; others are ignored.
             origin: why, for the action's block ("preempted", "stop signal").
         """
-        if action.needs_checkpoint:
-            self._chores.append(Decided(action, self.verdict, DEVICE, origin, own=False))  # not the watchdog's restart to count
+        self.chores.propose(action, self.verdict, origin)
 
     def carry_out(self, action: Action | None, *, save: Callable[[], object] | None = None,
                   rebuild: Callable[[], None] | None = None, checkpoint: str | None = None) -> bool:

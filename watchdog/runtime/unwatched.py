@@ -12,10 +12,10 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Callable
 
-from watchdog.actions.action_path import DEVICE, ActionPath
+from watchdog.actions.action_path import ActionPath
 from watchdog.actions.agreement import Agreement
 from watchdog.actions.record import ActionOutcome
-from watchdog.core.verdict import Action, Decided
+from watchdog.core.verdict import Action
 from watchdog.readers.sources import release_host_memory
 from watchdog.runtime.checkpoint_figures import CheckpointFigures
 from watchdog.runtime.chores import Chores
@@ -53,8 +53,7 @@ class Unwatched:
         return nullcontext()
 
     def propose(self, action: Action, origin: str) -> None:
-        if action.needs_checkpoint:
-            self.chores.queue.append(Decided(action, None, DEVICE, origin, own=False))
+        self.chores.propose(action, None, origin)
 
     def step(self, step: int) -> Action | None:
         self._step = step
