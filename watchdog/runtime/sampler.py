@@ -1,7 +1,8 @@
 """The sidecar thread's part of the `Watchdog`: memory read when asked, judged, recorded.
 
     mailbox -> handle(messages) -> read the source -> Sample -> the device's station (and the host's)
-            -> the verdict and action -> the flight record; a checkpoint action -> the chores
+            -> a checkpoint action -> the chores, as it is decided (before the station's lines)
+            -> the verdict and action -> the flight record
 
 Everything here runs on the sidecar thread; the training thread only posts to the mailbox and reads
 the chores (`runtime/sidecar.py`). The messages:
