@@ -118,15 +118,17 @@ def test_the_tuners_trial_steps_before_fit_never_reach_the_watchdog(tmp_path, ev
 
 
 class EvaluatingModule(LeakyModule):
-    """Validation collects every batch's predictions for an epoch-end metric, then lets them go."""
+    """Validation collects every batch's predictions (`batch_bytes` of them, written) for an
+    epoch-end metric, then lets them go."""
 
-    def __init__(self):
+    def __init__(self, batch_bytes: int = 1 << 20):
         super().__init__(leak=False)
         self.predictions = []
+        self.batch_bytes = batch_bytes
 
     def validation_step(self, batch, batch_idx):
         x, _ = batch
-        self.predictions.append(self.layer(x).detach() + torch.zeros(1 << 18))  # 1 MiB a batch, written
+        self.predictions.append(self.layer(x).detach() + torch.zeros(self.batch_bytes // 4))
 
     def on_validation_epoch_end(self):
         self.predictions.clear()
@@ -159,21 +161,6 @@ def test_validation_runs_under_the_eval_phase_and_the_counter_keeps_rising_throu
     assert account.badput_seconds["eval"] > 0 and account.goodput > 0
 
 
-class PredictionsKeepingModule(LeakyModule):
-    """Validation keeps every batch's predictions until its epoch ends: 4 MiB a batch, written."""
-
-    def __init__(self):
-        super().__init__(leak=False)
-        self.predictions = []
-
-    def validation_step(self, batch, batch_idx):
-        x, _ = batch
-        self.predictions.append(self.layer(x).detach() + torch.zeros(LEAK_BYTES // 4))
-
-    def on_validation_epoch_end(self):
-        self.predictions.clear()
-
-
 def test_an_action_asked_for_during_validation_is_carried_out_once_when_validation_ends(tmp_path, events):
     """Lightning's validation cannot be stopped from a callback: the action handed over in it waits
     on its record (`ActionPath.waiting`) and is carried out, once, when validation ends. 80 batches
@@ -186,7 +173,7 @@ def test_an_action_asked_for_during_validation_is_carried_out_once_when_validati
     trainer = L.Trainer(max_steps=40, val_check_interval=8, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         callbacks=[callback])
-    trainer.fit(PredictionsKeepingModule(), data, validation)
+    trainer.fit(EvaluatingModule(batch_bytes=4 << 20), data, validation)
     assert callback.exit_code == 42 and callback.action_step == 8 == trainer.global_step, "acted on as validation ended"
     (acted,) = events.named("action_outcome")
     assert "exit 42" in acted["outcome"] and acted["checkpoint"] == str(callback.checkpoint_path)
